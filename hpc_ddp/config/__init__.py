@@ -1,0 +1,1 @@
+"""Configuration: typed schemas (schema.py), composition (compose.py), rules (validate.py)."""

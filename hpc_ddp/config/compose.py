@@ -1,0 +1,162 @@
+"""Compose a typed, validated :class:`Config` from ``conf/`` and Hydra override strings.
+
+One function serves the CLI, the per-task entry and the Python API, so every path accepts the
+same grammar and refuses bad input with the same one-line :class:`UserError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.config.schema import GROUPS, Config, register_schemas
+from hpc_ddp.config.validate import validate
+from hpc_ddp.errors import UserError
+
+CONF_ENV = "HPC_DDP_CONF"
+
+
+def conf_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The config folder: ``$HPC_DDP_CONF`` if set, else ``conf/`` beside the package."""
+    environ = os.environ if environ is None else environ
+    if environ.get(CONF_ENV):
+        return Path(environ[CONF_ENV]).resolve()
+    return Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose(overrides: Sequence[str] = (), config_dir: Path | None = None) -> Config:
+    """Compose ``conf/config.yaml`` with ``overrides`` and return the checked Config.
+
+    Raises UserError (one line: key, value, fix) for a typo, a wrong type, an unknown group
+    option or an impossible value.
+    """
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_schemas()
+    folder = config_dir or conf_dir()
+    try:
+        with initialize_config_dir(config_dir=str(folder), version_base=None):
+            node = hydra_compose("config", overrides=list(overrides))
+        _reject_unknown_keys(OmegaConf.to_container(node, resolve=True), Config, "")
+        cfg = OmegaConf.to_object(node)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise _user_error(exc, overrides) from None
+    assert isinstance(cfg, Config)
+    return validate(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML (what run_dir/config.yaml holds)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_yaml(text: str) -> Config:
+    """Read a config written by :func:`to_yaml` back, checked against the schema."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.create(text))
+        cfg = OmegaConf.to_object(node)
+    except OmegaConfBaseException as exc:
+        raise _user_error(exc, ()) from None
+    assert isinstance(cfg, Config)
+    return validate(cfg)
+
+
+def _reject_unknown_keys(data: Any, schema: Any, prefix: str) -> None:
+    """Hydra lets ``+key=value`` add keys to a typed node; we refuse them like typos."""
+    if not (is_dataclass(schema) and isinstance(data, dict)):
+        return
+    known = {f.name: f for f in fields(schema)}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in known:
+            raise _unknown_key(full, value, list(known), prefix)
+        sub = _dataclass_of(schema, key)
+        if sub is not None:
+            _reject_unknown_keys(value, sub, f"{full}.")
+
+
+def _dataclass_of(schema: Any, key: str) -> Any:
+    default = getattr(schema(), key)
+    return type(default) if is_dataclass(default) else None
+
+
+def _unknown_key(full: str, value: Any, known: list[str], prefix: str) -> UserError:
+    leaf = full.rsplit(".", 1)[-1]
+    close = difflib.get_close_matches(leaf, known, n=1)
+    fix = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(known)}."
+    return UserError(full, value, "no such key.", fix + " See docs/configuration.md.")
+
+
+def _user_error(exc: Exception, overrides: Sequence[str]) -> UserError:
+    """Turn Hydra/OmegaConf's multi-line errors into one line naming key, value and fix."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = exc.__cause__ or exc
+    if isinstance(exc, MissingConfigException):
+        group, option = _missing_option(str(exc))
+        options = _group_options(group)
+        return UserError(group, option, f"no such {group}.", f"use one of {', '.join(options)}.")
+    if isinstance(exc, OverrideParseException):
+        return UserError(
+            "override", " ".join(overrides), f"cannot be parsed ({str(exc).splitlines()[0]}).",
+            "write key=value, e.g. optim.lr=0.01; quote values with spaces.",
+        )
+    full_key = getattr(cause, "full_key", None) or ""
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and full_key:
+        prefix, _, leaf = full_key.rpartition(".")
+        known = _known_keys(prefix)
+        return _unknown_key(full_key, _value_of(full_key, overrides), known,
+                            f"{prefix}." if prefix else "")
+    if isinstance(cause, ValidationError) and full_key:
+        first = str(cause).splitlines()[0]
+        return UserError(full_key, _value_of(full_key, overrides), f"{first}.",
+                         "see docs/configuration.md for the type of each key.")
+    return UserError("config", " ".join(overrides), str(exc).splitlines()[0], "")
+
+
+def _missing_option(text: str) -> tuple[str, str]:
+    # "In 'config': Could not find 'model/foo'" -> ("model", "foo")
+    start = text.find("Could not find '") + len("Could not find '")
+    path = text[start:text.find("'", start)]
+    group, _, option = path.rpartition("/")
+    return group or "config", option
+
+
+def _group_options(group: str) -> list[str]:
+    folder = conf_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _known_keys(prefix: str) -> list[str]:
+    schema: Any = Config
+    for part in filter(None, prefix.split(".")):
+        sub = _dataclass_of(schema, part) if is_dataclass(schema) else None
+        if sub is None:
+            return []
+        schema = sub
+    return [f.name for f in fields(schema)]
+
+
+def _value_of(full_key: str, overrides: Sequence[str]) -> str:
+    for item in overrides:
+        key, _, value = item.lstrip("+~").partition("=")
+        if key == full_key:
+            return value
+    return ""
+
+
+__all__ = ["GROUPS", "compose", "conf_dir", "from_yaml", "to_yaml"]

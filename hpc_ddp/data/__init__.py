@@ -1,0 +1,1 @@
+"""Datasets (synthetic, cifar10), the resumable distributed sampler and the loaders."""

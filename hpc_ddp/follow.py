@@ -1,0 +1,116 @@
+"""Follow a submitted job to its end: progress while it trains, a results table at the end.
+
+On a terminal a progress bar (rich); in a log, one plain line per logged step. If a rank
+fails, the others would wait in a collective until the timeout: the job is cancelled at once
+and the failing rank's last log lines are printed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, TextIO
+
+from hpc_ddp.ranklog import tail
+from hpc_ddp.rundir import RunDir, read_json
+
+POLL_S = 0.5
+# Seconds the other ranks get to finish on their own after one rank reported a failure.
+FAILURE_GRACE_S = 5.0
+
+
+def failed_ranks(run: RunDir) -> list[int]:
+    if not run.logs.is_dir():
+        return []
+    return sorted(int(p.stem[4:]) for p in run.logs.glob("rank*.error") if p.stem[4:].isdigit())
+
+
+def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL_S,
+           timeout_s: float | None = None) -> int:
+    """Block until ``job`` ends; returns 0 on success, 1 on failure (after printing why)."""
+    reporter = _Reporter(out)
+    failure_seen: float | None = None
+    started = time.monotonic()
+    try:
+        while not job.done():
+            reporter.update(read_json(run.progress))
+            if failed_ranks(run):
+                failure_seen = failure_seen or time.monotonic()
+                if time.monotonic() - failure_seen > FAILURE_GRACE_S:
+                    job.cancel(check=False)
+                    break
+            if timeout_s is not None and time.monotonic() - started > timeout_s:
+                print(f"still running after {timeout_s:.0f}s; not waiting any longer.", file=out)
+                return 1
+            time.sleep(poll_s)
+        reporter.update(read_json(run.progress))
+    finally:
+        reporter.close()
+    summary = read_json(run.summary)
+    if summary is not None and not failed_ranks(run):
+        print(results_table(summary), file=out)
+        return 0
+    print(failure_report(run, job), file=out)
+    return 1
+
+
+def results_table(summary: dict[str, Any]) -> str:
+    def fmt(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+    rows = [("world size", summary.get("world_size")), ("nodes", ", ".join(
+        summary.get("nodes", []))), ("steps", summary.get("global_step")),
+            ("epochs", summary.get("epochs_completed")),
+            ("final train loss", summary.get("final_train_loss")),
+            ("eval loss", summary.get("eval_loss")),
+            ("eval accuracy", summary.get("eval_accuracy")),
+            ("samples/s", round(summary.get("samples_per_s") or 0.0, 1)),
+            ("resumed from step", summary.get("resumed_from_step")),
+            ("restarts", summary.get("restarts"))]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
+
+
+def failure_report(run: RunDir, job: Any) -> str:
+    ranks = failed_ranks(run)
+    state = getattr(job, "state", "?")
+    lines = [f"job {job.job_id} failed (state {state})."]
+    for rank in ranks or [0]:
+        error = run.rank_error(rank)
+        first = error.read_text().splitlines()[0] if error.is_file() else "no error file"
+        lines += [f"rank {rank}: {first}", f"last lines of {run.rank_log(rank)}:",
+                  tail(run.rank_log(rank), 15)]
+    if not ranks:
+        lines += [f"no rank reported an error; submitit's output is under {run.submitit}"]
+    return "\n".join(lines)
+
+
+class _Reporter:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.last_step: int | None = None
+        self.bar: Any = None
+        if getattr(out, "isatty", lambda: False)():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.description}"), TimeRemainingColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("starting", total=None)
+
+    def update(self, progress: dict[str, Any] | None) -> None:
+        if not progress or progress.get("step") == self.last_step:
+            return
+        self.last_step = progress["step"]
+        text = (f"loss {progress.get('loss', float('nan')):.4f}  "
+                f"{progress.get('samples_per_s', 0.0):.0f} samples/s  epoch {progress.get('epoch')}")
+        if self.bar is not None:
+            self.bar.update(self.task, completed=progress["step"],
+                            total=progress.get("total_steps"), description=text)
+        else:
+            print(f"step {progress['step']}/{progress.get('total_steps')}  {text}",
+                  file=self.out, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,109 @@
+"""Turn a composed config into a concrete plan: which target, how many tasks, which run dir.
+
+Pure functions of the config and an environment mapping, plus the checks that need the file
+system; all run before anything is submitted, and an existing run dir is never touched by a
+submission that fails them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import RunDir, default_root
+
+OVERRIDES_FILE = "overrides.yaml"
+
+
+def slurm_available(environ: Mapping[str, str]) -> bool:
+    """A Slurm controller answers. ``sbatch`` on PATH alone is not enough: the Debian client
+    installs it where no controller exists (FIELD.md); ``scontrol ping`` answers in ms."""
+    path = environ.get("PATH", os.defpath)
+    if not shutil.which("sbatch", path=path) or not shutil.which("scontrol", path=path):
+        return False
+    try:
+        done = subprocess.run(["scontrol", "ping"], env=dict(environ), capture_output=True,
+                              text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and "UP" in done.stdout
+
+
+def resolve(cfg: Config, environ: Mapping[str, str], cwd: Path) -> Config:
+    """Fill what the config leaves to be derived: cluster.kind, tasks_per_node, wait, run_dir."""
+    cluster = cfg.cluster
+    kind = cluster.kind
+    if kind == "auto":
+        kind = "slurm" if slurm_available(environ) else "local"
+    tasks = cluster.tasks_per_node
+    if tasks is None:
+        tasks = cluster.gpus_per_node or (2 if kind == "local" else 1)
+    cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=tasks)
+    run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
+    wait = cfg.wait if cfg.wait is not None else kind == "local"
+    return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),
+                               wait=wait)
+
+
+def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
+    """With resume=true, the run's saved overrides come first and the new ones win."""
+    values = dict(o.partition("=")[::2] for o in overrides if "=" in o)
+    if values.get("resume", "").lower() not in ("true", "1", "yes"):
+        return list(overrides)
+    run_dir = values.get("run_dir")
+    if not run_dir:
+        raise UserError("resume", "true", "needs the run to continue.",
+                        "pass run_dir=<the run's folder> as well.")
+    saved = Path(run_dir) / OVERRIDES_FILE
+    if not saved.is_file():
+        raise UserError("run_dir", run_dir, "holds no run to resume (no overrides.yaml).",
+                        "check the path, or drop resume=true to start a new run there.")
+    from omegaconf import OmegaConf
+
+    previous = [str(o) for o in OmegaConf.to_container(OmegaConf.load(saved)) or []]
+    keep = [o for o in previous if o.partition("=")[0].lstrip("+~") not in ("resume",)]
+    return keep + list(overrides)
+
+
+def check_inputs(cfg: Config) -> None:
+    """File-system checks of the inputs (before launch, so a rank never finds them broken)."""
+    if cfg.data.name == "cifar10" and cfg.data.root:
+        from hpc_ddp.data.cifar10 import check_root
+
+        check_root(cfg.data.root)
+
+
+def check_run_dir(cfg: Config) -> RunDir:
+    """The run dir must be new or empty (or an existing run with resume=true) and writable.
+
+    Only reads and a probe file in a new folder: an existing run is never modified here.
+    """
+    assert cfg.run_dir is not None
+    run = RunDir(Path(cfg.run_dir))
+    exists = run.root.exists()
+    if exists and not run.root.is_dir():
+        raise UserError("run_dir", cfg.run_dir, "is a file, not a folder.", "choose a folder.")
+    if cfg.resume:
+        if not run.config.is_file():
+            raise UserError("run_dir", cfg.run_dir, "holds no run to resume.",
+                            "check the path, or drop resume=true to start a new run.")
+    elif exists and any(run.root.iterdir()):
+        raise UserError("run_dir", cfg.run_dir, "already holds files; nothing there is touched.",
+                        "pass resume=true to continue that run, or choose a new run_dir.")
+    _check_writable(run.root, cfg.run_dir)
+    return run
+
+
+def _check_writable(folder: Path, shown: str) -> None:
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError("run_dir", shown, f"is not writable ({existing} denies it).",
+                        "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.")

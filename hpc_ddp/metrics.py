@@ -1,0 +1,46 @@
+"""Rank 0's outputs while training: TensorBoard scalars and the progress file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.rundir import write_json
+
+
+class MetricsWriter:
+    """TensorBoard + progress.json on rank 0; on other ranks every call does nothing."""
+
+    def __init__(self, tb_dir: Path, progress: Path, enabled: bool, purge_step: int | None,
+                 total_steps: int) -> None:
+        self.enabled = enabled
+        self.progress = progress
+        self.total_steps = total_steps
+        self._tb: Any = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: after a resume, TensorBoard drops the earlier attempt's events from
+            # this step on, so no step appears twice.
+            self._tb = SummaryWriter(str(tb_dir), purge_step=purge_step)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self._tb is not None:
+            for tag, value in values.items():
+                self._tb.add_scalar(tag, value, step)
+
+    def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+        if self._tb is not None:
+            self._tb.add_hparams(hparams, metrics, run_name=".")
+
+    def write_progress(self, step: int, epoch: int, values: dict[str, float]) -> None:
+        if self.enabled:
+            write_json(self.progress, {"step": step, "total_steps": self.total_steps,
+                                       "epoch": epoch, "time": time.time(), **values})
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None

@@ -1,0 +1,40 @@
+"""Optimizer and LR schedule from the optim config."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hpc_ddp.config.schema import OptimConfig
+
+
+def build_optimizer(params: Any, cfg: OptimConfig) -> Any:
+    import torch
+
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
+                               nesterov=cfg.nesterov and cfg.momentum > 0,
+                               weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas),
+                             weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
+    """Multiplier of cfg.lr at optimizer step ``step`` (0-based): warm-up, then the schedule."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer: Any, cfg: OptimConfig, total_steps: int) -> Any:
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))

@@ -1,0 +1,152 @@
+"""A rendezvous that cannot collide and cannot hang silently.
+
+Every peer tool derives MASTER_PORT from the job id, and two jobs sharing a node can collide.
+Here rank 0 asks the kernel for a free port (a TCPStore bound to port 0), and publishes
+address and port in the run directory, keyed by job, step and restart; the other ranks read
+it from there (the run directory is on a shared filesystem, as submitit already requires).
+A MASTER_PORT set by the user wins. Then every rank checks in; if some never do within the
+timeout, the job fails naming those ranks and the hosts they should have run on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.distenv import DistEnv
+
+log = logging.getLogger(__name__)
+
+_POLL_S = 0.2
+
+
+class RendezvousError(RuntimeError):
+    """The ranks could not meet; the message names who is missing and where."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    addr: str
+    port: int
+
+
+def endpoint_file(folder: Path, env: DistEnv) -> Path:
+    # One file per job, step and restart: an earlier attempt's file is never read.
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in env.job_id)
+    return folder / f"{safe}-r{env.restart}.json"
+
+
+def publish(path: Path, endpoint: Endpoint, host: str) -> None:
+    """Write the endpoint atomically (temp file + rename), so a reader never sees half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"addr": endpoint.addr, "port": endpoint.port, "host": host}))
+    os.replace(tmp, path)
+
+
+def wait_for_endpoint(path: Path, timeout_s: float, env: DistEnv) -> Endpoint:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            data = json.loads(path.read_text())
+            return Endpoint(str(data["addr"]), int(data["port"]))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            time.sleep(_POLL_S)
+    where = env.expected_host(0) or "its node"
+    raise RendezvousError(
+        f"rank {env.rank} waited {timeout_s:.0f}s for rank 0 (on {where}) to publish its "
+        f"address in {path}, but it never did: rank 0 did not start or cannot write there. "
+        "Check rank 0's log, and that run_dir is on a filesystem every node shares."
+    )
+
+
+def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
+            collective_timeout_s: float) -> Any:
+    """Form the store every rank shares; returns a torch.distributed Store.
+
+    Raises RendezvousError naming the ranks (and their expected hosts) that never arrived.
+    """
+    import torch.distributed as dist
+
+    path = endpoint_file(folder, env)
+    if env.is_master:
+        # Port 0: the kernel hands out a port nobody holds; no formula can collide.
+        store = dist.TCPStore("0.0.0.0", env.master_port or 0, env.world_size, True,
+                              timedelta(seconds=collective_timeout_s), wait_for_workers=False)
+        endpoint = Endpoint(_master_addr(env, host), store.port)
+        publish(path, endpoint, host)
+        log.info("rendezvous: rank 0 listens on %s:%d (published in %s)",
+                 endpoint.addr, endpoint.port, path)
+    else:
+        if env.master_addr and env.master_port:
+            endpoint = Endpoint(env.master_addr, env.master_port)
+        else:
+            published = wait_for_endpoint(path, timeout_s, env)
+            endpoint = Endpoint(env.master_addr or published.addr, published.port)
+        store = _client_store(env, endpoint, timeout_s, collective_timeout_s)
+    _check_in(store, env, host, timeout_s)
+    return store
+
+
+def _master_addr(env: DistEnv, host: str) -> str:
+    if env.master_addr:
+        return env.master_addr
+    return "127.0.0.1" if env.source in ("local", "single") else host
+
+
+def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
+                  collective_timeout_s: float) -> Any:
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            store = dist.TCPStore(endpoint.addr, endpoint.port, env.world_size, False,
+                                  timedelta(seconds=max(1.0, deadline - time.monotonic())),
+                                  wait_for_workers=False)
+            store.set_timeout(timedelta(seconds=collective_timeout_s))
+            return store
+        except (RuntimeError, OSError, socket.gaierror) as exc:  # refused, unresolvable, timeout
+            last = exc
+            time.sleep(_POLL_S)
+    raise RendezvousError(
+        f"rank {env.rank} could not reach rank 0 at {endpoint.addr}:{endpoint.port} within "
+        f"{timeout_s:.0f}s ({str(last).splitlines()[0] if last else 'no answer'}). Check that "
+        f"{endpoint.addr} resolves and is reachable from this node, and MASTER_ADDR if you set it."
+    )
+
+
+def _check_in(store: Any, env: DistEnv, host: str, timeout_s: float) -> None:
+    """Every rank announces itself; rank 0 names the ranks that never came."""
+    from datetime import timedelta as _td
+
+    store.set(f"hpc_ddp/arrived/{env.rank}", host)
+    store.add("hpc_ddp/arrived", 1)
+    deadline = time.monotonic() + timeout_s
+    while store.add("hpc_ddp/arrived", 0) < env.world_size:
+        if time.monotonic() > deadline:
+            raise RendezvousError(_missing_message(store, env, timeout_s))
+        time.sleep(_POLL_S)
+    # All present: a rank that leaves early must not take the store down under the others.
+    store.set_timeout(_td(seconds=max(timeout_s, 60)))
+
+
+def _missing_message(store: Any, env: DistEnv, timeout_s: float) -> str:
+    missing = [r for r in range(env.world_size) if not store.check([f"hpc_ddp/arrived/{r}"])]
+    shown = ", ".join(
+        f"{r} (expected on {env.expected_host(r)})" if env.expected_host(r) else str(r)
+        for r in missing
+    )
+    return (
+        f"{len(missing)} of {env.world_size} ranks never joined the rendezvous within "
+        f"{timeout_s:.0f}s: rank(s) {shown}. Their logs (logs/rank<N>.log) say why; a rank "
+        "that cannot reach rank 0 reports the address it tried."
+    )

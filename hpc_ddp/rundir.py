@@ -1,0 +1,96 @@
+"""The run directory: one place for config, logs, TensorBoard, checkpoints and results.
+
+    run_dir/
+      config.yaml        the resolved config;  overrides.yaml  the command-line overrides
+      logs/rank<N>.log   one log per rank;  logs/rank<N>.error  the failure of a rank, if any
+      tb/                TensorBoard events (rank 0)
+      checkpoints/       step_*.pt and the `latest` pointer (rank 0)
+      ranks/rank<N>.json each rank's mapping, host, addresses and NCCL/torch environment
+      progress.json      the latest step, loss and speed (rank 0), for `wait` and status
+      summary.json       results at the end (rank 0)
+      rendezvous/        rank 0's published address and port per job attempt
+      submitit/          submitit's job folder (pickles, stdout/stderr)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunDir:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def overrides(self) -> Path:
+        return self.root / "overrides.yaml"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def tb(self) -> Path:
+        return self.root / "tb"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def ranks(self) -> Path:
+        return self.root / "ranks"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def rendezvous(self) -> Path:
+        return self.root / "rendezvous"
+
+    @property
+    def submitit(self) -> Path:
+        return self.root / "submitit"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.log"
+
+    def rank_error(self, rank: int) -> Path:
+        return self.logs / f"rank{rank}.error"
+
+
+def default_root(base: Path, now: _dt.datetime | None = None, job_id: str | None = None) -> Path:
+    """outputs/<date>_<time> for a submission; outputs/job-<id> for a task started by sbatch."""
+    if job_id:
+        return base / f"job-{job_id}"
+    stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S-%f")[:-3]
+    return base / stamp
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Atomically replace ``path`` with ``data`` as JSON (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,286 @@
+"""The test cluster as one object: ``TestCluster(...).up()``, ``.down()``, ``.status()``.
+
+``up`` is idempotent: a healthy cluster with the same configuration is reused; anything else
+(stale pid files, leftover namespaces, half-dead daemons) is torn down and started afresh,
+with a fresh StateSaveLocation and a fresh accounting database (TESTCLUSTER.md: job ids
+restart at 1 with a wiped state folder, so the database must be wiped with it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.testcluster import daemons, network
+from hpc_ddp.testcluster.config import (
+    ClusterConfig,
+    fingerprint,
+    render_gres_conf,
+    render_slurm_conf,
+    render_slurmdbd_conf,
+)
+
+APT_INSTALL = (
+    "sudo apt-get update && sudo apt-get install -y "
+    "slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
+)
+REQUIRED_BINARIES = (
+    "slurmctld",
+    "slurmd",
+    "slurmdbd",
+    "sinfo",
+    "srun",
+    "sbatch",
+    "sacct",
+    "sacctmgr",
+    "scontrol",
+    "munged",
+    "munge",
+    "unmunge",
+    "mariadbd",
+    "mariadb",
+    "mariadb-admin",
+    "ip",
+    "nsenter",
+    "unshare",
+    "runuser",
+    "setsid",
+)
+# Node states (sinfo %t) in which a node can run jobs.
+READY_STATES = {"idle", "alloc", "mix", "comp"}
+
+
+def requirements_missing() -> str | None:
+    """Why the cluster cannot start on this machine (with the fix), or None if it can."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("needs root (network namespaces, /etc/hosts, daemons): run with sudo")
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
+    if missing:
+        problems.append(f"missing programs {', '.join(missing)}: {APT_INSTALL}")
+    return "; ".join(problems) or None
+
+
+class TestClusterError(RuntimeError):
+    """The cluster did not come up; the message carries the daemon logs' tails."""
+
+
+class TestCluster:
+    """A Slurm cluster of ``nodes`` namespaced nodes on this machine (see docs/testcluster.md)."""
+
+    __test__ = False  # a library class, not a pytest test class despite its name
+
+    def __init__(
+        self,
+        state_dir: Path | str | None = None,
+        nodes: int = 4,
+        cpus: int = 2,
+        gpus: int = 2,
+        *,
+        real_memory_mb: int = 3000,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        kwargs: dict[str, Any] = {
+            "nodes": nodes,
+            "cpus": cpus,
+            "gpus": gpus,
+            "real_memory_mb": real_memory_mb,
+        }
+        if state_dir is not None:
+            kwargs["state_dir"] = Path(state_dir)
+        self.config = ClusterConfig(**kwargs)
+        self._say = say or (lambda msg: None)
+
+    # --- what clients need -------------------------------------------------------------
+    @property
+    def state_dir(self) -> Path:
+        return self.config.state_dir
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.config.node_names
+
+    @property
+    def node_addresses(self) -> dict[str, str]:
+        return self.config.node_addresses
+
+    @property
+    def partitions(self) -> list[str]:
+        return [p.name for p in self.config.partitions]
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point Slurm clients (sinfo, sbatch, submitit) here."""
+        return {"SLURM_CONF": str(self.config.slurm_conf)}
+
+    def _daemon_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env()}
+
+    # --- up ----------------------------------------------------------------------------
+    def up(self, *, fresh: bool = False, timeout: float = 120.0) -> bool:
+        """Start the cluster, or reuse a healthy identical one; True if it was (re)started.
+
+        Raises TestClusterError (with log tails) if the nodes are not idle within timeout.
+        """
+        if not fresh and self.is_healthy():
+            self._say("cluster already up and healthy: reusing it")
+            return False
+        started = time.monotonic()
+        # munged and MariaDB (if ours) keep running: they hold no cluster state.
+        self._stop(keep_services=True)
+        try:
+            self._start(timeout)
+        except (daemons.DaemonError, RuntimeError, OSError, subprocess.SubprocessError) as e:
+            raise TestClusterError(f"{e}\n\n{self.logs_tail(30)}") from e
+        self._say(
+            f"cluster up in {time.monotonic() - started:.1f}s: "
+            f"{', '.join(self.node_names)} in partitions {', '.join(self.partitions)}"
+        )
+        return True
+
+    def _start(self, timeout: float) -> None:
+        cfg, env = self.config, self._daemon_env()
+        self._write_files()
+        self._say(
+            f"network: bridge {cfg.bridge} {cfg.controller_address}, namespaces "
+            f"{cfg.netns(cfg.node_names[0])}..{cfg.netns(cfg.node_names[-1])}, /etc/hosts"
+        )
+        network.setup(cfg)
+        self._make_fake_gpus()
+        self._say(f"munged: {daemons.ensure_munged(cfg)}")
+        self._say(f"mariadb: {daemons.ensure_mariadb(cfg)}; fresh database {cfg.db_name}")
+        daemons.reset_database(cfg)
+        self._say("slurmdbd: starting")
+        daemons.start_slurmdbd(cfg, env)
+        daemons.add_cluster(cfg, env)
+        self._say("slurmctld: starting")
+        daemons.start_slurmctld(cfg, env)
+        for node in cfg.node_names:
+            self._say(f"slurmd: starting {node} ({cfg.node_addresses[node]})")
+            daemons.start_slurmd(cfg, node, network.netns_path(cfg, node), env)
+        daemons.wait_until(self._nodes_ready, timeout, "all nodes idle in sinfo", every=0.5)
+        # Written last: its presence says a complete cluster with this config came up.
+        self._fingerprint_file.write_text(fingerprint(cfg))
+
+    @property
+    def _fingerprint_file(self) -> Path:
+        return self.config.state_dir / "cluster.fingerprint"
+
+    def _write_files(self) -> None:
+        cfg = self.config
+        # Fresh state: slurmctld's saved jobs and the node spools go (job ids restart at 1).
+        # (state/mariadb stays: a MariaDB we started keeps its log open there.)
+        for path in [cfg.ctld_state_dir, cfg.log_dir, *cfg.state_dir.glob("spool-*")]:
+            shutil.rmtree(path, ignore_errors=True)
+        for path in (cfg.state_dir, cfg.log_dir, cfg.pid_dir, cfg.ctld_state_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        cfg.slurm_conf.write_text(render_slurm_conf(cfg))
+        cfg.gres_conf.write_text(render_gres_conf(cfg))
+        # Recipe: slurmdbd refuses a slurmdbd.conf that others can read (mode 600).
+        cfg.slurmdbd_conf.write_text(render_slurmdbd_conf(cfg))
+        cfg.slurmdbd_conf.chmod(0o600)
+
+    def _make_fake_gpus(self) -> None:
+        # Recipe, "Fake GPUs": character devices that behave like /dev/null (1, 3).
+        for dev in self.config.gpu_devices:
+            if dev.exists() and not stat.S_ISCHR(dev.stat().st_mode):
+                raise RuntimeError(f"{dev} exists and is not a character device")
+            if not dev.exists():
+                os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+    # --- down --------------------------------------------------------------------------
+    def down(self) -> None:
+        """Stop every daemon we started (by pid file), then remove namespaces and hosts block."""
+        self._stop(keep_services=False)
+
+    def _stop(self, *, keep_services: bool) -> None:
+        cfg = self.config
+        self._fingerprint_file.unlink(missing_ok=True)
+        for node in network.known_nodes(cfg):
+            if daemons.stop_daemon(cfg, f"slurmd-{node}"):
+                self._say(f"stopped slurmd {node}")
+        for node in network.known_nodes(cfg):
+            # Job steps and slurmstepd outlive slurmd; they live in the node's namespace.
+            daemons.kill_pids(network.netns_pids(cfg, node))
+        services = () if keep_services else ("mariadb", "munged")
+        for name in ("slurmctld", "slurmdbd", *services):
+            if daemons.stop_daemon(cfg, name):
+                self._say(f"stopped {name}")
+        network.teardown(cfg)
+
+    # --- health and status -------------------------------------------------------------
+    def _sinfo_nodes(self) -> dict[str, str]:
+        """Node -> state (sinfo %t, without the trailing flag such as ``*`` or ``~``)."""
+        try:
+            proc = daemons.run(["sinfo", "-h", "-N", "-o", "%N %t"], self.env(), timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if proc.returncode != 0:
+            return {}
+        states: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            name, _, state = line.partition(" ")
+            states[name] = state.strip().rstrip("*~#!%$@^-")
+        return states
+
+    def _nodes_ready(self) -> bool:
+        states = self._sinfo_nodes()
+        return all(states.get(n) in READY_STATES for n in self.node_names)
+
+    def _daemon_pids(self) -> dict[str, int | None]:
+        names = ["munged", "mariadb", "slurmdbd", "slurmctld"]
+        names += [f"slurmd-{n}" for n in self.node_names]
+        return {name: daemons.daemon_pid(self.config, name) for name in names}
+
+    def is_healthy(self) -> bool:
+        """Up with this very configuration: daemons alive, network in place, nodes usable."""
+        fp = self._fingerprint_file
+        if not fp.exists() or fp.read_text() != fingerprint(self.config):
+            return False
+        pids = self._daemon_pids()
+        # munged and mariadb have pid files only when we started them; check them directly.
+        slurm_alive = all(pid is not None for n, pid in pids.items() if n.startswith("slurm"))
+        return (
+            slurm_alive
+            and network.is_up(self.config)
+            and daemons.munge_works()
+            and self._nodes_ready()
+        )
+
+    def status(self) -> dict[str, Any]:
+        """``up`` (bool), daemon pids (None = not running / not ours), node states, paths."""
+        pids = self._daemon_pids()
+        slurm_running = any(pid is not None for n, pid in pids.items() if n.startswith("slurm"))
+        return {
+            "up": self.is_healthy(),
+            "state_dir": str(self.state_dir),
+            "slurm_conf": str(self.config.slurm_conf),
+            "daemons": pids,
+            "nodes": self._sinfo_nodes() if slurm_running else {},
+            "node_addresses": self.node_addresses,
+            "partitions": self.partitions,
+            "network": network.is_up(self.config),
+        }
+
+    def logs_tail(self, n: int = 30) -> str:
+        """The last ``n`` lines of each daemon log (slurmctld, slurmdbd, slurmd-*, launchers)."""
+        log_dir = self.config.log_dir
+        if not log_dir.is_dir():
+            return f"(no logs: {log_dir} does not exist)"
+        parts = []
+        order = ["slurmctld.log", "slurmdbd.log"]
+        paths = [log_dir / o for o in order] + sorted(
+            p for p in log_dir.iterdir() if p.name not in order
+        )
+        paths.append(self.state_dir / "mariadb" / "mariadb.log")
+        for path in paths:
+            if not path.is_file() or path.stat().st_size == 0:
+                continue
+            lines = path.read_text(errors="replace").splitlines()[-n:]
+            parts.append(f"==> {path} <==\n" + "\n".join(lines))
+        return "\n\n".join(parts) or f"(all logs in {log_dir} are empty)"

@@ -1,0 +1,128 @@
+"""Nodes as network namespaces: a bridge, one veth pair and netns per node, /etc/hosts names.
+
+Recipe (/work/shared/TESTCLUSTER.md, "Nodes as network namespaces"): a bridge with an address
+in the root namespace, per node a netns with a veth into the bridge, its own address, lo up.
+Kernel state outlives processes, so every function here is idempotent and ``teardown``
+removes whatever an earlier run left behind.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from hpc_ddp.testcluster.config import ClusterConfig, render_hosts_block
+
+HOSTS_FILE = Path("/etc/hosts")
+HOSTS_BEGIN = "# BEGIN hpc_ddp testcluster"
+HOSTS_END = "# END hpc_ddp testcluster"
+NETNS_DIR = Path("/run/netns")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+    return proc
+
+
+def _link_exists(name: str) -> bool:
+    return _ip("link", "show", "dev", name, check=False).returncode == 0
+
+
+def netns_path(cfg: ClusterConfig, node: str) -> Path:
+    return NETNS_DIR / cfg.netns(node)
+
+
+def setup(cfg: ClusterConfig) -> None:
+    """Create the bridge, namespaces and veths (removing leftovers first)."""
+    teardown(cfg)
+    _ip("link", "add", cfg.bridge, "type", "bridge")
+    _ip("addr", "add", f"{cfg.controller_address}/{cfg.prefix_len}", "dev", cfg.bridge)
+    _ip("link", "set", cfg.bridge, "up")
+    for node, addr in cfg.node_addresses.items():
+        ns, veth = cfg.netns(node), cfg.host_veth(node)
+        _ip("netns", "add", ns)
+        # The namespace end is called eth0, like a real node's interface.
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("link", "set", veth, "master", cfg.bridge, "up")
+        _ip("-n", ns, "addr", "add", f"{addr}/{cfg.prefix_len}", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+    write_hosts_block(cfg)
+
+
+def netns_pids(cfg: ClusterConfig, node: str) -> list[int]:
+    """Processes still inside a node's namespace (job steps, slurmstepd, a slurmd)."""
+    if not netns_path(cfg, node).exists():
+        return []
+    proc = _ip("netns", "pids", cfg.netns(node), check=False)
+    return [int(p) for p in proc.stdout.split() if p.strip().isdigit()]
+
+
+def known_nodes(cfg: ClusterConfig) -> list[str]:
+    """The configured nodes plus any an earlier run (perhaps with more nodes) left behind."""
+    names = dict.fromkeys(cfg.node_names)
+    prefix = cfg.netns("")
+    if NETNS_DIR.is_dir():
+        names.update(
+            dict.fromkeys(
+                p.name.removeprefix(prefix)
+                for p in sorted(NETNS_DIR.iterdir())
+                if p.name.startswith(prefix)
+            )
+        )
+    return list(names)
+
+
+def teardown(cfg: ClusterConfig) -> None:
+    """Delete namespaces, veths, the bridge and the hosts block; missing pieces are fine."""
+    for node in known_nodes(cfg):
+        if _link_exists(cfg.host_veth(node)):
+            _ip("link", "del", cfg.host_veth(node), check=False)
+        if netns_path(cfg, node).exists():
+            _ip("netns", "del", cfg.netns(node), check=False)
+    if _link_exists(cfg.bridge):
+        _ip("link", "del", cfg.bridge, check=False)
+    remove_hosts_block()
+
+
+def is_up(cfg: ClusterConfig) -> bool:
+    return _link_exists(cfg.bridge) and all(netns_path(cfg, n).exists() for n in cfg.node_names)
+
+
+# --- /etc/hosts ------------------------------------------------------------------------------
+def strip_block(lines: Sequence[str]) -> list[str]:
+    """``lines`` without our marked block (pure, so it is unit-tested)."""
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        if line.strip() == HOSTS_BEGIN:
+            inside = True
+        elif line.strip() == HOSTS_END and inside:
+            inside = False
+        elif not inside:
+            out.append(line)
+    return out
+
+
+def with_block(lines: Sequence[str], block: Sequence[str]) -> list[str]:
+    """``lines`` with our block replaced by ``block``, at the end (pure, idempotent)."""
+    return [*strip_block(lines), HOSTS_BEGIN, *block, HOSTS_END]
+
+
+def _write_hosts(lines: list[str]) -> None:
+    text = "\n".join(lines) + "\n"
+    if HOSTS_FILE.read_text() != text:
+        # Written in place, not renamed over: /etc/hosts is often a bind mount in containers.
+        HOSTS_FILE.write_text(text)
+
+
+def write_hosts_block(cfg: ClusterConfig) -> None:
+    _write_hosts(with_block(HOSTS_FILE.read_text().splitlines(), render_hosts_block(cfg)))
+
+
+def remove_hosts_block() -> None:
+    if HOSTS_FILE.exists():
+        _write_hosts(strip_block(HOSTS_FILE.read_text().splitlines()))

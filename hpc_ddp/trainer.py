@@ -1,0 +1,280 @@
+"""The DDP training loop of one rank: train, evaluate, checkpoint, resume exactly.
+
+``Trainer.train`` reads like a table of contents; every counter that matters for an exact
+resume (step, epoch, position inside the epoch, log window, RNG streams of every rank) is in
+``state_dict``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+from hpc_ddp import checkpoint, rng
+from hpc_ddp.augment import flip_and_crop, normalize
+from hpc_ddp.config.schema import Config
+from hpc_ddp.data.loaders import build_loaders
+from hpc_ddp.distenv import DistEnv
+from hpc_ddp.metrics import MetricsWriter
+from hpc_ddp.models import build_model
+from hpc_ddp.optim import build_optimizer, build_scheduler
+from hpc_ddp.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, env: DistEnv, run: RunDir, device: Any) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        self.cfg, self.env, self.run, self.device = cfg, env, run, device
+        t = cfg.trainer
+        rng.seed_all(t.seed)  # the same initial weights everywhere (DDP also broadcasts them)
+        model = build_model(cfg.model).to(device)
+        self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
+                                     pin_memory=device.type == "cuda")
+        self.micro_per_epoch = math.ceil(self.loaders.sampler.num_samples / t.batch_size)
+        steps_per_epoch = math.ceil(self.micro_per_epoch / t.grad_accum)
+        self.total_steps = steps_per_epoch * t.epochs
+        if t.max_steps is not None:
+            self.total_steps = t.max_steps
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.autocast_dtype = _autocast_dtype(t.precision, device)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
+        self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
+        # Counters (all in state_dict).
+        self.global_step = 0
+        self.epoch = 0
+        self.micro_in_epoch = 0
+        self.samples_seen = 0
+        self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
+        self.last_train_loss = float("nan")
+        self.last_eval: dict[str, float] = {}
+        self.restarts: list[dict[str, Any]] = []
+        self.resumed_from_step: int | None = None
+        self.checkpoint_step: int | None = None
+
+    # -- state ---------------------------------------------------------------------------
+    def _generators(self) -> dict[str, Any]:
+        return {"augment": self.aug_gen, "loader": self.loaders.train.generator}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything to resume; RNG states of every rank (gathered, so call on all ranks)."""
+        import torch.distributed as dist
+
+        rng_states: list[Any] = [None] * self.env.world_size
+        dist.all_gather_object(rng_states, rng.capture(self._generators()))
+        return {
+            "model": self.model.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "counters": {"global_step": self.global_step, "epoch": self.epoch,
+                         "micro_in_epoch": self.micro_in_epoch,
+                         "samples_seen": self.samples_seen, "window": dict(self.window),
+                         "last_train_loss": self.last_train_loss,
+                         "last_eval": dict(self.last_eval)},
+            "rng": rng_states,
+            "restarts": list(self.restarts),
+            "world_size": self.env.world_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        c = state["counters"]
+        self.global_step, self.epoch = c["global_step"], c["epoch"]
+        self.micro_in_epoch, self.samples_seen = c["micro_in_epoch"], c["samples_seen"]
+        self.window, self.last_train_loss = dict(c["window"]), c["last_train_loss"]
+        self.last_eval = dict(c["last_eval"])
+        self.restarts = list(state["restarts"])
+        if state["world_size"] == self.env.world_size:
+            rng.restore(state["rng"][self.env.rank], self._generators())
+        else:
+            log.warning("checkpoint was written with world_size %d, now %d: data order and "
+                        "RNG streams restart; the run is no longer bitwise reproducible",
+                        state["world_size"], self.env.world_size)
+
+    def resume_if_possible(self, cause: str) -> None:
+        state = checkpoint.load_latest(self.run.checkpoints, map_location=self.device)
+        if state is None:
+            return
+        self.load_state_dict(state)
+        self.resumed_from_step = self.checkpoint_step = self.global_step
+        self.restarts.append({"from_step": self.global_step, "cause": cause,
+                              "time": time.time()})
+        log.info("resumed from step %d (epoch %d, batch %d of the epoch)", self.global_step,
+                 self.epoch, self.micro_in_epoch)
+
+    # -- the loop --------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Train to total_steps; returns the summary (written to summary.json by rank 0)."""
+        purge = self.global_step + 1 if self.resumed_from_step is not None else None
+        self.metrics = MetricsWriter(self.run.tb, self.run.progress, self.env.is_master,
+                                     purge, self.total_steps)
+        log.info("training %s on %s: %d steps, world size %d, %d steps done",
+                 self.cfg.model.name, self.device, self.total_steps, self.env.world_size,
+                 self.global_step)
+        self.started = time.perf_counter()
+        self.samples_at_start = self.samples_seen
+        try:
+            while self.global_step < self.total_steps:
+                self._train_epoch()
+            if not self.last_eval or self.last_eval.get("step") != self.global_step:
+                self.evaluate()
+            if self.checkpoint_step != self.global_step:
+                self.save_checkpoint()
+            return self.summary()
+        finally:
+            self.metrics.close()
+
+    def _train_epoch(self) -> None:
+        t = self.cfg.trainer
+        self.loaders.sampler.set_position(self.epoch, self.micro_in_epoch * t.batch_size)
+        self.model.train()
+        for images, labels in self.loaders.train:
+            self.micro_in_epoch += 1
+            end_of_epoch = self.micro_in_epoch == self.micro_per_epoch
+            stepping = end_of_epoch or self.micro_in_epoch % t.grad_accum == 0
+            self._forward_backward(images, labels, sync=stepping)
+            if stepping:
+                self._optimizer_step()
+                if end_of_epoch:
+                    self.epoch += 1
+                    self.micro_in_epoch = 0
+                self._after_step(end_of_epoch)
+                if self.global_step >= self.total_steps or end_of_epoch:
+                    return
+
+    def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        if self.cfg.data.augment:
+            images = flip_and_crop(images, self.aug_gen)
+        x = normalize(images)
+        # no_sync: accumulate locally, all-reduce once per optimizer step.
+        ctx = contextlib.nullcontext() if sync else self.model.no_sync()
+        with ctx, torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                 enabled=self.autocast_dtype is not None):
+            loss = F.cross_entropy(self.model(x), labels)
+        self.scaler.scale(loss / self.cfg.trainer.grad_accum).backward()
+        self.window["loss_sum"] += float(loss.detach())
+        self.window["count"] += 1
+        self.window["samples"] += int(labels.shape[0])
+
+    def _optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.global_step += 1
+
+    def _after_step(self, end_of_epoch: bool) -> None:
+        t = self.cfg.trainer
+        last = self.global_step >= self.total_steps
+        if self.global_step % t.log_interval == 0 or last:
+            self._log_window()
+        if (t.eval_interval and self.global_step % t.eval_interval == 0) or (
+                not t.eval_interval and end_of_epoch):
+            self.evaluate()
+        if self.global_step % t.checkpoint_interval == 0:
+            self.save_checkpoint()
+
+    def _log_window(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        totals = torch.tensor([self.window["loss_sum"], self.window["count"],
+                               self.window["samples"]], dtype=torch.float64, device=self.device)
+        dist.all_reduce(totals)
+        loss_sum, count, samples = totals.tolist()
+        self.samples_seen += int(samples)
+        self.last_train_loss = loss_sum / max(count, 1)
+        elapsed = max(time.perf_counter() - getattr(self, "_window_start", self.started), 1e-9)
+        self._window_start = time.perf_counter()
+        values = {"train/loss": self.last_train_loss,
+                  "train/lr": self.scheduler.get_last_lr()[0],
+                  "train/samples_per_s": samples / elapsed}
+        self.metrics.scalars(self.global_step, values)
+        self.metrics.write_progress(self.global_step, self.epoch,
+                                    {k.split("/")[1]: v for k, v in values.items()})
+        log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", self.global_step,
+                 self.total_steps, self.epoch, self.last_train_loss, values["train/lr"],
+                 values["train/samples_per_s"])
+        self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy over the whole eval set, summed over ranks (no sample twice)."""
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        self.model.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                                             enabled=self.autocast_dtype is not None):
+            for images, labels in self.loaders.eval:
+                images, labels = images.to(self.device), labels.to(self.device)
+                logits = self.model(normalize(images))
+                totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+                totals[1] += (logits.argmax(1) == labels).sum()
+                totals[2] += labels.shape[0]
+        dist.all_reduce(totals)
+        self.model.train()
+        loss_sum, correct, count = totals.tolist()
+        self.last_eval = {"step": self.global_step, "loss": loss_sum / count,
+                          "accuracy": correct / count}
+        self.metrics.scalars(self.global_step, {"eval/loss": self.last_eval["loss"],
+                                                "eval/accuracy": self.last_eval["accuracy"]})
+        log.info("eval at step %d: loss %.4f accuracy %.4f", self.global_step,
+                 self.last_eval["loss"], self.last_eval["accuracy"])
+        return self.last_eval
+
+    def save_checkpoint(self) -> None:
+        state = self.state_dict()  # a collective: every rank takes part
+        self.checkpoint_step = self.global_step
+        if self.env.is_master:
+            path = checkpoint.save(state, self.run.checkpoints, self.global_step,
+                                   self.cfg.trainer.keep_checkpoints)
+            log.info("checkpoint %s", path)
+
+    def summary(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.started
+        return {
+            "world_size": self.env.world_size,
+            "num_nodes": self.env.num_nodes,
+            "global_step": self.global_step,
+            "total_steps": self.total_steps,
+            "epochs_completed": self.epoch,
+            "samples_seen": self.samples_seen,
+            "final_train_loss": self.last_train_loss,
+            "eval_loss": self.last_eval.get("loss"),
+            "eval_accuracy": self.last_eval.get("accuracy"),
+            "samples_per_s": (self.samples_seen - self.samples_at_start) / max(elapsed, 1e-9),
+            "train_time_s": elapsed,
+            "resumed_from_step": self.resumed_from_step,
+            "restarts": len(self.restarts),
+            "restart_history": self.restarts,
+            "device": str(self.device),
+        }
+
+
+def _autocast_dtype(precision: str, device: Any) -> Any:
+    import torch
+
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    if precision == "fp16":
+        return torch.float16
+    return None
