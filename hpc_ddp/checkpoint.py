@@ -62,14 +62,25 @@ def save(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
     try:
         write_atomic(path, lambda handle: torch.save(state, handle))
         write_atomic(folder / LATEST, lambda handle: handle.write(path.name.encode()))
-    except OSError as exc:
+    except (OSError, RuntimeError) as exc:
+        # torch.save wraps a write error (ENOSPC) in a RuntimeError from its zip writer.
+        reason = _os_error_in(exc)
         raise CheckpointError(
-            f"could not save checkpoint {path} ({exc.strerror or exc}); the previous checkpoint "
+            f"could not save checkpoint {path} ({reason}); the previous checkpoint "
             f"({latest_path(folder) or 'none'}) is still the latest. Free disk space or fix the "
             "folder's permissions."
         ) from exc
     _prune(folder, keep)
     return path
+
+
+def _os_error_in(exc: BaseException) -> str:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen.strerror or str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return str(exc).splitlines()[0]
 
 
 def _prune(folder: Path, keep: int) -> None:

@@ -70,6 +70,8 @@ class DataConfig:
     name: str = "synthetic"
     # Folder holding cifar-10-batches-py/ (cifar10 only). Ranks never download.
     root: str | None = None
+    # Check CIFAR-10's files against torchvision's MD5 sums when loading (cifar10 only).
+    verify_checksum: bool = True
     # Synthetic set sizes (cifar10 has its fixed 50000/10000).
     train_size: int = 4096
     eval_size: int = 1024

@@ -28,7 +28,8 @@ def build_datasets(cfg: DataConfig, seed: int) -> tuple[ImageTensorDataset, Imag
     from hpc_ddp.data.cifar10 import load_split
 
     assert cfg.root is not None  # validate() guarantees it
-    return load_split(cfg.root, train=True), load_split(cfg.root, train=False)
+    return (load_split(cfg.root, True, cfg.verify_checksum),
+            load_split(cfg.root, False, cfg.verify_checksum))
 
 
 def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int,

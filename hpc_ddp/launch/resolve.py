@@ -101,9 +101,17 @@ def check_run_dir(cfg: Config) -> RunDir:
 
 
 def _check_writable(folder: Path, shown: str) -> None:
+    """Try for real (root ignores permission bits, read-only mounts do not): make and remove
+    an empty probe folder in the run dir, or in its nearest existing parent."""
+    import tempfile
+
     existing = folder
     while not existing.exists():
         existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError("run_dir", shown, f"is not writable ({existing} denies it).",
-                        "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.")
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        os.rmdir(tempfile.mkdtemp(prefix=".hpc_ddp_probe_", dir=existing))
+    except OSError as exc:
+        raise UserError("run_dir", shown, f"is not writable ({exc.strerror or exc}).",
+                        "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.") from None

@@ -163,7 +163,11 @@ class TestCluster:
         for node in cfg.node_names:
             self._say(f"slurmd: starting {node} ({cfg.node_addresses[node]})")
             daemons.start_slurmd(cfg, node, network.netns_path(cfg, node), env)
-        daemons.wait_until(self._nodes_ready, timeout, "all nodes idle in sinfo", every=0.5)
+        try:
+            daemons.wait_until(self._nodes_ready, timeout, "all nodes idle", every=0.5)
+        except daemons.DaemonError as e:
+            states = " ".join(f"{n}={s}" for n, s in self._sinfo_nodes().items())
+            raise daemons.DaemonError(f"{e}; sinfo says: {states or 'nothing'}") from e
         # Written last: its presence says a complete cluster with this config came up.
         self._fingerprint_file.write_text(fingerprint(cfg))
 
@@ -177,7 +181,8 @@ class TestCluster:
         # (state/mariadb stays: a MariaDB we started keeps its log open there.)
         for path in [cfg.ctld_state_dir, cfg.log_dir, *cfg.state_dir.glob("spool-*")]:
             shutil.rmtree(path, ignore_errors=True)
-        for path in (cfg.state_dir, cfg.log_dir, cfg.pid_dir, cfg.ctld_state_dir):
+        spools = [cfg.state_dir / f"spool-{n}" for n in cfg.node_names]
+        for path in (cfg.state_dir, cfg.log_dir, cfg.pid_dir, cfg.ctld_state_dir, *spools):
             path.mkdir(parents=True, exist_ok=True)
         cfg.slurm_conf.write_text(render_slurm_conf(cfg))
         cfg.gres_conf.write_text(render_gres_conf(cfg))
@@ -201,16 +206,21 @@ class TestCluster:
     def _stop(self, *, keep_services: bool) -> None:
         cfg = self.config
         self._fingerprint_file.unlink(missing_ok=True)
-        for node in network.known_nodes(cfg):
-            if daemons.stop_daemon(cfg, f"slurmd-{node}"):
-                self._say(f"stopped slurmd {node}")
-        for node in network.known_nodes(cfg):
-            # Job steps and slurmstepd outlive slurmd; they live in the node's namespace.
-            daemons.kill_pids(network.netns_pids(cfg, node))
-        services = () if keep_services else ("mariadb", "munged")
-        for name in ("slurmctld", "slurmdbd", *services):
-            if daemons.stop_daemon(cfg, name):
-                self._say(f"stopped {name}")
+        nodes = network.known_nodes(cfg)
+        # Also slurmds of an earlier, larger cluster whose namespaces are gone already.
+        slurmds = dict.fromkeys(f"slurmd-{node}" for node in nodes)
+        slurmds.update(dict.fromkeys(p.stem for p in sorted(cfg.pid_dir.glob("slurmd-*.pid"))))
+        stopped = daemons.stop_daemons(cfg, list(slurmds))
+        # Job steps and slurmstepd outlive slurmd; they live in the nodes' namespaces.
+        leftovers = [pid for node in nodes for pid in network.netns_pids(cfg, node)]
+        daemons.kill_pids(leftovers)
+        # Reverse start order (TESTCLUSTER.md): controller, then accounting, then services.
+        for name in ("slurmctld", "slurmdbd", *(() if keep_services else ("mariadb", "munged"))):
+            stopped += daemons.stop_daemons(cfg, [name])
+        if leftovers:
+            stopped.append(f"{len(leftovers)} leftover job processes")
+        if stopped:
+            self._say(f"stopped {', '.join(stopped)}")
         network.teardown(cfg)
 
     # --- health and status -------------------------------------------------------------

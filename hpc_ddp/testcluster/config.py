@@ -206,6 +206,9 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
+        # Every slurmd sees the whole machine; take CPUs/RealMemory from slurm.conf instead,
+        # so the node shape does not depend on the host (e.g. 4 x 2 CPUs on a 1-core runner).
+        "SlurmdParameters=config_overrides",
         # A node that registers after a restart comes back idle on its own.
         "ReturnToService=2",
         "MpiDefault=none",

@@ -1,0 +1,168 @@
+"""The local path end to end, as a user runs it: real processes, gloo, files on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpc_ddp import checkpoint
+from tests.conftest import REPO, command_env
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def tb_scalars(tb_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) pairs as TensorBoard itself reads them (purged steps dropped)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tb_dir))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_acceptance_two_ranks(hpc_ddp: Run, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=local", "nodes=1", "cluster.tasks_per_node=2",
+                              "trainer.max_steps=60", f"run_dir={run_dir}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "eval accuracy" in done.stdout and str(run_dir) in done.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_step"] == 60
+    assert summary["eval_accuracy"] > 0.2
+    assert summary["hosts"] == [os.uname().nodename] * 2
+    assert summary["resumed_from_step"] is None and summary["restarts"] == 0
+    for key in ("epochs_completed", "samples_seen", "final_train_loss", "samples_per_s"):
+        assert summary[key] is not None
+    loss = tb_scalars(run_dir / "tb", "train/loss")
+    assert [s for s, _ in loss] == list(range(10, 61, 10))
+    assert loss[-1][1] < loss[0][1]  # it learns
+    for tag in ("train/lr", "train/samples_per_s", "eval/loss", "eval/accuracy"):
+        assert tb_scalars(run_dir / "tb", tag)
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None and state["counters"]["global_step"] == 60
+    assert sorted(p.name for p in (run_dir / "logs").glob("rank*.log")) == ["rank0.log",
+                                                                           "rank1.log"]
+    assert "[rank 1 " in (run_dir / "logs" / "rank1.log").read_text()
+    assert (run_dir / "config.yaml").is_file()
+    rank1 = json.loads((run_dir / "ranks" / "rank1.json").read_text())
+    assert rank1["rank"] == 1 and rank1["world_size"] == 2 and "env" in rank1
+
+
+def test_simulated_nodes_say_so_once(hpc_ddp: Run, tmp_path: Path) -> None:
+    done = hpc_ddp("submit", ["cluster=local", "nodes=2", "cluster.tasks_per_node=2",
+                              "trainer.max_steps=8", "data.train_size=512", "data.eval_size=128",
+                              f"run_dir={tmp_path / 'r'}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("simulating 2 nodes") == 1
+    ranks = [json.loads((tmp_path / "r" / "ranks" / f"rank{r}.json").read_text())
+             for r in range(4)]
+    assert [(r["node_rank"], r["local_rank"]) for r in ranks] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+# A run long enough to be killed in the middle; grad accumulation, augmentation and momentum
+# make every piece of resumable state matter.
+RESUME_ARGS = ["cluster=local", "cluster.tasks_per_node=2", "trainer.max_steps=120",
+               "trainer.batch_size=16", "trainer.grad_accum=2", "trainer.checkpoint_interval=5",
+               "trainer.log_interval=5", "trainer.eval_interval=40", "data.augment=true",
+               "data.train_size=1024"]
+
+
+def _final_state(run_dir: Path) -> dict[str, Any]:
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None
+    return state
+
+
+def test_killed_run_resumes_to_the_same_weights(hpc_ddp: Run, tmp_path: Path) -> None:
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = hpc_ddp("submit", [*RESUME_ARGS, f"run_dir={straight}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", *RESUME_ARGS,
+                             f"run_dir={killed}"], cwd=REPO, env=command_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if latest.exists() and checkpoint.latest_path(latest.parent).name >= "step_000000030.pt":
+            break
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # the submitter, the controller and every rank
+    proc.wait(timeout=30)
+    killed_at = _final_state(killed)["counters"]["global_step"]
+    assert not (killed / "summary.json").exists(), "the run ended before it could be killed"
+    assert 30 <= killed_at < 120
+
+    done = hpc_ddp("submit", [f"run_dir={killed}", "resume=true"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["global_step"] == 120 and summary["resumed_from_step"] == killed_at
+    assert summary["restarts"] == 1 and summary["restart_history"][0]["cause"] == "resume"
+
+    a, b = _final_state(straight), _final_state(killed)
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name  # bitwise
+    assert a["counters"]["samples_seen"] == b["counters"]["samples_seen"]
+    assert a["counters"]["epoch"] == b["counters"]["epoch"]
+    # TensorBoard: every logged step exactly once, with the values of the straight run.
+    assert tb_scalars(killed / "tb", "train/loss") == tb_scalars(straight / "tb", "train/loss")
+
+
+def test_a_dead_rank_fails_the_command_with_its_log(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", "cluster=local",
+                             "trainer.max_steps=100000", "trainer.collective_timeout_s=20",
+                             f"run_dir={run_dir}"], cwd=REPO, env=command_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rank1 = run_dir / "ranks" / "rank1.json"
+    deadline = time.monotonic() + 120
+    while not (rank1.exists() and (run_dir / "progress.json").exists()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    os.kill(json.loads(rank1.read_text())["pid"], signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "failed" in out and "rank 0:" in out and "[rank 0 " in out
+
+
+@pytest.mark.parametrize("args, key", [
+    (["nodes=0"], "nodes=0"),
+    (["trainer.batch_size=-2"], "trainer.batch_size=-2"),
+    (["model=vgg"], "model=vgg"),
+    (["data=imagenet"], "data=imagenet"),
+    (["data=cifar10", "data.root=/no/such/dir"], "data.root=/no/such/dir"),
+    (["run_dir=/sys/hpc_ddp_run"], "run_dir=/sys/hpc_ddp_run"),
+    (["trainer.bach_size=8"], "trainer.bach_size=8"),
+    (["--frobnicate"], "option=--frobnicate"),
+])
+def test_bad_input_exits_2_with_one_line(hpc_ddp: Run, args: list[str], key: str) -> None:
+    done = hpc_ddp("submit", args, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {key}:") and "Fix:" in lines[0]
+    assert "Traceback" not in done.stderr
+
+
+def test_existing_run_is_never_touched(hpc_ddp: Run, tmp_path: Path) -> None:
+    run_dir = tmp_path / "old"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.iterdir())
+    for args in (["trainer.max_steps=1"], ["nodes=0"], ["resume=true"]):
+        done = hpc_ddp("submit", [*args, f"run_dir={run_dir}"], timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(("error: run_dir=", "error: nodes=0")), done.stderr
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.iterdir()) == before

@@ -1,0 +1,119 @@
+"""Atomic checkpoints: the latest one always loads, whatever moment the writer dies."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpc_ddp import checkpoint
+
+
+def test_save_points_latest_and_keeps_k(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        checkpoint.save({"step": step, "w": torch.full((3,), step)}, tmp_path, step, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == [
+        "step_000000030.pt", "step_000000040.pt"]
+    state = checkpoint.load_latest(tmp_path)
+    assert state is not None and state["step"] == 40 and torch.equal(state["w"], torch.full((3,), 40))
+
+
+def test_no_checkpoint_is_none(tmp_path: Path) -> None:
+    assert checkpoint.load_latest(tmp_path) is None
+
+
+# A writer that saves step 1, then dies by SIGKILL right after the temp file is complete
+# and before os.replace: the moment a non-atomic writer would lose everything.
+_KILLED_BEFORE_REPLACE = textwrap.dedent("""
+    import os, signal, sys, torch
+    from hpc_ddp import checkpoint
+    folder = sys.argv[1]
+    from pathlib import Path
+    checkpoint.save({"step": 1}, Path(folder), 1, keep=3)
+    def die(*args):
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.replace = die
+    checkpoint.save({"step": 2}, Path(folder), 2, keep=3)
+""")
+
+
+def test_killed_between_temp_file_and_replace_keeps_previous(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_REPLACE, str(tmp_path)],
+                          check=False, timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert list(tmp_path.glob(".step_000000002.pt.*.tmp"))  # the half-done write is there
+    state = checkpoint.load_latest(tmp_path)
+    assert state is not None and state["step"] == 1
+
+
+_SAVE_FOREVER = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from hpc_ddp import checkpoint
+    folder = Path(sys.argv[1])
+    state = {"w": torch.randn(256, 1024)}  # 1 MiB: writes take long enough to be hit
+    step = 0
+    print("ready", flush=True)
+    while True:
+        step += 1
+        state["step"] = step
+        checkpoint.save(state, folder, step, keep=2)
+""")
+
+
+def test_sigkill_at_random_moments_never_breaks_latest(tmp_path: Path) -> None:
+    rng = random.Random(1234)
+    last_step = 0
+    for _ in range(12):
+        proc = subprocess.Popen([sys.executable, "-c", _SAVE_FOREVER, str(tmp_path)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.05, 0.4))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        path = checkpoint.latest_path(tmp_path)
+        state = checkpoint.load_latest(tmp_path)
+        if path is not None:  # a kill before the first save leaves none, never a broken one
+            assert state is not None and state["w"].shape == (256, 1024)
+            assert path.name == checkpoint.name_for(state["step"])
+            last_step = state["step"]
+    assert last_step > 0
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real 2 MiB tmpfs: the disk really fills up (needs root to mount)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_full_disk_is_clear_and_keeps_previous(small_fs: Path) -> None:
+    checkpoint.save({"step": 1}, small_fs, 1, keep=3)
+    with pytest.raises(checkpoint.CheckpointError, match="still the latest") as info:
+        checkpoint.save({"step": 2, "w": torch.zeros(1024, 1024)}, small_fs, 2, keep=3)
+    assert "No space left" in str(info.value)
+    assert checkpoint.load_latest(small_fs) == {"step": 1}
+    assert not list(small_fs.glob(".*.tmp"))  # the partial file is cleaned up
+
+
+def test_read_only_folder_is_clear_and_keeps_previous(small_fs: Path) -> None:
+    checkpoint.save({"step": 1}, small_fs, 1, keep=3)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    with pytest.raises(checkpoint.CheckpointError, match="Read-only file system"):
+        checkpoint.save({"step": 2}, small_fs, 2, keep=3)
+    assert checkpoint.load_latest(small_fs) == {"step": 1}

@@ -1,0 +1,27 @@
+"""environment.yml (conda) and pyproject.toml (pip) pin the same versions."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pins(requirements: list[str]) -> dict[str, str]:
+    pins = {}
+    for req in requirements:
+        name, sep, version = req.partition("==")
+        assert sep, f"{req!r} is not pinned with =="
+        pins[name.strip().lower()] = version.strip()
+    return pins
+
+
+def test_conda_environment_matches_pyproject() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    env = yaml.safe_load((REPO / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert _pins(pip_section) == _pins(project["dependencies"])
+    assert "python=3.11" in env["dependencies"]

@@ -1,0 +1,59 @@
+"""LR schedule, environment rule and masking, device choice: pure functions over tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_ddp.config.schema import NcclConfig, OptimConfig
+from hpc_ddp.device import DeviceError, select_index, visible_devices
+from hpc_ddp.nccl import mask, planned_changes, recorded_env
+from hpc_ddp.optim import lr_factor
+
+
+def test_warmup_then_cosine_to_min() -> None:
+    cfg = OptimConfig(warmup_steps=4, schedule="cosine", min_lr_ratio=0.1)
+    factors = [lr_factor(s, 20, cfg) for s in range(20)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a >= b for a, b in zip(factors[4:], factors[5:], strict=False))
+    assert lr_factor(20, 20, cfg) == pytest.approx(0.1)
+
+
+def test_linear_and_constant() -> None:
+    assert lr_factor(10, 20, OptimConfig(warmup_steps=0, schedule="linear")) == pytest.approx(0.5)
+    assert lr_factor(15, 20, OptimConfig(warmup_steps=0, schedule="constant")) == 1.0
+
+
+def test_profile_overrides_exports_and_leaves_the_rest() -> None:
+    cfg = NcclConfig(env={"NCCL_DEBUG": "WARN", "NCCL_IB_TIMEOUT": "22"},
+                     extra_env={"NCCL_SOCKET_IFNAME": "=ib0"})
+    environ = {"NCCL_DEBUG": "INFO", "NCCL_IB_TIMEOUT": "22", "NCCL_ALGO": "Ring"}
+    changes = {c.name: (c.old, c.new) for c in planned_changes(cfg, environ)}
+    assert changes == {"NCCL_DEBUG": ("INFO", "WARN"), "NCCL_SOCKET_IFNAME": (None, "=ib0")}
+
+
+def test_secrets_are_masked_in_records() -> None:
+    recorded = recorded_env({"NCCL_DEBUG": "INFO", "TORCH_HUB_TOKEN": "abc",
+                             "SLURM_JOB_ID": "3", "HOME": "/root", "NCCL_API_KEY": "k"})
+    assert recorded == {"NCCL_API_KEY": "****", "NCCL_DEBUG": "INFO", "SLURM_JOB_ID": "3",
+                        "TORCH_HUB_TOKEN": "****"}
+    assert mask("MY_PASSWORD", "x") == "****" and mask("NCCL_ALGO", "Ring") == "Ring"
+
+
+@pytest.mark.parametrize("local_rank, local_world, count, index", [
+    (0, 4, 4, 0), (3, 4, 4, 3),    # --gpus-per-node: every task sees all, picks by local rank
+    (3, 4, 1, 0),                  # --gpus-per-task=1: each sees only its own, index 0
+    (1, 2, 8, 1),                  # more GPUs than tasks
+])
+def test_device_index(local_rank: int, local_world: int, count: int, index: int) -> None:
+    assert select_index({}, local_rank, local_world, count) == index
+
+
+def test_more_tasks_than_gpus_is_refused() -> None:
+    with pytest.raises(DeviceError, match="two ranks would land on one GPU"):
+        select_index({}, 2, 4, 2)
+
+
+def test_visible_devices() -> None:
+    assert visible_devices({}) is None
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
