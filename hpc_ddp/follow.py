@@ -103,7 +103,8 @@ class _Reporter:
             return
         self.last_step = progress["step"]
         text = (f"loss {progress.get('loss', float('nan')):.4f}  "
-                f"{progress.get('samples_per_s', 0.0):.0f} samples/s  epoch {progress.get('epoch')}")
+                f"{progress.get('samples_per_s', 0.0):.0f} samples/s  "
+                f"epoch {progress.get('epoch')}")
         if self.bar is not None:
             self.bar.update(self.task, completed=progress["step"],
                             total=progress.get("total_steps"), description=text)

@@ -15,7 +15,7 @@ def build_optimizer(params: Any, cfg: OptimConfig) -> Any:
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
                                nesterov=cfg.nesterov and cfg.momentum > 0,
                                weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas),
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                              weight_decay=cfg.weight_decay)
 
 

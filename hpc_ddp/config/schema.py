@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 @dataclass
 class ClusterConfig:
     # Where the ranks run: "auto" (Slurm when a controller answers, local otherwise),

@@ -42,9 +42,10 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
     # A generator of its own: creating a loader iterator then leaves the global RNG alone,
     # so a run resumed mid-epoch draws the same random numbers as an uninterrupted one.
     loader_gen = torch.Generator().manual_seed(seed + 1_000 * rank)
-    common = dict(batch_size=batch_size, num_workers=cfg.num_workers, pin_memory=pin_memory,
-                  persistent_workers=cfg.num_workers > 0)
-    train = DataLoader(train_set, sampler=sampler, generator=loader_gen, **common)
-    shard = Subset(eval_set, eval_shard(len(eval_set), rank, world_size))
-    evaluation = DataLoader(shard, shuffle=False, **common)
+    common: dict[str, Any] = dict(batch_size=batch_size, num_workers=cfg.num_workers,
+                                  pin_memory=pin_memory, persistent_workers=cfg.num_workers > 0)
+    train: Any = DataLoader(train_set, sampler=sampler, generator=loader_gen,  # type: ignore[arg-type]
+                            **common)
+    shard: Any = Subset(eval_set, eval_shard(len(eval_set), rank, world_size))  # type: ignore[arg-type]
+    evaluation: Any = DataLoader(shard, shuffle=False, **common)
     return Loaders(train, evaluation, sampler, len(train_set), len(eval_set))

@@ -23,7 +23,8 @@ def test_save_points_latest_and_keeps_k(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == [
         "step_000000030.pt", "step_000000040.pt"]
     state = checkpoint.load_latest(tmp_path)
-    assert state is not None and state["step"] == 40 and torch.equal(state["w"], torch.full((3,), 40))
+    assert state is not None and state["step"] == 40
+    assert torch.equal(state["w"], torch.full((3,), 40))
 
 
 def test_no_checkpoint_is_none(tmp_path: Path) -> None:
