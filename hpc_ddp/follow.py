@@ -15,8 +15,9 @@ from hpc_ddp.ranklog import tail
 from hpc_ddp.rundir import RunDir, read_json
 
 POLL_S = 0.5
-# Seconds the other ranks get to finish on their own after one rank reported a failure.
-FAILURE_GRACE_S = 5.0
+# Seconds the other ranks get to report on their own after one rank reported a failure
+# (longer than rank 0's extra rendezvous wait, so it can name the ranks that never came).
+FAILURE_GRACE_S = 15.0
 
 
 def failed_ranks(run: RunDir) -> list[int]:

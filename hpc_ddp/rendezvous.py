@@ -25,6 +25,7 @@ from hpc_ddp.distenv import DistEnv
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
+_MASTER_MARGIN_S = 10.0
 
 
 class RendezvousError(RuntimeError):
@@ -106,21 +107,30 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
     import torch.distributed as dist
 
     deadline = time.monotonic() + timeout_s
+    # Probe with a plain socket first: TCPStore's own connect retries with long random delays
+    # past its timeout, which would blur the deadline we promise.
+    _wait_reachable(env, endpoint, deadline, timeout_s)
+    store = dist.TCPStore(endpoint.addr, endpoint.port, env.world_size, False,
+                          timedelta(seconds=max(5.0, deadline - time.monotonic())),
+                          wait_for_workers=False)
+    store.set_timeout(timedelta(seconds=collective_timeout_s))
+    return store
+
+
+def _wait_reachable(env: DistEnv, endpoint: Endpoint, deadline: float, timeout_s: float) -> None:
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            store = dist.TCPStore(endpoint.addr, endpoint.port, env.world_size, False,
-                                  timedelta(seconds=max(1.0, deadline - time.monotonic())),
-                                  wait_for_workers=False)
-            store.set_timeout(timedelta(seconds=collective_timeout_s))
-            return store
-        except (RuntimeError, OSError, socket.gaierror) as exc:  # refused, unresolvable, timeout
+            remaining = max(0.1, min(2.0, deadline - time.monotonic()))
+            socket.create_connection((endpoint.addr, endpoint.port), timeout=remaining).close()
+            return
+        except OSError as exc:  # refused, unresolvable, unreachable, timed out
             last = exc
             time.sleep(_POLL_S)
     raise RendezvousError(
         f"rank {env.rank} could not reach rank 0 at {endpoint.addr}:{endpoint.port} within "
-        f"{timeout_s:.0f}s ({str(last).splitlines()[0] if last else 'no answer'}). Check that "
-        f"{endpoint.addr} resolves and is reachable from this node, and MASTER_ADDR if you set it."
+        f"{timeout_s:.0f}s ({last or 'no answer'}). Check that {endpoint.addr} resolves and is "
+        "reachable from this node, and MASTER_ADDR if you set it."
     )
 
 
@@ -130,7 +140,9 @@ def _check_in(store: Any, env: DistEnv, host: str, timeout_s: float) -> None:
 
     store.set(f"hpc_ddp/arrived/{env.rank}", host)
     store.add("hpc_ddp/arrived", 1)
-    deadline = time.monotonic() + timeout_s
+    # Rank 0 waits a little longer than the others try, so a rank that cannot reach it has
+    # written its own reason (the address it tried) before rank 0 fails the job.
+    deadline = time.monotonic() + timeout_s + (_MASTER_MARGIN_S if env.is_master else 0)
     while store.add("hpc_ddp/arrived", 0) < env.world_size:
         if time.monotonic() > deadline:
             raise RendezvousError(_missing_message(store, env, timeout_s))

@@ -111,9 +111,14 @@ def _user_error(exc: Exception, overrides: Sequence[str]) -> UserError:
         options = _group_options(group)
         return UserError(group, option, f"no such {group}.", f"use one of {', '.join(options)}.")
     if isinstance(exc, OverrideParseException):
+        bad = _unparsable(overrides)
+        key, _, value = bad.partition("=")
         return UserError(
-            "override", " ".join(overrides), f"cannot be parsed ({str(exc).splitlines()[0]}).",
-            "write key=value, e.g. optim.lr=0.01; quote values with spaces.",
+            key if value else "override", value or bad,
+            f"cannot be parsed ({str(exc).splitlines()[0]}).",
+            f"quote the value ({key}='{value}') when it holds brackets, commas, spaces or "
+            "quotes; see https://hydra.cc/docs/advanced/override_grammar/basic/."
+            if value else "write key=value, e.g. optim.lr=0.01.",
         )
     full_key = getattr(cause, "full_key", None) or ""
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and full_key:
@@ -126,6 +131,20 @@ def _user_error(exc: Exception, overrides: Sequence[str]) -> UserError:
         return UserError(full_key, _value_of(full_key, overrides), f"{first}.",
                          "see docs/configuration.md for the type of each key.")
     return UserError("config", " ".join(overrides), str(exc).splitlines()[0], "")
+
+
+def _unparsable(overrides: Sequence[str]) -> str:
+    """The first override Hydra's grammar refuses."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        try:
+            parser.parse_overrides([item])
+        except OverrideParseException:
+            return item
+    return " ".join(overrides)
 
 
 def _missing_option(text: str) -> tuple[str, str]:

@@ -48,7 +48,9 @@ def test_overrides_reach_the_typed_config(overrides: list[str], attr: str, value
      "cluster.tasks_per_node=2", "cluster.gpus_per_node=4"),
     (["cluster.job_name=a b"], "cluster.job_name=a b", "plain name"),
     (["trainer.device=tpu"], "trainer.device=tpu", "auto, cpu, cuda"),
-    (["optim.lr=[1"], "override=optim.lr=[1", "cannot be parsed"),
+    (["optim.lr=[1"], "optim.lr=[1", "quote the value (optim.lr='[1')"),
+    (["nodes=2", "cluster.nodelist=node[1-2]"], "cluster.nodelist=node[1-2]",
+     "cluster.nodelist='node[1-2]'"),
 ])
 def test_bad_input_names_key_value_and_fix(overrides: list[str], key: str, words: str) -> None:
     with pytest.raises(UserError) as info:

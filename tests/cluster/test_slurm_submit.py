@@ -1,0 +1,231 @@
+"""The Slurm path on the real namespaced cluster: submission, placement, rendezvous, wrappers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.hostlist import expand
+from hpc_ddp.testcluster.cluster import TestCluster
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.cluster
+Run = Callable[..., subprocess.CompletedProcess[str]]
+SMALL = ["data.train_size=1024", "data.eval_size=256", "trainer.log_interval=5"]
+
+
+def sacct_nodes(job_id: str, env: dict[str, str]) -> list[str]:
+    """The nodes Slurm placed the job on, as accounting reports them."""
+    for _ in range(50):
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "NodeList", "-j", job_id],
+                             capture_output=True, text=True, env=env, check=True).stdout.strip()
+        if out and out != "None assigned":
+            return expand(out.splitlines()[0])
+        time.sleep(0.2)
+    raise AssertionError(f"sacct never reported nodes for job {job_id}")
+
+
+def job_id_of(stdout: str) -> str:
+    return stdout.split("slurm job ", 1)[1].split(":", 1)[0]
+
+
+def summary_of(run_dir: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_auto_picks_slurm_when_a_controller_answers(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    done = hpc_ddp("submit", ["--cfg", f"run_dir={tmp_path}/r"], env=slurm_env)
+    assert done.returncode == 0 and "kind: slurm" in done.stdout
+
+
+@pytest.mark.parametrize("nodes, tasks", [(4, 1), (2, 2)])
+def test_multi_node_ddp(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, nodes: int,
+                        tasks: int) -> None:
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=slurm", f"nodes={nodes}",
+                              f"cluster.tasks_per_node={tasks}", "trainer.max_steps=40",
+                              f"run_dir={run_dir}", "wait=true", *SMALL], env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = summary_of(run_dir)
+    assert summary["world_size"] == 4 and summary["global_step"] == 40
+    placed = sacct_nodes(job_id_of(done.stdout), slurm_env)
+    assert len(placed) == nodes
+    # Each rank ran on the node Slurm placed it on (block distribution: tasks per node).
+    assert summary["hosts"] == [host for host in placed for _ in range(tasks)]
+    ranks = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["env"]["SLURM_PROCID"] for r in ranks] == ["0", "1", "2", "3"]
+    assert all(r["host"] == r["env"]["SLURMD_NODENAME"] for r in ranks
+               if "SLURMD_NODENAME" in r["env"]) and len({r["host"] for r in ranks}) == nodes
+    from tests.integration.test_local_run import tb_scalars
+
+    loss = [v for _, v in tb_scalars(run_dir / "tb", "train/loss")]
+    assert loss[-1] < loss[0]
+
+
+def test_returns_at_once_then_job_completes(hpc_ddp: Run, slurm_env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "trainer.max_steps=30",
+                              f"run_dir={run_dir}", *SMALL], env=slurm_env)
+    assert done.returncode == 0, done.stderr
+    assert not (run_dir / "summary.json").exists()  # returned before the job ended
+    assert time.monotonic() - started < 30
+    job = job_id_of(done.stdout)
+    assert f"squeue -j {job}" in done.stdout and str(run_dir / "logs" / "rank0.log") in done.stdout
+    assert f"tensorboard --logdir {run_dir / 'tb'}" in done.stdout
+    deadline = time.monotonic() + 180
+    while not (run_dir / "summary.json").exists():
+        assert time.monotonic() < deadline, "job did not finish"
+        time.sleep(0.5)
+    assert summary_of(run_dir)["world_size"] == 2
+
+
+def test_two_jobs_at_once_on_the_same_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """Both rank 0s live on node1 at the same time; their rendezvous ports cannot collide."""
+    procs = [subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", "cluster=slurm",
+                               "nodes=2", "cluster.nodelist='node[1-2]'", "trainer.max_steps=30",
+                               f"run_dir={tmp_path / name}", "wait=true", *SMALL],
+                              cwd=REPO, env=slurm_env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    ports = {json.loads(next((tmp_path / n / "rendezvous").glob("*.json")).read_text())["port"]
+             for n in ("a", "b")}
+    assert len(ports) == 2
+    for name in ("a", "b"):
+        assert summary_of(tmp_path / name)["hosts"] == ["node1", "node2"]
+
+
+def activated(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a shell with the venv activated (sbatch exports it to the job)."""
+    return {**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"}
+
+
+def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "wrapped run"  # a space, passed through "$@" intact
+    done = subprocess.run(
+        ["sbatch", "--wait", "-N2", "--ntasks-per-node=2", "--gpus-per-node=0",
+         "--cpus-per-task=1", "--time=10", f"--output={tmp_path}/slurm-%j.out",
+         str(REPO / "jobs" / "train.sbatch"), "trainer.max_steps=20", f"run_dir={run_dir}",
+         *SMALL],
+        cwd=tmp_path, env=activated(slurm_env), capture_output=True, text=True, timeout=300,
+        check=False)
+    log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert done.returncode == 0, done.stderr + log
+    summary = summary_of(run_dir)
+    assert summary["world_size"] == 4 and summary["global_step"] == 20
+    assert summary["nodes"] == sorted(set(summary["hosts"])) and len(summary["nodes"]) == 2
+    assert "hpc_ddp: done, step 20" in log
+
+
+def test_forgotten_srun_is_explained(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["sbatch", "--wait", "-N2", "--ntasks-per-node=1", "--time=5",
+         f"--output={tmp_path}/out-%j.txt",
+         f"--wrap={sys.executable} -m hpc_ddp.train run_dir={tmp_path}/r"],
+        cwd=REPO, env=slurm_env, capture_output=True, text=True, timeout=120, check=False)
+    out = "".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
+    assert done.returncode != 0
+    assert "the batch script" in out and "asked for 2 tasks" in out and "srun" in out
+
+
+def test_salloc_shell_is_explained(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["salloc", "-N2", "--ntasks-per-node=1", "--time=5", sys.executable, "-m",
+         "hpc_ddp.train", f"run_dir={tmp_path}/r"],
+        cwd=REPO, env=slurm_env, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert "an salloc shell" in done.stderr and "srun" in done.stderr
+
+
+def test_unreachable_master_fails_in_time_naming_missing_ranks(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.tasks_per_node=2",
+                              "trainer.rendezvous_timeout_s=15", f"run_dir={run_dir}",
+                              "wait=true"],
+                   env={**slurm_env, "MASTER_ADDR": "no-such-master.invalid"})
+    assert done.returncode == 1
+    assert time.monotonic() - started < 120
+    error = (run_dir / "logs" / "rank0.error").read_text()
+    assert "3 of 4 ranks never joined the rendezvous within 15s" in error
+    hosts = sacct_nodes(job_id_of(done.stdout), slurm_env)
+    assert (f"1 (expected on {hosts[0]}), 2 (expected on {hosts[1]}), "
+            f"3 (expected on {hosts[1]})") in error
+    for rank in (1, 2, 3):
+        assert "could not reach rank 0 at no-such-master.invalid" in (
+            run_dir / "logs" / f"rank{rank}.log").read_text()
+
+
+def test_dry_run_is_the_submitted_script_and_valid(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["cluster=slurm", "nodes=2", "cluster.partition=normal", "trainer.max_steps=10",
+            "cluster.setup=[echo hello]", "+cluster.sbatch_extra.comment=dry", *SMALL,
+            f"run_dir={run_dir}"]
+    dry = hpc_ddp("submit", [*args, "dry_run=true"], env=slurm_env)
+    assert dry.returncode == 0, dry.stderr
+    assert not run_dir.exists()  # a dry run leaves nothing behind
+    script = tmp_path / "dry.sh"
+    script.write_text(dry.stdout.rstrip("\n") + "\n")
+    test_only = subprocess.run(["sbatch", "--test-only", str(script)], env=slurm_env,
+                               capture_output=True, text=True, check=False)
+    assert test_only.returncode == 0, test_only.stderr
+    real = hpc_ddp("submit", [*args, "wait=true"], env=slurm_env)
+    assert real.returncode == 0, real.stdout + real.stderr
+    job = job_id_of(real.stdout)
+    submitted = (run_dir / "submitit" / job / f"{job}_submission.sh").read_text()
+    assert submitted.rstrip("\n") == dry.stdout.rstrip("\n")
+
+
+@pytest.mark.parametrize("args, key", [
+    (["cluster.job_name=x$(touch /tmp/hpc_ddp_pwned)"], "cluster.job_name="),
+    (["cluster.partition=normal;touch /tmp/hpc_ddp_pwned"], "cluster.partition="),
+    (["cluster.account=`touch /tmp/hpc_ddp_pwned`"], "cluster.account="),
+    (["+cluster.sbatch_extra.comment='a\nb'"], "cluster.sbatch_extra.comment="),
+])
+def test_unsafe_values_are_refused(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path,
+                                   args: list[str], key: str) -> None:
+    done = hpc_ddp("submit", ["cluster=slurm", *args, f"run_dir={tmp_path}/r"], env=slurm_env)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {key}"), done.stderr
+    assert not Path("/tmp/hpc_ddp_pwned").exists()
+
+
+def test_hostile_paths_and_overrides_travel_as_data(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    run_dir = tmp_path / f"a b;$(touch {marker})'q`touch {marker}`"
+    # Hydra's grammar wants such a value quoted; the shell never sees it.
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "trainer.max_steps=5", *SMALL,
+                              f'run_dir="{run_dir}"', "wait=true"], env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert summary_of(run_dir)["global_step"] == 5 and not marker.exists()
+    wrapped = tmp_path / f"w;$(touch {marker})"
+    done = subprocess.run(
+        ["sbatch", "--wait", "-N1", "--ntasks-per-node=1", "--gpus-per-node=0",
+         "--cpus-per-task=1", "--time=5", f"--output={tmp_path}/w-%j.out",
+         str(REPO / "jobs" / "train.sbatch"), "trainer.max_steps=3", *SMALL,
+         f'run_dir="{wrapped}"'],
+        cwd=tmp_path, env=activated(slurm_env), capture_output=True, text=True, timeout=300,
+        check=False)
+    assert done.returncode == 0, done.stderr
+    assert summary_of(wrapped)["global_step"] == 3 and not marker.exists()
+
+
+@pytest.mark.parametrize("nodelist", ["node[1-4]", "rack[1-2]-node[01-02],x7",
+                                      "gpu[009-011],cpu[1,3-4]", "a1,b[2-3],c",
+                                      "n[7],x[1-3]", "single"])
+def test_hostlist_matches_scontrol(slurm_cluster: TestCluster, slurm_env: dict[str, str],
+                                   nodelist: str) -> None:
+    truth = subprocess.run(["scontrol", "show", "hostnames", nodelist], env=slurm_env,
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert expand(nodelist) == truth
