@@ -29,7 +29,7 @@ def failed_ranks(run: RunDir) -> list[int]:
 def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL_S,
            timeout_s: float | None = None) -> int:
     """Block until ``job`` ends; returns 0 on success, 1 on failure (after printing why)."""
-    reporter = _Reporter(out)
+    reporter = _Reporter(out, since=time.time())
     failure_seen: float | None = None
     started = time.monotonic()
     try:
@@ -65,7 +65,7 @@ def results_table(summary: dict[str, Any]) -> str:
             ("final train loss", summary.get("final_train_loss")),
             ("eval loss", summary.get("eval_loss")),
             ("eval accuracy", summary.get("eval_accuracy")),
-            ("samples/s", round(summary.get("samples_per_s") or 0.0, 1)),
+            ("samples/s", f"{summary.get('samples_per_s') or 0.0:.1f}"),
             ("resumed from step", summary.get("resumed_from_step")),
             ("restarts", summary.get("restarts"))]
     width = max(len(name) for name, _ in rows)
@@ -87,8 +87,9 @@ def failure_report(run: RunDir, job: Any) -> str:
 
 
 class _Reporter:
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, since: float) -> None:
         self.out = out
+        self.since = since  # progress written before this (an earlier attempt) is not news
         self.last_step: int | None = None
         self.bar: Any = None
         if getattr(out, "isatty", lambda: False)():
@@ -101,6 +102,8 @@ class _Reporter:
 
     def update(self, progress: dict[str, Any] | None) -> None:
         if not progress or progress.get("step") == self.last_step:
+            return
+        if progress.get("time", self.since) < self.since:
             return
         self.last_step = progress["step"]
         text = (f"loss {progress.get('loss', float('nan')):.4f}  "

@@ -30,10 +30,6 @@ class MetricsWriter:
             for tag, value in values.items():
                 self._tb.add_scalar(tag, value, step)
 
-    def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
-        if self._tb is not None:
-            self._tb.add_hparams(hparams, metrics, run_name=".")
-
     def write_progress(self, step: int, epoch: int, values: dict[str, float]) -> None:
         if self.enabled:
             write_json(self.progress, {"step": step, "total_steps": self.total_steps,

@@ -7,13 +7,13 @@ from typing import Any
 from hpc_ddp.config.schema import ModelConfig
 
 
-def build_model(cfg: ModelConfig) -> Any:
-    """A freshly initialised model (weights from torch's global RNG: seed it first)."""
+def build_model(cfg: ModelConfig, image_size: int) -> Any:
+    """A freshly initialised model for ``image_size`` pixel images (seed torch first)."""
     import torch.nn as nn
 
     if cfg.name == "tiny_cnn":
         # The classic example: one 3->16 conv, ReLU, 2x2 max-pool, one linear layer.
-        side = cfg.input_size // 2
+        side = image_size // 2
         return nn.Sequential(
             nn.Conv2d(3, 16, kernel_size=3, padding=1),
             nn.ReLU(),
@@ -26,8 +26,8 @@ def build_model(cfg: ModelConfig) -> Any:
     factory = {"resnet18": models.resnet18, "resnet50": models.resnet50}[cfg.name]
     # weights=None: nothing is downloaded at run time.
     net = factory(weights=None, num_classes=cfg.num_classes)
-    if cfg.input_size <= 64:
-        # 32x32 inputs: a 7x7 stride-2 stem and a max-pool would leave 8x8 maps after the stem;
+    if image_size <= 64:
+        # Small images: a 7x7 stride-2 stem and a max-pool would leave 8x8 maps from 32x32;
         # the usual CIFAR adaptation uses a 3x3 stride-1 stem and drops the pool.
         net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()

@@ -42,7 +42,8 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
     from hpc_ddp.config.compose import compose, to_yaml
     from hpc_ddp.launch import resolve as plan
 
-    cfg = compose(plan.merge_resume_overrides(overrides))
+    overrides = plan.merge_resume_overrides(overrides)
+    cfg = compose(overrides)
     cfg = plan.resolve(cfg, os.environ, Path.cwd())
     if show_cfg:
         print(to_yaml(cfg), file=out, end="")
@@ -56,7 +57,7 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
     if cfg.dry_run:
         print(target.dry_run(cfg, run), file=out)
         return 0
-    _write_config(run, cfg, overrides)
+    plan.write_run_config(run, cfg, overrides)
     job = target.submit(cfg, run)
     print(f"hpc_ddp: {cfg.cluster.kind} job {job.job_id}: {target.describe(cfg)}\n"
           f"  run dir:     {run.root}\n"
@@ -70,20 +71,6 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
     from hpc_ddp.follow import follow
 
     return follow(job, run, out)
-
-
-def _write_config(run: object, cfg: object, overrides: list[str]) -> None:
-    from omegaconf import OmegaConf
-
-    from hpc_ddp.config.compose import to_yaml
-    from hpc_ddp.rundir import RunDir
-
-    assert isinstance(run, RunDir)
-    run.root.mkdir(parents=True, exist_ok=True)
-    run.config.write_text(to_yaml(cfg))  # type: ignore[arg-type]
-    kept = [o for o in overrides if o.partition("=")[0] not in ("resume", "wait", "dry_run")]
-    if not run.overrides.exists():
-        run.overrides.write_text(OmegaConf.to_yaml(OmegaConf.create(kept)))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master)
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
-        cause = _resume_cause(cfg, run_dir, env)
+        cause = resume_cause(cfg, run_dir, env)
         changes = _apply_nccl(cfg, environ)
         device = _choose_device(cfg, env, environ, host)
         backend = "nccl" if device.type == "cuda" else "gloo"
@@ -90,7 +90,7 @@ def _train(cfg: Config, env: DistEnv, run_dir: RunDir, device: Any, host: str,
     return summary
 
 
-def _resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv) -> str | None:
+def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv) -> str | None:
     """Why this start continues from a checkpoint (None: a fresh run)."""
     has_checkpoint = checkpoint.latest_path(run_dir.checkpoints) is not None
     if env.restart > 0:
@@ -101,6 +101,14 @@ def _resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv) -> str | None:
         raise UserError("run_dir", str(run_dir.root), "already holds checkpoints of a run.",
                         "pass resume=true to continue it, or choose another run_dir.")
     return None
+
+
+def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
+    """Intra-op threads: trainer.threads, else the CPUs Slurm gave the task, else the config's."""
+    if cfg.trainer.threads:
+        return cfg.trainer.threads
+    slurm = environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(slurm) if slurm.isdigit() and int(slurm) > 0 else cfg.cluster.cpus_per_task
 
 
 def _apply_nccl(cfg: Config, environ: MutableMapping[str, str]) -> list[nccl.EnvChange]:
@@ -146,7 +154,7 @@ def _prepare_torch(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
                    backend: str) -> None:
     import torch
 
-    torch.set_num_threads(cfg.trainer.threads or cfg.cluster.cpus_per_task)
+    torch.set_num_threads(threads_for(cfg, environ))
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
     if backend == "gloo" and env.world_size > 1 and "GLOO_SOCKET_IFNAME" not in environ:
         # Gloo binds to the address its hostname resolves to, which on many nodes is not the

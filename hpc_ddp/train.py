@@ -17,11 +17,11 @@ from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hpc_ddp.config.compose import compose, to_yaml
+    from hpc_ddp.config.compose import compose
     from hpc_ddp.distenv import LaunchError, detect
-    from hpc_ddp.launch.resolve import check_inputs
+    from hpc_ddp.launch.resolve import check_inputs, write_run_config
     from hpc_ddp.rundir import RunDir, default_root
-    from hpc_ddp.task import run
+    from hpc_ddp.task import resume_cause, run
 
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
@@ -35,9 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                    job_id=job or "local")
         run_dir = RunDir(root.absolute())
         check_inputs(cfg)
-        if env.is_master:
-            run_dir.root.mkdir(parents=True, exist_ok=True)
-            run_dir.config.write_text(to_yaml(cfg))
+        if env.is_master and resume_cause(cfg, run_dir, env) is None:
+            # A fresh run: record its config and overrides (submit resume=true can go on
+            # from them). A resumed or requeued run keeps what it was started with.
+            write_run_config(run_dir, cfg, args)
         summary = run(cfg, run_dir, os.environ)
     except (UserError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr)

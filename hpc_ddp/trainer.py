@@ -34,7 +34,7 @@ class Trainer:
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         t = cfg.trainer
         rng.seed_all(t.seed)  # the same initial weights everywhere (DDP also broadcasts them)
-        model = build_model(cfg.model).to(device)
+        model = build_model(cfg.model, cfg.data.image_size).to(device)
         self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
                                      pin_memory=device.type == "cuda")
@@ -188,7 +188,9 @@ class Trainer:
         if (t.eval_interval and self.global_step % t.eval_interval == 0) or (
                 not t.eval_interval and end_of_epoch):
             self.evaluate()
-        if self.global_step % t.checkpoint_interval == 0:
+        # The last step's checkpoint is written by train() after the final evaluation, so a
+        # finished run's checkpoint holds its final metrics too.
+        if self.global_step % t.checkpoint_interval == 0 and not last:
             self.save_checkpoint()
 
     def _log_window(self) -> None:

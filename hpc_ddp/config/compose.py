@@ -96,6 +96,9 @@ def _dataclass_of(schema: Any, key: str) -> Any:
 def _unknown_key(full: str, value: Any, known: list[str], prefix: str) -> UserError:
     leaf = full.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(leaf, known, n=1)
+    if not known:  # a free-form map (sbatch_extra, nccl.env): new keys need Hydra's "+"
+        return UserError(full, value, "is not in this map yet.",
+                         f"add it with +{full}=... (Hydra's syntax for a new key).")
     fix = f"did you mean {prefix}{close[0]}?" if close else f"valid keys: {', '.join(known)}."
     return UserError(full, value, "no such key.", fix + " See docs/configuration.md.")
 

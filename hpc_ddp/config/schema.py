@@ -18,6 +18,7 @@ class ClusterConfig:
     kind: str = "auto"
     # Tasks (ranks) per node. None derives it: gpus_per_node when GPUs are requested (one task
     # per GPU), else 2 on a local run (a real multi-process DDP run) and 1 on Slurm.
+    # conf/cluster/local.yaml and slurm.yaml leave it to be derived.
     tasks_per_node: int | None = None
     # GPUs per node requested from Slurm (0: CPU job). One task per GPU is enforced.
     gpus_per_node: int = 0
@@ -59,10 +60,8 @@ class ClusterConfig:
 class ModelConfig:
     # tiny_cnn | resnet18 | resnet50
     name: str = "tiny_cnn"
+    # Must match the data's classes (10 for both data sets).
     num_classes: int = 10
-    # Input side in pixels. At 32 the ResNets get a 3x3 stride-1 stem and no max-pool (the
-    # usual CIFAR adaptation), otherwise the 224-pixel ImageNet stem is kept.
-    input_size: int = 32
 
 
 @dataclass
@@ -73,6 +72,10 @@ class DataConfig:
     root: str | None = None
     # Check CIFAR-10's files against torchvision's MD5 sums when loading (cifar10 only).
     verify_checksum: bool = True
+    # Image side in pixels: synthetic images are made at this size; cifar10 is always 32.
+    # Up to 64 the ResNets get a 3x3 stride-1 stem and no max-pool (the usual CIFAR
+    # adaptation); larger images keep the ImageNet stem.
+    image_size: int = 32
     # Synthetic set sizes (cifar10 has its fixed 50000/10000).
     train_size: int = 4096
     eval_size: int = 1024
@@ -126,7 +129,8 @@ class TrainerConfig:
     collective_timeout_s: int = 300
     # Seconds for all ranks to join the rendezvous before the job fails naming the missing ones.
     rendezvous_timeout_s: int = 120
-    # Intra-op threads per rank; None: cpus_per_task.
+    # Intra-op threads per rank; None: the task's CPUs (SLURM_CPUS_PER_TASK under Slurm,
+    # else cluster.cpus_per_task).
     threads: int | None = None
 
 

@@ -16,6 +16,9 @@ DATASETS = ("synthetic", "cifar10")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "linear", "constant")
 CLUSTER_KINDS = ("auto", "local", "slurm")
+# Both data sets have 10 classes; CIFAR-10 images are 32x32.
+DATA_CLASSES = 10
+CIFAR_SIDE = 32
 DEVICES = ("auto", "cpu", "cuda")
 GPU_BINDINGS = ("per_node", "per_task")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -40,8 +43,10 @@ def validate(cfg: Config) -> Config:
     _at_least("nodes", cfg.nodes, 1, "set nodes=1 or more.")
     _validate_cluster(cfg)
     _choice("model.name", cfg.model.name, MODELS)
-    _at_least("model.num_classes", cfg.model.num_classes, 2)
-    _at_least("model.input_size", cfg.model.input_size, 8)
+    if cfg.model.num_classes != DATA_CLASSES:
+        raise UserError("model.num_classes", cfg.model.num_classes,
+                        f"the {cfg.data.name} data has {DATA_CLASSES} classes.",
+                        f"set model.num_classes={DATA_CLASSES}.")
     _validate_data(cfg)
     _validate_optim(cfg)
     _validate_trainer(cfg)
@@ -85,6 +90,10 @@ def _validate_data(cfg: Config) -> None:
     _at_least("data.eval_size", d.eval_size, 1)
     _at_least("data.noise", d.noise, 0)
     _at_least("data.num_workers", d.num_workers, 0)
+    _at_least("data.image_size", d.image_size, 8)
+    if d.name == "cifar10" and d.image_size != CIFAR_SIDE:
+        raise UserError("data.image_size", d.image_size, "CIFAR-10 images are 32x32.",
+                        "drop data.image_size (it applies to synthetic data only).")
     if d.name == "cifar10" and not d.root:
         raise UserError(
             "data.root",

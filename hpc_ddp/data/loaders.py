@@ -23,8 +23,8 @@ def build_datasets(cfg: DataConfig, seed: int) -> tuple[ImageTensorDataset, Imag
     if cfg.name == "synthetic":
         from hpc_ddp.data.synthetic import make_split
 
-        return (make_split(seed, cfg.train_size, cfg.noise, 0),
-                make_split(seed, cfg.eval_size, cfg.noise, 1))
+        return (make_split(seed, cfg.train_size, cfg.noise, 0, cfg.image_size),
+                make_split(seed, cfg.eval_size, cfg.noise, 1, cfg.image_size))
     from hpc_ddp.data.cifar10 import load_split
 
     assert cfg.root is not None  # validate() guarantees it

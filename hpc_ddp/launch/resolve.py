@@ -19,6 +19,8 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir, default_root
 
 OVERRIDES_FILE = "overrides.yaml"
+# Command switches that belong to one invocation, not to the run.
+TRANSIENT = ("resume", "wait", "dry_run")
 
 
 def slurm_available(environ: Mapping[str, str]) -> bool:
@@ -53,10 +55,10 @@ def resolve(cfg: Config, environ: Mapping[str, str], cwd: Path) -> Config:
 
 def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     """With resume=true, the run's saved overrides come first and the new ones win."""
-    values = dict(o.partition("=")[::2] for o in overrides if "=" in o)
-    if values.get("resume", "").lower() not in ("true", "1", "yes"):
+    values = _parsed_values(overrides)
+    if not _as_bool(values.get("resume", False)):
         return list(overrides)
-    run_dir = values.get("run_dir")
+    run_dir = str(values.get("run_dir") or "")
     if not run_dir:
         raise UserError("resume", "true", "needs the run to continue.",
                         "pass run_dir=<the run's folder> as well.")
@@ -67,8 +69,35 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     from omegaconf import OmegaConf
 
     previous = [str(o) for o in OmegaConf.to_container(OmegaConf.load(saved)) or []]
-    keep = [o for o in previous if o.partition("=")[0].lstrip("+~") not in ("resume",)]
-    return keep + list(overrides)
+    return previous + list(overrides)
+
+
+def saved_overrides(overrides: Sequence[str]) -> list[str]:
+    """What overrides.yaml keeps: everything but the per-command switches."""
+    return [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
+
+
+def _as_bool(value: object) -> bool:
+    """The boolean the typed config will see (OmegaConf also reads on/yes/1 as true)."""
+    from omegaconf import BooleanNode
+    from omegaconf.errors import ValidationError
+
+    try:
+        return bool(BooleanNode(value)._value())
+    except ValidationError:
+        return False  # compose() reports the bad value
+
+
+def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
+    """key -> value as Hydra parses it (so resume=on and resume=True mean the same)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except OverrideParseException:
+        return {}  # compose() reports the bad override with its own message
+    return {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
 
 
 def check_inputs(cfg: Config) -> None:
@@ -115,3 +144,14 @@ def _check_writable(folder: Path, shown: str) -> None:
     except OSError as exc:
         raise UserError("run_dir", shown, f"is not writable ({exc.strerror or exc}).",
                         "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.") from None
+
+
+def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> None:
+    """config.yaml (resolved) and overrides.yaml (what a later resume=true starts from)."""
+    from omegaconf import OmegaConf
+
+    from hpc_ddp.config.compose import to_yaml
+
+    run.root.mkdir(parents=True, exist_ok=True)
+    run.config.write_text(to_yaml(cfg))
+    run.overrides.write_text(OmegaConf.to_yaml(OmegaConf.create(saved_overrides(overrides))))

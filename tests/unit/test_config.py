@@ -66,3 +66,15 @@ def test_yaml_round_trip_keeps_every_value() -> None:
                    "cluster.setup=[module load cuda]"])
     again = from_yaml(to_yaml(cfg))
     assert again == cfg
+
+
+def test_new_map_keys_need_plus() -> None:
+    with pytest.raises(UserError, match=r"\+cluster.sbatch_extra.mail-type=\.\.\."):
+        compose(["cluster.sbatch_extra.mail-type=END"])
+
+
+def test_model_must_match_the_data() -> None:
+    with pytest.raises(UserError, match="model.num_classes=10"):
+        compose(["model.num_classes=5"])
+    with pytest.raises(UserError, match="CIFAR-10 images are 32x32"):
+        compose(["data=cifar10", "data.root=/x", "data.image_size=64"])

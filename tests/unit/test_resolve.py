@@ -1,0 +1,63 @@
+"""Planning a submission: target, derived values, resume overrides, run-dir checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.config.compose import compose
+from hpc_ddp.errors import UserError
+from hpc_ddp.launch.resolve import (
+    check_run_dir,
+    merge_resume_overrides,
+    resolve,
+    write_run_config,
+)
+from hpc_ddp.rundir import RunDir
+
+NO_SLURM = {"PATH": "/nonexistent"}
+
+
+def test_auto_without_a_controller_is_local_with_two_ranks(tmp_path: Path) -> None:
+    cfg = resolve(compose([]), NO_SLURM, tmp_path)
+    assert cfg.cluster.kind == "local" and cfg.cluster.tasks_per_node == 2 and cfg.wait is True
+    assert cfg.run_dir is not None and cfg.run_dir.startswith(str(tmp_path / "outputs"))
+
+
+def test_gpus_derive_tasks_and_slurm_does_not_wait(tmp_path: Path) -> None:
+    cfg = resolve(compose(["cluster=slurm", "cluster.gpus_per_node=4"]), NO_SLURM, tmp_path)
+    assert cfg.cluster.tasks_per_node == 4 and cfg.wait is False
+    local = resolve(compose(["cluster=local", "cluster.gpus_per_node=1"]), NO_SLURM, tmp_path)
+    assert local.cluster.tasks_per_node == 1
+
+
+def test_each_resume_builds_on_the_last(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    first = ["cluster=local", f"run_dir={run.root}", "trainer.max_steps=10", "wait=false"]
+    write_run_config(run, compose(first), first)
+    second = merge_resume_overrides([f"run_dir={run.root}", "resume=on",
+                                     "trainer.max_steps=100"])
+    assert compose(second).trainer.max_steps == 100
+    write_run_config(run, compose(second), second)
+    third = merge_resume_overrides([f"run_dir={run.root}", "resume=true"])
+    assert compose(third).trainer.max_steps == 100  # the earlier resume's change is kept
+    assert "wait=false" not in third and compose(third).cluster.kind == "local"
+
+
+def test_resume_needs_a_run(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="run_dir=<the run's folder>"):
+        merge_resume_overrides(["resume=true"])
+    with pytest.raises(UserError, match="holds no run to resume"):
+        merge_resume_overrides([f"run_dir={tmp_path}", "resume=true"])
+
+
+def test_run_dir_rules(tmp_path: Path) -> None:
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "x").write_text("x")
+    with pytest.raises(UserError, match="already holds files"):
+        check_run_dir(compose([f"run_dir={taken}"]))
+    assert check_run_dir(compose([f"run_dir={tmp_path / 'new'}"])).root == tmp_path / "new"
+    with pytest.raises(UserError, match="is a file"):
+        check_run_dir(compose([f"run_dir={taken / 'x' / 'sub'}"]))
