@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpc_ddp.config.nccl_schema import NcclConfig
+
 
 @dataclass
 class ClusterConfig:
@@ -135,17 +137,6 @@ class TrainerConfig:
 
 
 @dataclass
-class NcclConfig:
-    # Profile name (conf/nccl/<profile>.yaml).
-    profile: str = "default"
-    # Variables exported in every task before the process group exists. Values the site
-    # already exported are kept unless listed here (see docs/configuration.md).
-    env: dict[str, str] = field(default_factory=dict)
-    # Anything else, exported the same way.
-    extra_env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class Config:
     # Shortcuts a user types on the command line.
     nodes: int = 1
@@ -163,6 +154,9 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
 
+
+__all__ = ["ClusterConfig", "Config", "DataConfig", "ModelConfig", "NcclConfig",
+           "OptimConfig", "TrainerConfig", "register_schemas"]
 
 GROUPS: tuple[str, ...] = ("cluster", "model", "data", "optim", "trainer", "nccl")
 

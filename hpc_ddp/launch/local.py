@@ -7,6 +7,7 @@ multi-node code paths with gloo on loopback.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
@@ -25,13 +26,13 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
     return params
 
 
-def submit(cfg: Config, run: RunDir) -> Any:
-    """Start the job; returns submitit's LocalJob."""
+def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> Any:
+    """Start ``task`` (default: training) on every rank; returns submitit's LocalJob."""
     import submitit
 
     executor = submitit.LocalExecutor(folder=str(run.submitit))
     executor.update_parameters(**executor_parameters(cfg))
-    return executor.submit(TrainingTask(to_yaml(cfg), str(run.root)))
+    return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
 
 
 def describe(cfg: Config) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
@@ -120,12 +121,12 @@ def dry_run(cfg: Config, run: RunDir) -> str:
             shutil.rmtree(run.root, ignore_errors=True)
 
 
-def submit(cfg: Config, run: RunDir) -> Any:
-    """Submit; returns submitit's SlurmJob (job_id, state, done(), cancel())."""
+def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> Any:
+    """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob."""
     check_shell_safety(cfg)
     executor = make_executor(cfg, run)
     try:
-        return executor.submit(TrainingTask(to_yaml(cfg), str(run.root)))
+        return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
     except Exception as exc:  # submitit raises FailedJobError with sbatch's stderr inside
         from submitit.core.utils import FailedJobError
 
