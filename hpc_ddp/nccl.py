@@ -8,11 +8,14 @@ its variables once at initialisation (https://docs.nvidia.com/deeplearning/nccl/
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-from hpc_ddp.config.schema import NcclConfig
+from hpc_ddp.config.nccl_schema import NcclConfig
+
+log = logging.getLogger(__name__)
 
 # Variables worth recording for every rank (what NCCL, Gloo and torch.distributed read).
 RECORDED = re.compile(r"^(NCCL_|TORCH_|GLOO_|MASTER_|CUDA_|SLURM_|OMP_|UCX_|FI_)")
@@ -40,3 +43,18 @@ def mask(name: str, value: str) -> str:
 
 def recorded_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: mask(k, v) for k, v in sorted(environ.items()) if RECORDED.match(k)}
+
+
+def apply(cfg: NcclConfig, environ: MutableMapping[str, str]) -> list[EnvChange]:
+    """Export the profile into ``environ`` (the task's os.environ), logging every change."""
+    changes = planned_changes(cfg, environ)
+    for change in changes:
+        if change.old is None:
+            log.info("env: %s=%s (profile %s)", change.name, mask(change.name, change.new),
+                     cfg.profile)
+        else:
+            log.warning("env: %s=%s overrides the exported %s (profile %s)", change.name,
+                        mask(change.name, change.new), mask(change.name, change.old),
+                        cfg.profile)
+        environ[change.name] = change.new
+    return changes

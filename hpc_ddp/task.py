@@ -1,4 +1,4 @@
-"""What runs on every rank: environment -> NCCL -> device -> rendezvous -> train -> summary.
+"""What runs on every rank: join the job (rank.py), train, write the summary.
 
 Used by both paths: submitit pickles a :class:`TrainingTask` (``python -m hpc_ddp.submit``),
 and ``python -m hpc_ddp.train`` (srun inside ``jobs/*.sbatch``) calls :func:`run` directly.
@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
-import traceback
 from collections.abc import MutableMapping
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import checkpoint, nccl, netif, ranklog, rendezvous
+from hpc_ddp import checkpoint
 from hpc_ddp.config.compose import from_yaml
 from hpc_ddp.config.schema import Config
-from hpc_ddp.device import DeviceError, select_index, slurm_gpus, visible_devices
 from hpc_ddp.distenv import DistEnv, detect
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank import joined
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
@@ -39,32 +36,10 @@ class TrainingTask:
 
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict[str, Any] | None:
     """Train as one rank; returns the summary on rank 0, None elsewhere. Raises on failure."""
-    import torch.distributed as dist
-
-    env = detect(environ, cfg.cluster.tasks_per_node)
-    host = socket.gethostname()
-    ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master)
-    run_dir.rank_error(env.rank).unlink(missing_ok=True)
-    try:
-        cause = resume_cause(cfg, run_dir, env)
-        changes = _apply_nccl(cfg, environ)
-        device = _choose_device(cfg, env, environ, host)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        _prepare_torch(cfg, env, environ, backend)
-        store = rendezvous.connect(env, run_dir.rendezvous, host,
-                                   cfg.trainer.rendezvous_timeout_s,
-                                   cfg.trainer.collective_timeout_s)
-        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
-                                device_id=device if device.type == "cuda" else None)
-        _record_rank(run_dir, env, host, device, environ, changes)
-        return _train(cfg, env, run_dir, device, host, cause)
-    except BaseException as exc:
-        _record_failure(run_dir, env, host, exc)
-        raise
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    # Refuse a run dir that holds another run before anything joins (nothing is touched).
+    cause = resume_cause(cfg, run_dir, detect(environ, cfg.cluster.tasks_per_node))
+    with joined(cfg, run_dir, environ) as rank:
+        return _train(cfg, rank.env, run_dir, rank.device, rank.host, cause)
 
 
 def _train(cfg: Config, env: DistEnv, run_dir: RunDir, device: Any, host: str,
@@ -103,97 +78,3 @@ def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv) -> str | None:
     return None
 
 
-def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
-    """Intra-op threads: trainer.threads, else the CPUs Slurm gave the task, else the config's."""
-    if cfg.trainer.threads:
-        return cfg.trainer.threads
-    slurm = environ.get("SLURM_CPUS_PER_TASK", "")
-    return int(slurm) if slurm.isdigit() and int(slurm) > 0 else cfg.cluster.cpus_per_task
-
-
-def _apply_nccl(cfg: Config, environ: MutableMapping[str, str]) -> list[nccl.EnvChange]:
-    changes = nccl.planned_changes(cfg.nccl, environ)
-    for change in changes:
-        if change.old is None:
-            log.info("env: %s=%s (profile %s)", change.name,
-                     nccl.mask(change.name, change.new), cfg.nccl.profile)
-        else:
-            log.warning("env: %s=%s overrides the exported %s (profile %s)", change.name,
-                        nccl.mask(change.name, change.new), nccl.mask(change.name, change.old),
-                        cfg.nccl.profile)
-        environ[change.name] = change.new
-    return changes
-
-
-def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
-                   host: str) -> Any:
-    import torch
-
-    allocated = slurm_gpus(environ) or (
-        f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']}"
-        if visible_devices(environ) else None)
-    if cfg.trainer.device == "cpu":
-        return torch.device("cpu")
-    has_cuda = torch.cuda.is_available()
-    if not has_cuda and (cfg.trainer.device == "cuda" or allocated):
-        raise DeviceError(
-            f"on {host} (rank {env.rank}) Slurm allocated a GPU ({allocated or 'requested'}) but "
-            f"torch {torch.__version__} sees no CUDA device (torch.version.cuda="
-            f"{torch.version.cuda}): a CPU-only torch build or a driver that does not match. "
-            "Fix the environment on that node, or choose trainer.device=cpu explicitly."
-        )
-    if not has_cuda:
-        return torch.device("cpu")
-    index = select_index(environ, env.local_rank, env.local_world_size,
-                         torch.cuda.device_count())
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
-
-
-def _prepare_torch(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
-                   backend: str) -> None:
-    import torch
-
-    torch.set_num_threads(threads_for(cfg, environ))
-    torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
-    if backend == "gloo" and env.world_size > 1 and "GLOO_SOCKET_IFNAME" not in environ:
-        # Gloo binds to the address its hostname resolves to, which on many nodes is not the
-        # interface that reaches the master: use the one the kernel routes the master through.
-        master = env.master_addr or "127.0.0.1"
-        iface = netif.interface_towards(master)
-        if iface:
-            environ["GLOO_SOCKET_IFNAME"] = iface
-            log.info("env: GLOO_SOCKET_IFNAME=%s (the interface towards %s)", iface, master)
-
-
-def _record_rank(run_dir: RunDir, env: DistEnv, host: str, device: Any,
-                 environ: MutableMapping[str, str], changes: list[nccl.EnvChange]) -> None:
-    import torch
-
-    gpu: dict[str, Any] = {"cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
-                           "index": device.index, "type": device.type}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        gpu.update(name=props.name, uuid=str(getattr(props, "uuid", "")),
-                   pci_bus_id=getattr(props, "pci_bus_id", None))
-    write_json(run_dir.ranks / f"rank{env.rank}.json", {
-        "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
-        "world_size": env.world_size, "local_world_size": env.local_world_size,
-        "source": env.source, "job_id": env.job_id, "restart": env.restart, "host": host,
-        "addresses": netif.addresses(), "device": gpu, "pid": os.getpid(),
-        "torch": torch.__version__, "env": nccl.recorded_env(environ),
-        "env_overrides": [{"name": c.name, "old": None if c.old is None else
-                           nccl.mask(c.name, c.old), "new": nccl.mask(c.name, c.new)}
-                          for c in changes],
-    })
-
-
-def _record_failure(run_dir: RunDir, env: DistEnv, host: str, exc: BaseException) -> None:
-    if isinstance(exc, KeyboardInterrupt | SystemExit):
-        return
-    text = "".join(traceback.format_exception(exc))
-    log.error("rank %d on %s failed: %s", env.rank, host, exc)
-    try:
-        run_dir.rank_error(env.rank).write_text(f"rank {env.rank} on {host}: {exc}\n\n{text}")
-    except OSError:
-        pass

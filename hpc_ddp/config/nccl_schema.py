@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from hpc_ddp.errors import UserError
 
 
 @dataclass
@@ -14,3 +17,15 @@ class NcclConfig:
     env: dict[str, str] = field(default_factory=dict)
     # Anything else, exported the same way.
     extra_env: dict[str, str] = field(default_factory=dict)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def validate_nccl(cfg: NcclConfig) -> None:
+    """Refuse what cannot be exported; UserError names the variable and the fix."""
+    for section, values in (("nccl.env", cfg.env), ("nccl.extra_env", cfg.extra_env)):
+        for name, value in values.items():
+            if not _ENV_NAME.match(name):
+                raise UserError(f"{section}.{name}", value, "is not an environment variable name.",
+                                "use letters, digits and _ only, e.g. NCCL_DEBUG.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
 
@@ -50,6 +51,7 @@ def validate(cfg: Config) -> Config:
     _validate_data(cfg)
     _validate_optim(cfg)
     _validate_trainer(cfg)
+    validate_nccl(cfg.nccl)
     return cfg
 
 
