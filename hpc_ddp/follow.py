@@ -27,15 +27,20 @@ def failed_ranks(run: RunDir) -> list[int]:
 
 
 def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL_S,
-           timeout_s: float | None = None) -> int:
-    """Block until ``job`` ends; returns 0 on success, 1 on failure (after printing why)."""
+           timeout_s: float | None = None, cancel_on_failure: bool = True) -> int:
+    """Block until ``job`` ends; returns 0 on success, 1 on failure (after printing why).
+
+    ``cancel_on_failure``: once a rank reported a failure, cancel the job after a grace
+    period (local runs, where nothing else would end it). On Slurm the ranks requeue or end
+    the job themselves, and the job is followed through its requeues to its final state.
+    """
     reporter = _Reporter(out, since=time.time())
     failure_seen: float | None = None
     started = time.monotonic()
     try:
         while not job.done():
             reporter.update(read_json(run.progress))
-            if failed_ranks(run):
+            if cancel_on_failure and failed_ranks(run):
                 failure_seen = failure_seen or time.monotonic()
                 if time.monotonic() - failure_seen > FAILURE_GRACE_S:
                     job.cancel(check=False)
@@ -48,7 +53,10 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
     finally:
         reporter.close()
     summary = read_json(run.summary)
-    if summary is not None and not failed_ranks(run):
+    state = getattr(job, "state", "")
+    if hasattr(job, "exit_code"):
+        print(f"job {job.job_id} ended: {state} (exit code {job.exit_code})", file=out)
+    if summary is not None and not failed_ranks(run) and state in ("", "COMPLETED", "FINISHED"):
         print(results_table(summary), file=out)
         return 0
     print(failure_report(run, job), file=out)

@@ -26,12 +26,25 @@ from hpc_ddp.rundir import RunDir, write_json
 log = logging.getLogger(__name__)
 
 
+class RunStopped(SystemExit):
+    """The run stopped before its end without being requeued; the message says how to go on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(1)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass(frozen=True)
 class Rank:
     env: DistEnv
     host: str
     device: Any
     env_changes: list[nccl.EnvChange]
+    # The rendezvous store (lives in rank 0's process); used to tell who is still alive.
+    store: Any = None
 
 
 @contextmanager
@@ -55,7 +68,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> I
                                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
                                 device_id=device if device.type == "cuda" else None)
         _record_rank(run_dir, env, host, device, environ, changes)
-        yield Rank(env, host, device, changes)
+        yield Rank(env, host, device, changes, store)
     except BaseException as exc:
         _record_failure(run_dir, env, host, exc)
         raise
@@ -136,7 +149,7 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, device: Any,
 
 
 def _record_failure(run_dir: RunDir, env: DistEnv, host: str, exc: BaseException) -> None:
-    if isinstance(exc, KeyboardInterrupt | SystemExit):
+    if isinstance(exc, KeyboardInterrupt | SystemExit) and not isinstance(exc, RunStopped):
         return
     text = "".join(traceback.format_exception(exc))
     log.error("rank %d on %s failed: %s", env.rank, host, exc)

@@ -70,6 +70,10 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
         return 0
     from hpc_ddp.follow import follow
 
+    if cfg.cluster.kind == "slurm":
+        from hpc_ddp.launch.slurm_state import SlurmJobView
+
+        return follow(SlurmJobView(job.job_id), run, out, poll_s=2.0, cancel_on_failure=False)
     return follow(job, run, out)
 
 

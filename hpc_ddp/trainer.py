@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any
 
-from hpc_ddp import checkpoint, rng
+from hpc_ddp import checkpoint, rng, stopping
 from hpc_ddp.augment import flip_and_crop, normalize
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
@@ -27,11 +27,13 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    def __init__(self, cfg: Config, env: DistEnv, run: RunDir, device: Any) -> None:
+    def __init__(self, cfg: Config, env: DistEnv, run: RunDir, device: Any,
+                 stop: stopping.StopRequest | None = None) -> None:
         import torch
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
+        self.stop = stop
         t = cfg.trainer
         rng.seed_all(t.seed)  # the same initial weights everywhere (DDP also broadcasts them)
         model = build_model(cfg.model, cfg.data.image_size).to(device)
@@ -192,6 +194,19 @@ class Trainer:
         # finished run's checkpoint holds its final metrics too.
         if self.global_step % t.checkpoint_interval == 0 and not last:
             self.save_checkpoint()
+        if self.stop is not None and not last and self.global_step % t.stop_check_interval == 0:
+            self._stop_if_asked()
+
+    def _stop_if_asked(self) -> None:
+        """All ranks agree (a collective) whether any was signalled; then all stop here."""
+        code = stopping.agree(self.stop.code if self.stop else 0, self.device)
+        if code == stopping.NONE:
+            return
+        log.warning("stop requested (%s): checkpointing at step %d", "SIGTERM" if code ==
+                    stopping.TERM else "requeue signal", self.global_step)
+        if self.checkpoint_step != self.global_step:
+            self.save_checkpoint()
+        raise stopping.StopTraining(code, self.global_step)
 
     def _log_window(self) -> None:
         import torch

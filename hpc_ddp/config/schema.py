@@ -131,6 +131,9 @@ class TrainerConfig:
     collective_timeout_s: int = 300
     # Seconds for all ranks to join the rendezvous before the job fails naming the missing ones.
     rendezvous_timeout_s: int = 120
+    # Every this many optimizer steps the ranks agree (one tiny all-reduce) whether a stop
+    # signal arrived; a signal is acted on within this many steps.
+    stop_check_interval: int = 10
     # Intra-op threads per rank; None: the task's CPUs (SLURM_CPUS_PER_TASK under Slurm,
     # else cluster.cpus_per_task).
     threads: int | None = None

@@ -135,5 +135,6 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.collective_timeout_s", t.collective_timeout_s, 1)
     _at_least("trainer.rendezvous_timeout_s", t.rendezvous_timeout_s, 1)
     _at_least("trainer.threads", t.threads, 1)
+    _at_least("trainer.stop_check_interval", t.stop_check_interval, 1)
     _choice("trainer.device", t.device, DEVICES)
     _choice("trainer.precision", t.precision, PRECISIONS)

@@ -67,6 +67,9 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
             # --signal=SIG@T: SIG reaches every step T seconds before the limit
             # (https://slurm.schedmd.com/sbatch.html#OPT_signal).
             "signal": f"{_bare_signal(c.signal)}@{c.signal_delay_s}",
+            # Requeueable even where the cluster's JobRequeue=0: the job requeues itself on
+            # the signal and Slurm requeues it after a node failure.
+            "requeue": True,
             **{k: str(v) for k, v in c.sbatch_extra.items()},
         },
     }

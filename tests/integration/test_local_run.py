@@ -166,3 +166,33 @@ def test_existing_run_is_never_touched(hpc_ddp: Run, tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         assert done.stderr.startswith(("error: run_dir=", "error: nodes=0")), done.stderr
     assert sorted((p.name, p.stat().st_mtime_ns) for p in run_dir.iterdir()) == before
+
+
+def test_a_stop_signal_checkpoints_at_one_step_and_resumes_exactly(hpc_ddp: Run,
+                                                                  tmp_path: Path) -> None:
+    """USR2 reaches the ranks at different moments; they agree on one step, rank 0 saves,
+    the command says how to continue, and the continued run ends as an uninterrupted one."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    args = [*RESUME_ARGS, "trainer.stop_check_interval=2"]
+    assert hpc_ddp("submit", [*args, f"run_dir={straight}"]).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", *args,
+                             f"run_dir={stopped}"], cwd=REPO, env=command_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ranks = [stopped / "ranks" / f"rank{r}.json" for r in range(2)]
+    deadline = time.monotonic() + 120
+    while not (all(p.exists() for p in ranks) and (stopped / "progress.json").exists()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.01)
+    for path in ranks:
+        os.kill(json.loads(path.read_text())["pid"], signal.SIGUSR2)
+        time.sleep(0.05)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "stopped at step" in out and f"run_dir={stopped} resume=true" in out
+    at = _final_state(stopped)["counters"]["global_step"]
+    assert at < 120 and not (stopped / "summary.json").exists()
+    done = hpc_ddp("submit", [f"run_dir={stopped}", "resume=true"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    a, b = _final_state(straight), _final_state(stopped)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert json.loads((stopped / "summary.json").read_text())["resumed_from_step"] == at

@@ -1,0 +1,70 @@
+"""A Slurm job's state from accounting (sacct), with squeue as the fallback.
+
+submitit's own ``done()`` trusts its result files, which an earlier attempt of a requeued
+job leaves behind; following a job that requeues itself needs Slurm's word.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# States after which the job will not run again (REQUEUED, PENDING, RUNNING, PREEMPTED and
+# SUSPENDED are not: a requeued or preempted job comes back). https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str
+    exit_code: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.state.split()[0] in TERMINAL
+
+
+def query(job_id: str, environ: Mapping[str, str] | None = None) -> JobState | None:
+    """The job's state now (None while neither sacct nor squeue knows it yet)."""
+    env = dict(os.environ if environ is None else environ)
+    out = _run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode", "-j", job_id], env)
+    if out:
+        state, _, code = out.splitlines()[0].partition("|")
+        return JobState(state.strip(), code.strip())
+    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"], env)
+    return JobState(out.splitlines()[0].strip()) if out else None
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> str:
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+class SlurmJobView:
+    """What ``follow`` needs of a Slurm job: id, state, done(), cancel()."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self._last: JobState | None = None
+
+    @property
+    def state(self) -> str:
+        return self._last.state if self._last else "UNKNOWN"
+
+    @property
+    def exit_code(self) -> str:
+        return self._last.exit_code if self._last else ""
+
+    def done(self) -> bool:
+        self._last = query(self.job_id) or self._last
+        return bool(self._last and self._last.finished)
+
+    def cancel(self, check: bool = False) -> None:
+        subprocess.run(["scancel", self.job_id], capture_output=True, check=check)

@@ -1,0 +1,32 @@
+"""Putting the job back in the queue, within cluster.max_restarts.
+
+The same call submitit makes (``scontrol requeue <job>``); it needs the job to be requeueable
+(``--requeue``, which hpc_ddp's sbatch scripts carry, or the cluster's JobRequeue=1).
+https://slurm.schedmd.com/scontrol.html#OPT_requeue
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+
+def slurm_job(environ: Mapping[str, str]) -> str | None:
+    """The id to requeue: this job (an array task has its own SLURM_JOB_ID)."""
+    return environ.get("SLURM_JOB_ID") or None
+
+
+def requeue(job_id: str, environ: Mapping[str, str]) -> str | None:
+    """Requeue; returns None on success, else Slurm's answer."""
+    try:
+        done = subprocess.run(["scontrol", "requeue", job_id], env=dict(environ),
+                              capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode != 0:
+        return (done.stderr or done.stdout).strip() or f"exit code {done.returncode}"
+    log.info("requeued Slurm job %s", job_id)
+    return None

@@ -1,0 +1,100 @@
+"""Stopping cleanly on a signal: every rank at the same step, then a checkpoint, then exit.
+
+A signal handler only sets a flag. At step boundaries the ranks agree through a collective
+(MAX of their flags), so all of them stop after the same step and none is left waiting
+inside a collective the others never enter. Then rank 0 checkpoints, and the job requeues
+itself or exits (see task.py).
+
+Signals: the requeue signal (``cluster.signal``, USR2 by default) arrives ahead of the time
+limit (``--signal=USR2@T``) and, with ``preempt_send_user_signal``, at a preemption. SIGTERM
+arrives at a preemption's GraceTime or a ``scancel``. USR1 is avoided: NCCL 2.12-2.13 caught
+it in its proxy thread (submitit PR #1697, FIELD.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Agreed codes, ordered: the strongest request wins the MAX reduction.
+NONE, TERM, REQUEUE = 0, 1, 2
+
+
+class StopTraining(Exception):
+    """Raised by the trainer after the agreed stop's checkpoint; carries the signal's code."""
+
+    def __init__(self, code: int, step: int) -> None:
+        super().__init__(f"stopped at step {step} on {'SIGTERM' if code == TERM else 'requeue'}")
+        self.code = code
+        self.step = step
+
+
+class StopRequest:
+    """The flag the signal handlers set (handlers must do nothing else)."""
+
+    def __init__(self) -> None:
+        self.code = NONE
+        self.received: list[tuple[str, float]] = []
+
+    def install(self, requeue_signal: str) -> None:
+        name = requeue_signal if requeue_signal.startswith("SIG") else f"SIG{requeue_signal}"
+        signal.signal(getattr(signal, name), self._on_requeue)
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_requeue(self, signum: int, frame: Any) -> None:
+        self.code = max(self.code, REQUEUE)
+        self.received.append((signal.Signals(signum).name, time.time()))
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.code = max(self.code, TERM)
+        self.received.append(("SIGTERM", time.time()))
+
+
+def agree(code: int, device: Any) -> int:
+    """The strongest stop request of any rank (a collective: every rank must call it)."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([code], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def time_left_s(job_id: str, environ: Mapping[str, str]) -> float | None:
+    """Seconds until the job's time limit, from squeue (None when Slurm cannot say)."""
+    try:
+        done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], env=dict(environ),
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_duration(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm's [D-]HH:MM:SS, MM:SS or SS in seconds; None for UNLIMITED, INVALID or junk."""
+    days, _, clock = text.rpartition("-")
+    fields = clock.split(":")
+    if not 1 <= len(fields) <= 3:
+        return None
+    try:
+        hours, minutes, seconds = [0] * (3 - len(fields)) + [int(f) for f in fields]
+        total = int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+    except ValueError:
+        return None
+    return float(total)
+
+
+def cause_of(code: int, time_left: float | None, signal_delay_s: int) -> str:
+    """What the stop was: a time limit ahead, a preemption, or a cancel/preemption SIGTERM."""
+    if code == TERM:
+        return "SIGTERM (preemption grace time or scancel)"
+    # --signal=SIG@T may arrive up to 60 s earlier than T (sbatch(1)).
+    if time_left is not None and time_left <= signal_delay_s + 90:
+        return "time limit"
+    return "preemption or a signal sent by hand"

@@ -1,0 +1,53 @@
+"""Stop signals: durations from squeue, what a stop was, the restart history."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp import events
+from hpc_ddp.stopping import REQUEUE, TERM, StopRequest, cause_of, parse_duration
+
+
+@pytest.mark.parametrize("text, seconds", [("59", 59), ("1:30", 90), ("2:00:05", 7205),
+                                           ("1-00:00:10", 86410), ("UNLIMITED", None),
+                                           ("INVALID", None), ("", None)])
+def test_parse_duration(text: str, seconds: float | None) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_cause_of() -> None:
+    assert cause_of(REQUEUE, 100, 120) == "time limit"
+    assert cause_of(REQUEUE, 3000, 120) == "preemption or a signal sent by hand"
+    assert cause_of(REQUEUE, None, 120).startswith("preemption")
+    assert cause_of(TERM, 10, 120).startswith("SIGTERM")
+
+
+def test_handlers_only_set_the_flag() -> None:
+    saved = signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)
+    try:
+        stop = StopRequest()
+        stop.install("USR2")
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.code == TERM
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert stop.code == REQUEUE and [n for n, _ in stop.received] == ["SIGTERM", "SIGUSR2"]
+    finally:
+        signal.signal(signal.SIGUSR2, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
+
+
+def test_history(tmp_path: Path) -> None:
+    events.append(tmp_path, {"kind": "stop", "attempt": 0, "cause": "time limit"})
+    events.append(tmp_path, {"kind": "requeue", "attempt": 0, "cause": "time limit"})
+    events.append(tmp_path, {"kind": "failure", "attempt": 1, "cause": "rank 1 died"})
+    with open(tmp_path / events.FILE, "a") as handle:
+        handle.write('{"kind": "requ')  # a line cut by a crash
+    history = events.read(tmp_path)
+    assert len(history) == 3 and events.requeues_by_us(history) == 1
+    assert events.last_reason(history, 0) == "time limit"
+    assert events.last_reason(history, 1) == "rank 1 died"
+    assert events.last_reason(history, 2) is None
