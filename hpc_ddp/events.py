@@ -46,7 +46,11 @@ def requeues_by_us(events: list[dict[str, Any]]) -> int:
 
 
 def last_reason(events: list[dict[str, Any]], attempt: int) -> str | None:
-    """Why attempt ``attempt`` ended (the last stop/failure recorded by it)."""
-    reasons = [e for e in events if e.get("attempt") == attempt and e.get("kind") in (
-        "stop", "failure")]
-    return reasons[-1].get("cause") if reasons else None
+    """Why attempt ``attempt`` ended: the cause its requeue gave, else its first stop or
+    failure (later ones are echoes: ranks killed by the requeue report lost peers too)."""
+    mine = [e for e in events if e.get("attempt") == attempt]
+    for kinds in (("requeue",), ("stop", "failure")):
+        found = [e for e in mine if e.get("kind") in kinds]
+        if found:
+            return found[0].get("cause")
+    return None

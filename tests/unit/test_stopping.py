@@ -44,6 +44,7 @@ def test_history(tmp_path: Path) -> None:
     events.append(tmp_path, {"kind": "stop", "attempt": 0, "cause": "time limit"})
     events.append(tmp_path, {"kind": "requeue", "attempt": 0, "cause": "time limit"})
     events.append(tmp_path, {"kind": "failure", "attempt": 1, "cause": "rank 1 died"})
+    events.append(tmp_path, {"kind": "failure", "attempt": 1, "cause": "echo: peer lost"})
     with open(tmp_path / events.FILE, "a") as handle:
         handle.write('{"kind": "requ')  # a line cut by a crash
     history = events.read(tmp_path)

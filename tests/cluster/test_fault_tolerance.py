@@ -1,0 +1,238 @@
+"""Time limits, preemption, dead ranks and node failures on the real cluster: each ends in a
+completed run with the same final step and bitwise the same weights as an uninterrupted run.
+
+Bitwise is possible because on CPU with deterministic settings every step is a function of
+the checkpointed state (weights, optimizer, schedule, data position, every rank's RNG), and
+the world size and thread count stay the same across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpc_ddp import checkpoint, events
+from hpc_ddp.hostlist import expand
+from tests.cluster.test_slurm_submit import job_id_of, summary_of
+
+pytestmark = pytest.mark.cluster
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+# ~0.07 s a step on a 2-core machine: long enough to be interrupted mid-run.
+ARGS = ["cluster=slurm", "nodes=2", "trainer.max_steps=300", "trainer.batch_size=128",
+        "data.train_size=2048", "data.eval_size=256", "trainer.checkpoint_interval=10",
+        "trainer.log_interval=10", "trainer.eval_interval=100", "trainer.stop_check_interval=2",
+        "trainer.collective_timeout_s=20", "trainer.rendezvous_timeout_s=60"]
+
+
+def uninterrupted(args: list[str], run_dir: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The final state of an uninterrupted run of ``args``."""
+    import sys
+
+    from tests.conftest import REPO
+
+    done = subprocess.run([sys.executable, "-m", "hpc_ddp.submit", *args, f"run_dir={run_dir}",
+                           "wait=true"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None
+    return state
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The uninterrupted run every interrupted one must match."""
+    return uninterrupted(ARGS, tmp_path_factory.mktemp("ft") / "reference",
+                         {**os.environ, **slurm_cluster.env()})
+
+
+def squeue_state(job: str, env: dict[str, str]) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env, capture_output=True,
+                          text=True, check=False).stdout.strip()
+
+
+def progress_step(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / "progress.json").read_text())["step"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+
+
+def wait_for_step(run_dir: Path, step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while progress_step(run_dir) < step:
+        errors = [p.read_text() for p in (run_dir / "logs").glob("rank*.error")]
+        assert not errors, errors[0]
+        assert time.monotonic() < deadline, f"never reached step {step}"
+        time.sleep(0.2)
+
+
+def finish_releasing_requeues(job: str, run_dir: Path, env: dict[str, str],
+                              timeout: float = 420) -> int:
+    """Wait for the run's summary; a requeued job waits ~2 min for its begin time: release it
+    at once (scontrol update StartTime=now, TESTCLUSTER.md). Returns how many were released."""
+    released = 0
+    deadline = time.monotonic() + timeout
+    while not ((run_dir / "summary.json").exists() and squeue_state(job, env) == ""):
+        assert time.monotonic() < deadline, f"job {job} did not finish"
+        if squeue_state(job, env) == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                           capture_output=True, check=False)
+            released += 1
+            time.sleep(2)
+        time.sleep(0.5)
+    return released
+
+
+def assert_same_as(reference: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None
+    assert state["counters"]["global_step"] == reference["counters"]["global_step"]
+    assert state["counters"]["samples_seen"] == reference["counters"]["samples_seen"]
+    for name, tensor in reference["model"].items():
+        assert torch.equal(tensor, state["model"][name]), name
+    from tests.integration.test_local_run import tb_scalars
+
+    steps = [s for s, _ in tb_scalars(run_dir / "tb", "train/loss")]
+    last = reference["counters"]["global_step"]
+    assert steps == list(range(10, last + 1, 10))  # no step twice, none missing
+    return summary_of(run_dir)
+
+
+def submit(hpc_ddp: Run, run_dir: Path, env: dict[str, str], *extra: str) -> str:
+    done = hpc_ddp("submit", [*ARGS, *extra, f"run_dir={run_dir}"], env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return job_id_of(done.stdout)
+
+
+def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env)
+    wait_for_step(run_dir, 40)
+    subprocess.run(["scancel", "--signal=USR2", "--full", job], env=slurm_env, check=True)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    summary = assert_same_as(reference, run_dir)
+    assert summary["restarts"] == 1 and summary["resumed_from_step"] >= 40
+    assert summary["restart_history"][0]["cause"].startswith("requeue after preemption")
+    kinds = [e["kind"] for e in events.read(run_dir)]
+    assert kinds == ["stop", "requeue"]
+
+
+def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
+                                      tmp_path: Path) -> None:
+    # A run of about 70 s cannot fit a 1-minute limit. USR2 comes 40 s ahead of the limit
+    # (or earlier: Slurm may send it up to 60 s early), so it needs at least one requeue.
+    long_run = [*ARGS, "trainer.max_steps=1000", "trainer.eval_interval=500"]
+    reference = uninterrupted(long_run, tmp_path / "reference", slurm_env)
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", [*long_run, "cluster.time_min=1", "cluster.signal_delay_s=40",
+                              "cluster.max_restarts=8", f"run_dir={run_dir}"], env=slurm_env)
+    assert done.returncode == 0, done.stderr
+    job = job_id_of(done.stdout)
+    finish_releasing_requeues(job, run_dir, slurm_env, timeout=900)
+    summary = assert_same_as(reference, run_dir)
+    assert summary["restarts"] >= 1
+    assert any(e["cause"] == "time limit" for e in events.read(run_dir) if e["kind"] == "requeue")
+
+
+def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, str],
+                                            tmp_path: Path, reference: dict) -> None:
+    run_dir = tmp_path / "run"
+    # --exclusive so the urgent job cannot just share the nodes' CPUs (TESTCLUSTER.md). It
+    # also hands the job the nodes' (fake) GPUs: CPU compute must then be chosen explicitly.
+    job = submit(hpc_ddp, run_dir, slurm_env, "cluster.exclusive=true", "trainer.device=cpu")
+    wait_for_step(run_dir, 40)
+    nodes = sorted({json.loads(p.read_text())["host"] for p in (run_dir / "ranks").glob("*.json")})
+    urgent = subprocess.run(["sbatch", "--parsable", "-p", "urgent", "--exclusive",
+                             f"--nodelist={','.join(nodes)}", f"-N{len(nodes)}", "--time=2",
+                             f"--output={tmp_path}/urgent-%j.out", "--wrap=sleep 5"],
+                            env=slurm_env, capture_output=True, text=True, check=True)
+    urgent_id = urgent.stdout.strip().split(";")[0]
+    finish_releasing_requeues(job, run_dir, slurm_env)
+    summary = assert_same_as(reference, run_dir)
+    assert summary["restarts"] >= 1
+    state = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", urgent_id],
+                           env=slurm_env, capture_output=True, text=True).stdout
+    assert "COMPLETED" in state  # the urgent job ran in between
+
+
+def test_a_hung_rank_is_named_and_the_job_requeued(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                  tmp_path: Path, reference: dict) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env)
+    wait_for_step(run_dir, 40)
+    rank1 = json.loads((run_dir / "ranks" / "rank1.json").read_text())
+    os.kill(rank1["pid"], signal.SIGSTOP)  # stops answering, without dying
+    stopped_at = time.monotonic()
+    deadline = time.monotonic() + 120
+    while not any(e["kind"] == "failure" for e in events.read(run_dir)):
+        assert time.monotonic() < deadline, "the other rank never failed"
+        time.sleep(0.5)
+    # Fails within the configured 20 s collective timeout (+ the 5 s roll call), not 10 min.
+    assert time.monotonic() - stopped_at < 60
+    failure = next(e for e in events.read(run_dir) if e["kind"] == "failure")
+    assert f"rank 1 on {rank1['host']} stopped answering" in failure["cause"]
+    finish_releasing_requeues(job, run_dir, slurm_env)
+    summary = assert_same_as(reference, run_dir)
+    assert summary["restarts"] == 1
+    assert "rank 1 on" in summary["restart_history"][0]["cause"]
+
+
+def test_a_node_taken_down_mid_run(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path,
+                                   reference: dict) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env)
+    wait_for_step(run_dir, 60)
+    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
+    lost_at = progress_step(run_dir)
+    try:
+        # DOWN kills the job on it (NODE_FAIL, requeued by Slurm); DRAIN then keeps the node
+        # out, since the test cluster's ReturnToService=2 would bring a live slurmd back.
+        for state in ("down", "drain"):
+            subprocess.run(["scontrol", "update", f"nodename={victim}", f"state={state}",
+                            "reason=hpc_ddp-test"], env=slurm_env, check=True)
+        finish_releasing_requeues(job, run_dir, slurm_env)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
+                       env=slurm_env, check=False)
+    summary = assert_same_as(reference, run_dir)
+    assert summary["restarts"] >= 1
+    # At most one checkpoint interval (10 steps) was lost.
+    assert summary["resumed_from_step"] >= lost_at - 10
+    assert victim not in expand(subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "NodeList", "-j", job], env=slurm_env,
+        capture_output=True, text=True).stdout.strip().splitlines()[-1])
+
+
+def test_restarts_run_out_with_a_clear_message(hpc_ddp: Run, slurm_env: dict[str, str],
+                                               tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env, "cluster.max_restarts=0")
+    wait_for_step(run_dir, 20)
+    subprocess.run(["scancel", "--signal=USR2", "--full", job], env=slurm_env, check=True)
+    deadline = time.monotonic() + 120
+    while squeue_state(job, slurm_env) != "":
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    error = (run_dir / "logs" / "rank0.error").read_text()
+    assert "not requeued: cluster.max_restarts=0" in error and "resume=true" in error
+    assert checkpoint.latest_path(run_dir / "checkpoints") is not None
+    assert not (run_dir / "summary.json").exists()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_jobs(slurm_env: dict[str, str]) -> Iterator[None]:
+    yield
+    subprocess.run(["scancel", "--user=root", "--partition=urgent"], env=slurm_env,
+                   capture_output=True, check=False)
