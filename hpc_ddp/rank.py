@@ -19,7 +19,7 @@ from typing import Any
 
 from hpc_ddp import nccl, netif, ranklog, rendezvous
 from hpc_ddp.config.schema import Config
-from hpc_ddp.device import DeviceError, select_index, slurm_gpus, visible_devices
+from hpc_ddp.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.distenv import DistEnv, detect
 from hpc_ddp.rundir import RunDir, write_json
 
@@ -45,6 +45,8 @@ class Rank:
     env_changes: list[nccl.EnvChange]
     # The rendezvous store (lives in rank 0's process); used to tell who is still alive.
     store: Any = None
+    # The GPU this rank was given (device.select), as recorded in ranks/rank<N>.json.
+    gpu: dict[str, Any] | None = None
 
 
 @contextmanager
@@ -58,7 +60,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> I
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
         changes = nccl.apply(cfg.nccl, environ)
-        device = _choose_device(cfg, env, environ, host)
+        device, gpu = _choose_device(cfg, env, environ, host)
         backend = "nccl" if device.type == "cuda" else "gloo"
         _prepare_torch(cfg, env, environ, backend)
         store = rendezvous.connect(env, run_dir.rendezvous, host,
@@ -67,8 +69,8 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> I
         dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
                                 timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
                                 device_id=device if device.type == "cuda" else None)
-        _record_rank(run_dir, env, host, device, environ, changes)
-        yield Rank(env, host, device, changes, store)
+        _record_rank(run_dir, env, host, gpu, environ, changes)
+        yield Rank(env, host, device, changes, store, gpu)
     except BaseException as exc:
         _record_failure(run_dir, env, host, exc)
         raise
@@ -86,28 +88,46 @@ def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
 
 
 def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
-                   host: str) -> Any:
+                   host: str) -> tuple[Any, dict[str, Any]]:
+    """The torch device and the record of the GPU this rank was given (rank -> node -> GPU)."""
     import torch
 
     allocated = slurm_gpus(environ) or (
-        f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']}"
-        if visible_devices(environ) else None)
-    if cfg.trainer.device == "cpu":
-        return torch.device("cpu")
+        f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']}" if gpu_allocated(environ)
+        else None)
+    record: dict[str, Any] = {"cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
+                              "slurm_allocation": allocated, "compute": "cpu"}
     has_cuda = torch.cuda.is_available()
-    if not has_cuda and (cfg.trainer.device == "cuda" or allocated):
-        raise DeviceError(
-            f"on {host} (rank {env.rank}) Slurm allocated a GPU ({allocated or 'requested'}) but "
-            f"torch {torch.__version__} sees no CUDA device (torch.version.cuda="
-            f"{torch.version.cuda}): a CPU-only torch build or a driver that does not match. "
-            "Fix the environment on that node, or choose trainer.device=cpu explicitly."
-        )
-    if not has_cuda:
-        return torch.device("cpu")
-    index = select_index(environ, env.local_rank, env.local_world_size,
-                         torch.cuda.device_count())
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
+    wanted = cfg.trainer.device
+    if wanted == "cuda" or (wanted == "auto" and (allocated or (
+            has_cuda and env.source in ("single", "torchrun")))):
+        if not has_cuda:
+            raise DeviceError(
+                f"on {host} (rank {env.rank}) "
+                + (f"Slurm allocated a GPU ({allocated})" if allocated else
+                   "trainer.device=cuda was asked for")
+                + f" but torch {torch.__version__} sees no CUDA device (torch.version.cuda="
+                f"{torch.version.cuda}): a CPU-only torch build or a driver that does not "
+                "match. Fix the environment on that node, or choose trainer.device=cpu "
+                "explicitly.")
+        choice = select(environ, env.local_rank, env.local_world_size, torch.cuda.device_count())
+        assert choice is not None  # has_cuda: at least one device
+        torch.cuda.set_device(choice.index)
+        device = torch.device("cuda", choice.index)
+        props = torch.cuda.get_device_properties(device)
+        record.update(choice.as_dict(), compute="cuda", name=props.name,
+                      uuid=str(getattr(props, "uuid", "")),
+                      pci_bus_id=getattr(props, "pci_bus_id", None))
+        return device, record
+    if allocated:
+        # CPU compute chosen on GPUs Slurm allocated: record what the rank would use, and
+        # let the summary flag two ranks on one GPU instead of failing the run.
+        try:
+            choice = select(environ, env.local_rank, env.local_world_size)
+            record.update(choice.as_dict() if choice else {})
+        except DeviceError as exc:
+            record["problem"] = str(exc)
+    return torch.device("cpu"), record
 
 
 def _prepare_torch(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
@@ -126,16 +146,10 @@ def _prepare_torch(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
             log.info("env: GLOO_SOCKET_IFNAME=%s (the interface towards %s)", iface, master)
 
 
-def _record_rank(run_dir: RunDir, env: DistEnv, host: str, device: Any,
+def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
                  environ: MutableMapping[str, str], changes: list[nccl.EnvChange]) -> None:
     import torch
 
-    gpu: dict[str, Any] = {"cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
-                           "index": device.index, "type": device.type}
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        gpu.update(name=props.name, uuid=str(getattr(props, "uuid", "")),
-                   pci_bus_id=getattr(props, "pci_bus_id", None))
     write_json(run_dir.ranks / f"rank{env.rank}.json", {
         "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
         "world_size": env.world_size, "local_world_size": env.local_world_size,

@@ -12,7 +12,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import checkpoint, diagnose, events, requeue, stopping
+from hpc_ddp import checkpoint, device, diagnose, events, requeue, stopping
 from hpc_ddp.config.compose import from_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.distenv import DistEnv, detect
@@ -67,13 +67,18 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
     if cause is not None:
         trainer.resume_if_possible(cause)
     summary = trainer.train()
-    hosts: list[Any] = [None] * env.world_size
-    dist.all_gather_object(hosts, rank.host)
+    placed: list[Any] = [None] * env.world_size
+    dist.all_gather_object(placed, {"rank": env.rank, "host": rank.host, **(rank.gpu or {})})
     if not env.is_master:
         return None
+    hosts = [p["host"] for p in placed]
     summary["hosts"] = hosts
     summary["nodes"] = sorted(set(hosts), key=hosts.index)
     summary["job_id"] = env.job_id
+    summary["gpu_map"] = [p for p in placed if p.get("physical") is not None]
+    summary["gpu_collisions"] = device.collisions(placed)
+    for shared in summary["gpu_collisions"]:
+        log.warning("ranks %s share GPU %s on %s", shared["ranks"], shared["gpu"], shared["host"])
     write_json(run_dir.summary, summary)
     log.info("done: step %d, eval accuracy %s; summary in %s", summary["global_step"],
              summary["eval_accuracy"], run_dir.summary)

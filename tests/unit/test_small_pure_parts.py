@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from hpc_ddp.config.schema import NcclConfig, OptimConfig
-from hpc_ddp.device import DeviceError, select_index, visible_devices
 from hpc_ddp.nccl import mask, planned_changes, recorded_env
 from hpc_ddp.optim import lr_factor
 
@@ -37,23 +36,3 @@ def test_secrets_are_masked_in_records() -> None:
     assert recorded == {"NCCL_API_KEY": "****", "NCCL_DEBUG": "INFO", "SLURM_JOB_ID": "3",
                         "TORCH_HUB_TOKEN": "****"}
     assert mask("MY_PASSWORD", "x") == "****" and mask("NCCL_ALGO", "Ring") == "Ring"
-
-
-@pytest.mark.parametrize("local_rank, local_world, count, index", [
-    (0, 4, 4, 0), (3, 4, 4, 3),    # --gpus-per-node: every task sees all, picks by local rank
-    (3, 4, 1, 0),                  # --gpus-per-task=1: each sees only its own, index 0
-    (1, 2, 8, 1),                  # more GPUs than tasks
-])
-def test_device_index(local_rank: int, local_world: int, count: int, index: int) -> None:
-    assert select_index({}, local_rank, local_world, count) == index
-
-
-def test_more_tasks_than_gpus_is_refused() -> None:
-    with pytest.raises(DeviceError, match="two ranks would land on one GPU"):
-        select_index({}, 2, 4, 2)
-
-
-def test_visible_devices() -> None:
-    assert visible_devices({}) is None
-    assert visible_devices({"CUDA_VISIBLE_DEVICES": ""}) == []
-    assert visible_devices({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]

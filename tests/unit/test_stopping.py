@@ -48,7 +48,7 @@ def test_history(tmp_path: Path) -> None:
     with open(tmp_path / events.FILE, "a") as handle:
         handle.write('{"kind": "requ')  # a line cut by a crash
     history = events.read(tmp_path)
-    assert len(history) == 3 and events.requeues_by_us(history) == 1
+    assert len(history) == 4 and events.requeues_by_us(history) == 1
     assert events.last_reason(history, 0) == "time limit"
     assert events.last_reason(history, 1) == "rank 1 died"
     assert events.last_reason(history, 2) is None
