@@ -28,46 +28,54 @@ class NcclConfig:
     # Derive settings on each node from what it has: HCAs with ACTIVE ports, the GPUDirect
     # peer-memory module, the interface towards rank 0 (nccl=auto). Fills only what is unset.
     detect: bool = False
-    # NCCL_SOCKET_IFNAME: IP interfaces for bootstrap and the socket transport; prefixes,
-    # `^` excludes, `=` exact names. NCCL_DOCS#nccl-socket-ifname
+    # NCCL_SOCKET_IFNAME: IP interfaces for bootstrap and sockets; prefixes, `^` excludes,
+    # `=` exact names.
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-socket-ifname
     socket_ifname: str | None = None
     # GLOO_SOCKET_IFNAME: Gloo's interface(s), exact names only (no `^`/`=`).
-    # DIST_DOCS#choosing-the-network-interface-to-use
+    # https://pytorch.org/docs/stable/distributed.html#choosing-the-network-interface-to-use
     gloo_socket_ifname: str | None = None
-    # NCCL_IB_DISABLE: true forces IP sockets instead of IB/RoCE verbs. NCCL_DOCS#nccl-ib-disable
+    # NCCL_IB_DISABLE: true forces IP sockets instead of IB/RoCE verbs.
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-disable
     ib_disable: bool | None = None
-    # NCCL_IB_HCA: RDMA devices `hca[:port]`, `^` excludes, `=` exact names (without `=`,
-    # mlx5_1 also selects mlx5_10..19). NCCL_DOCS#nccl-ib-hca
+    # NCCL_IB_HCA: RDMA devices `hca[:port]`, `^` excludes, `=` exact (else mlx5_1 = mlx5_1*).
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-hca
     ib_hca: str | None = None
     # NCCL_NET_GDR_LEVEL: farthest NIC-GPU distance for GPUDirect RDMA: LOC PIX PXB PHB SYS.
-    # NCCL_DOCS#nccl-net-gdr-level-formerly-nccl-ib-gdr-level
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-net-gdr-level-formerly-nccl-ib-gdr-level
     gdr_level: str | None = None
     # NCCL_IB_TIMEOUT: verbs timeout 4.096 us * 2^t, 1-31 (0 or >= 32: infinite).
-    # NCCL_DOCS#nccl-ib-timeout
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-timeout
     ib_timeout: int | None = None
-    # NCCL_IB_RETRY_CNT: verbs retries, 0-7 (default 7). NCCL_DOCS#nccl-ib-retry-cnt
+    # NCCL_IB_RETRY_CNT: verbs retries, 0-7 (default 7).
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-retry-cnt
     ib_retry_cnt: int | None = None
     # NCCL_CROSS_NIC: 0 same NIC per ring (rail-optimized), 1 any NIC, 2 prefer same (default).
-    # NCCL_DOCS#nccl-cross-nic
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-cross-nic
     cross_nic: int | None = None
-    # NCCL_IB_GID_INDEX: RoCE GID index (see show_gids); -1 lets NCCL choose. NCCL_DOCS#nccl-ib-gid-index
+    # NCCL_IB_GID_INDEX: RoCE GID index (see show_gids); -1 lets NCCL choose.
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-gid-index
     ib_gid_index: int | None = None
-    # NCCL_IB_ROCE_VERSION_NUM: RoCE version (1 or 2) of the GID NCCL picks when
-    # ib_gid_index is unset. NCCL_DOCS#nccl-ib-roce-version-num
+    # NCCL_IB_ROCE_VERSION_NUM: RoCE version (1 or 2) of the GID NCCL picks itself.
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-ib-roce-version-num
     ib_roce_version_num: int | None = None
-    # NCCL_DEBUG: VERSION, WARN, INFO or TRACE. NCCL_DOCS#nccl-debug
+    # NCCL_DEBUG: VERSION, WARN, INFO or TRACE.
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-debug
     debug: str | None = None
-    # NCCL_DEBUG_SUBSYS: subsystems of the INFO output, e.g. INIT,NET. NCCL_DOCS#nccl-debug-subsys
+    # NCCL_DEBUG_SUBSYS: subsystems of the INFO output, e.g. INIT,NET.
+    # https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-debug-subsys
     debug_subsys: str | None = None
     # TORCH_DISTRIBUTED_DEBUG: OFF, INFO or DETAIL (checks collective mismatches; slower).
-    # DIST_DOCS#torch-distributed-debug
+    # https://pytorch.org/docs/stable/distributed.html#torch-distributed-debug
     torch_distributed_debug: str | None = None
-    # TORCH_NCCL_ASYNC_ERROR_HANDLING: 0-3, what a failed collective does. TORCH_NCCL_DOCS
+    # TORCH_NCCL_ASYNC_ERROR_HANDLING: 0-3, what a failed collective does to the process.
+    # https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
     async_error_handling: int | None = None
-    # TORCH_NCCL_DUMP_ON_TIMEOUT: the flight recorder writes its trace when a collective
-    # times out (needs trace_buffer_size > 0). TORCH_NCCL_DOCS
+    # TORCH_NCCL_DUMP_ON_TIMEOUT: the flight recorder dumps its trace when a collective times out.
+    # https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
     dump_on_timeout: bool | None = None
-    # TORCH_NCCL_TRACE_BUFFER_SIZE: collectives kept by the flight recorder (0: off). TORCH_NCCL_DOCS
+    # TORCH_NCCL_TRACE_BUFFER_SIZE: collectives the flight recorder keeps (0: recorder off).
+    # https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
     trace_buffer_size: int | None = None
     # Debugging-only NCCL variables this profile forces on purpose: no warning for them.
     acknowledged_debug: list[str] = field(default_factory=list)
@@ -300,8 +308,10 @@ def nccl_warnings(cfg: NcclConfig) -> list[str]:
                        f"workaround, or add it to nccl.acknowledged_debug ({NCCL_DOCS}#debugging).")
     hca = wanted.get("NCCL_IB_HCA", "")
     if hca and not hca.removeprefix("^").startswith("="):
+        # Device names end in _<n> (mlx5_1, hfi1_0); a family prefix (mlx5) is meant as one.
+        # Other shapes are caught on the node, against the HCAs it has (nccl.node_warnings).
         trapped = [t.split(":")[0] for t in hca.removeprefix("^").split(",")
-                   if t.split(":")[0][-1:].isdigit()]
+                   if re.search(r"_[0-9]+$", t.split(":")[0])]
         if trapped:
             exact = ("^=" if hca.startswith("^") else "=") + hca.removeprefix("^")
             out.append(f"NCCL_IB_HCA={hca}: without `=` each name is a prefix, so {trapped[0]} "

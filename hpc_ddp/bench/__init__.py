@@ -1,0 +1,9 @@
+"""Benchmarks, run as jobs through the same path as training (local or Slurm).
+
+    python -m hpc_ddp.bench [comm] [options] [key=value ...]   # collectives vs raw TCP
+
+Subcommands (``hpc_ddp/bench/__main__.py``):
+  comm   all_reduce, all_gather and reduce_scatter bandwidth by message size (nccl-tests'
+         definitions), and on several nodes the raw TCP bandwidth between two of them
+         (``hpc_ddp/bench/comm.py``). The default.
+"""

@@ -1,0 +1,131 @@
+"""Run a short per-rank program (the doctor, a benchmark) as a job, and wait for it.
+
+The same path as ``python -m hpc_ddp.submit``: compose -> resolve -> run dir check -> local or
+Slurm submission (``hpc_ddp.launch``), only with another task and a short time limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rundir import RunDir
+
+# Diagnostics are short: a small time limit, and a rank that cannot join fails within a
+# minute instead of training's 2 (rendezvous) and 5 (collectives). The user's overrides win.
+DEFAULT_OVERRIDES = ("cluster.time_min=10", "trainer.rendezvous_timeout_s=60",
+                     "trainer.collective_timeout_s=120")
+# Messages of ranks that failed because another one did (the other one is the cause).
+_CONSEQUENCES = ("never joined the rendezvous", "could not reach rank 0",
+                 "for rank 0 (on", "Connection closed by peer", "Connection reset by peer",
+                 "timed out", "Timeout")
+_ERROR_LINE = re.compile(r"^rank (\d+) on (\S+?): (.*)$")
+
+
+def stamp(now: _dt.datetime | None = None) -> str:
+    """<date>_<time> to the millisecond, as the run dirs submit makes."""
+    return (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S-%f")[:-3]
+
+
+def default_run_dir(cwd: Path, name: str, now: _dt.datetime | None = None) -> Path:
+    """outputs/<name>-<date>_<time> (a fresh folder per diagnostic run)."""
+    return cwd / "outputs" / f"{name}-{stamp(now)}"
+
+
+def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
+            cwd: Path) -> tuple[Config, RunDir]:
+    """Compose, resolve and check the run dir exactly as submit does (UserError on bad input)."""
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.launch import resolve as plan
+
+    cfg = compose([*DEFAULT_OVERRIDES, f"cluster.job_name=hpc_ddp_{name}", *overrides])
+    if cfg.run_dir is None:
+        cfg = dataclasses.replace(cfg, run_dir=str(default_run_dir(cwd, name)))
+    cfg = plan.resolve(cfg, environ, cwd)
+    run = plan.check_run_dir(cfg)
+    plan.write_run_config(run, cfg, overrides)
+    return cfg, run
+
+
+def target(cfg: Config) -> Any:
+    if cfg.cluster.kind == "slurm":
+        from hpc_ddp.launch import slurm
+
+        return slurm
+    from hpc_ddp.launch import local
+
+    return local
+
+
+def submit_and_wait(cfg: Config, run: RunDir, task: Callable[[], Any], out: TextIO = sys.stdout,
+                    timeout_s: float | None = None, poll_s: float = 0.5) -> Any:
+    """Submit ``task`` on every rank and block until the job ends (or is given up)."""
+    launcher = target(cfg)
+    job = launcher.submit(cfg, run, task)
+    print(f"hpc_ddp: {cfg.cluster.kind} job {job.job_id}: {launcher.describe(cfg)}\n"
+          f"  run dir: {run.root}", file=out, flush=True)
+    wait(job, run, out, timeout_s, poll_s)
+    return job
+
+
+def wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: float) -> bool:
+    """True if the job ended by itself. After a rank reports a failure the others get a grace
+    to report theirs, then the job is cancelled (they would wait in a collective otherwise)."""
+    from hpc_ddp.follow import FAILURE_GRACE_S, failed_ranks
+
+    started = time.monotonic()
+    failure_seen: float | None = None
+    while not job.done():
+        if failed_ranks(run):
+            failure_seen = failure_seen or time.monotonic()
+            if time.monotonic() - failure_seen > FAILURE_GRACE_S:
+                job.cancel(check=False)
+                return False
+        if timeout_s is not None and time.monotonic() - started > timeout_s:
+            print(f"still running after {timeout_s:.0f}s; cancelling job {job.job_id}.",
+                  file=out, flush=True)
+            job.cancel(check=False)
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def rank_errors(run: RunDir) -> list[tuple[int, str, str, float]]:
+    """(rank, host, message, time written) of every rank that recorded a failure."""
+    from hpc_ddp.follow import failed_ranks
+
+    found = []
+    for rank in failed_ranks(run):
+        path = run.rank_error(rank)
+        try:
+            first = path.read_text().splitlines()[0]
+            written = path.stat().st_mtime
+        except (OSError, IndexError):
+            continue
+        match = _ERROR_LINE.match(first)
+        if match:
+            found.append((int(match.group(1)), match.group(2), match.group(3), written))
+    return found
+
+
+def culprit_hosts(errors: list[tuple[int, str, str, float]]) -> list[str]:
+    """The hosts whose ranks failed for a reason of their own. Ranks that failed because
+    another did (rendezvous timeouts, a closed connection) point at others: rank 0's
+    rendezvous error names where the missing ranks were expected. If only consequences are
+    left, the earliest failure is taken as the cause."""
+    hosts: list[str] = []
+    for _, host, message, _ in errors:
+        if "never joined the rendezvous" in message:
+            hosts += re.findall(r"expected on ([^)\s]+)\)", message)
+        elif not any(c in message for c in _CONSEQUENCES):
+            hosts.append(host)
+    if not hosts and errors:
+        hosts.append(min(errors, key=lambda e: e[3])[1])
+    return list(dict.fromkeys(hosts))

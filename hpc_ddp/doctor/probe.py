@@ -1,0 +1,158 @@
+"""What runs on every rank of a doctor job: report this rank, time an all-reduce, and (rank 0)
+judge them all.
+
+Each rank joins the job exactly as training does (``rank.joined``: logging, NCCL settings,
+device, rendezvous, process group), so the doctor tests the path a real run takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import nccl, nodeinfo
+from hpc_ddp.config.compose import from_yaml
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rundir import RunDir, write_json
+
+log = logging.getLogger(__name__)
+REPORT = "doctor.json"
+# The variables whose values must agree on every node (per-rank ones such as SLURM_PROCID or
+# CUDA_VISIBLE_DEVICES under per-task binding legitimately differ).
+_COMPARED = ("NCCL_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_DEBUG")
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    # All-reduce message size in MiB (DDP's default gradient bucket is 25 MiB).
+    size_mib: float = 32.0
+    iters: int = 5
+    warmup: int = 2
+    # Fail the verdict below this all-reduce bus bandwidth (GB/s); None: report only.
+    min_busbw_gbps: float | None = None
+
+
+class DoctorTask:
+    """The picklable callable submitit runs on every task of a doctor job."""
+
+    def __init__(self, config_yaml: str, run_dir: str, options: DoctorOptions) -> None:
+        self.config_yaml = config_yaml
+        self.run_dir = run_dir
+        self.options = options
+
+    def __call__(self) -> dict[str, Any] | None:
+        return run(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)), os.environ,
+                   self.options)
+
+
+def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
+        options: DoctorOptions) -> dict[str, Any] | None:
+    """One rank of the doctor; rank 0 returns (and writes) the report, the others None."""
+    import torch.distributed as dist
+
+    from hpc_ddp.doctor.checks import analyse
+    from hpc_ddp.rank import joined
+
+    with joined(cfg, run_dir, environ) as rank:
+        facts = collect(rank, environ)
+        facts["allreduce"] = timed_all_reduce(rank.device, int(options.size_mib * 2**20),
+                                              options.iters, options.warmup)
+        gathered: list[Any] = [None] * rank.env.world_size
+        dist.all_gather_object(gathered, facts)
+        if not rank.env.is_master:
+            return None
+        report = analyse(gathered, context(cfg, options))
+        write_json(run_dir.root / REPORT, report)
+        log.info("doctor: %s; bad nodes: %s", "ok" if report["ok"] else "FAIL",
+                 ", ".join(report["bad_nodes"]) or "none")
+        return report
+
+
+def context(cfg: Config, options: DoctorOptions) -> dict[str, Any]:
+    """What the checks need to know about the request."""
+    c = cfg.cluster
+    return {"kind": c.kind, "nodes": cfg.nodes, "tasks_per_node": c.tasks_per_node,
+            "gpus_per_node": c.gpus_per_node, "gpu_binding": c.gpu_binding,
+            "exclude": c.exclude, "nccl_profile": cfg.nccl.profile,
+            "min_busbw_gbps": options.min_busbw_gbps}
+
+
+def versions() -> dict[str, Any]:
+    import torch
+
+    try:
+        nccl_version: str | None = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # a build without NCCL raises; there is nothing to compare then
+        nccl_version = None
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "nccl": nccl_version,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
+            else None}
+
+
+def collect(rank: Any, environ: Mapping[str, str]) -> dict[str, Any]:
+    """This rank's facts: versions, GPUs, IB ports, peer memory, effective NCCL environment."""
+    import torch
+
+    node = nodeinfo.detect(nodeinfo.sysfs_root(environ, rank.host), with_gpus=True)
+    device = rank.device
+    gpu: dict[str, Any] = {"device": str(device), "count": torch.cuda.device_count()
+                           if torch.cuda.is_available() else 0,
+                           "names": list(node.gpus or ()), "uuid": None,
+                           "visible": environ.get("CUDA_VISIBLE_DEVICES")}
+    if device.type == "cuda":
+        gpu["uuid"] = str(getattr(torch.cuda.get_device_properties(device), "uuid", "")) or None
+    env = {k: v for k, v in nccl.recorded_env(environ).items() if k.startswith(_COMPARED)}
+    return {"rank": rank.env.rank, "local_rank": rank.env.local_rank,
+            "node_rank": rank.env.node_rank, "local_world_size": rank.env.local_world_size,
+            "host": rank.host, **versions(), "gpu": gpu, "node": node.to_dict(), "env": env,
+            "detected": {c.name: nccl.mask(c.name, c.new) for c in rank.env_changes
+                         if c.source == "detected"},
+            "warnings": [list(w) for w in nccl.node_warnings(environ, node)]}
+
+
+def timed_all_reduce(device: Any, nbytes: int, iters: int, warmup: int) -> dict[str, Any]:
+    """Time ``iters`` all-reduces of ``nbytes`` (after ``warmup``) and check one result.
+
+    Bandwidths as nccl-tests defines them: algbw = bytes / time, all-reduce busbw =
+    algbw * 2(n-1)/n (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
+    The time is the slowest rank's.
+    """
+    import torch
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    count = max(1, nbytes // 4)
+    data = torch.zeros(count, dtype=torch.float32, device=device)
+    for _ in range(warmup):
+        dist.all_reduce(data)
+    _sync(device)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(data)
+    _sync(device)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    check = torch.full((count,), float(rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(check)
+    expected = world * (world + 1) / 2
+    per_op = max(float(elapsed.item()) / max(iters, 1), 1e-9)
+    algbw = count * 4 / per_op / 1e9
+    return {"bytes": count * 4, "iters": iters, "time_s": per_op, "algbw_gbps": algbw,
+            "busbw_gbps": algbw * 2 * (world - 1) / world if world > 1 else 0.0,
+            "correct": bool(torch.all(check == expected).item()),
+            "backend": str(dist.get_backend())}
+
+
+def _sync(device: Any) -> None:
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
