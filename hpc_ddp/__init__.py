@@ -1,6 +1,30 @@
 """hpc_ddp: PyTorch DDP from a Hydra config to a multi-node Slurm job (or local processes).
 
+The Python API (docs/api.md)::
+
+    import hpc_ddp
+    run = hpc_ddp.submit(["trainer.max_steps=100", "run_dir=/tmp/r1"])
+    summary = run.wait()
+
 Nothing happens at import time; heavy modules (torch, submitit, hydra) load where used.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Re-exported lazily (PEP 562), so `import hpc_ddp` stays instant.
+_API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api", "submit": "hpc_ddp.api",
+        "Run": "hpc_ddp.api", "RunFailed": "hpc_ddp.api", "Plan": "hpc_ddp.api",
+        "UserError": "hpc_ddp.errors", "check_data": "hpc_ddp.datacheck"}
+__all__ = [*_API, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'hpc_ddp' has no attribute {name!r}")

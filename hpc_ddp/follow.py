@@ -54,7 +54,7 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
         reporter.close()
     summary = read_json(run.summary)
     state = getattr(job, "state", "")
-    if hasattr(job, "exit_code"):
+    if getattr(job, "exit_code", ""):
         print(f"job {job.job_id} ended: {state} (exit code {job.exit_code})", file=out)
     if summary is not None and not failed_ranks(run) and state in ("", "COMPLETED", "FINISHED"):
         print(results_table(summary), file=out)

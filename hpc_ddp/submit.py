@@ -3,18 +3,19 @@
     python -m hpc_ddp.submit                                   # local, 2 ranks, synthetic data
     python -m hpc_ddp.submit cluster=slurm nodes=4 cluster.partition=gpu
     python -m hpc_ddp.submit run_dir=outputs/try1 resume=true trainer.max_steps=500
+    python -m hpc_ddp.submit cluster=slurm nodes=4 dry_run=true  # print the sbatch script
+    python -m hpc_ddp.submit cluster=slurm nodes=4 preflight=true # doctor first, then train
     python -m hpc_ddp.submit --cfg                              # print the resolved config
 
 Overrides use Hydra's grammar over the groups in conf/ (docs/configuration.md). Bad input
-exits with code 2 and one line naming the key, the value and the fix.
+exits with code 2 and one line naming the key, the value and the fix. This command is a thin
+layer over the Python API (hpc_ddp.plan / hpc_ddp.submit, docs/api.md).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
@@ -39,42 +40,43 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
 
 
 def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
-    from hpc_ddp.config.compose import compose, to_yaml
-    from hpc_ddp.launch import resolve as plan
+    from hpc_ddp import api
+    from hpc_ddp.config.compose import to_yaml
+    from hpc_ddp.config.nccl_schema import nccl_warnings
 
-    overrides = plan.merge_resume_overrides(overrides)
-    cfg = compose(overrides)
-    cfg = plan.resolve(cfg, os.environ, Path.cwd())
+    chosen = api.plan(overrides)
+    cfg, run_dir = chosen.cfg, chosen.run_dir
     if show_cfg:
         print(to_yaml(cfg), file=out, end="")
         return 0
-    plan.check_inputs(cfg)
-    run = plan.check_run_dir(cfg)
-    if cfg.cluster.kind == "slurm":
-        from hpc_ddp.launch import slurm as target
-    else:
-        from hpc_ddp.launch import local as target  # type: ignore[no-redef]
+    for warning in nccl_warnings(cfg.nccl):
+        print(f"warning: {warning}", file=sys.stderr)
+    launcher = api.target(cfg)
     if cfg.dry_run:
-        print(target.dry_run(cfg, run), file=out)
+        print(launcher.dry_run(cfg, run_dir), file=out)
         return 0
-    plan.write_run_config(run, cfg, overrides)
-    job = target.submit(cfg, run)
-    print(f"hpc_ddp: {cfg.cluster.kind} job {job.job_id}: {target.describe(cfg)}\n"
-          f"  run dir:     {run.root}\n"
-          f"  rank-0 log:  {run.rank_log(0)}\n"
-          f"  tensorboard: tensorboard --logdir {run.tb}", file=out, flush=True)
-    hint = target.follow_hint(job) if hasattr(target, "follow_hint") else ""
-    if hint:
-        print(f"  follow:      {hint}", file=out, flush=True)
+    if cfg.preflight:
+        from hpc_ddp.doctor import preflight
+
+        if not preflight(cfg, run_dir, out):
+            print("error: the preflight checks failed (above); nothing was submitted.",
+                  file=sys.stderr)
+            return 1
+    run = api.submit(chosen)
+    print(f"hpc_ddp: {cfg.cluster.kind} job {run.job_id}: {launcher.describe(cfg)}\n"
+          f"  run dir:     {run_dir.root}\n"
+          f"  rank-0 log:  {run_dir.rank_log(0)}\n"
+          f"  tensorboard: tensorboard --logdir {run_dir.tb}", file=out, flush=True)
+    if cfg.cluster.kind == "slurm":
+        print(f"  follow:      squeue -j {run.job_id}   (sacct -j {run.job_id} once it ends; "
+              f"python -m hpc_ddp.submit ... wait=true follows it)", file=out, flush=True)
     if not cfg.wait:
         return 0
-    from hpc_ddp.follow import follow
-
-    if cfg.cluster.kind == "slurm":
-        from hpc_ddp.launch.slurm_state import SlurmJobView
-
-        return follow(SlurmJobView(job.job_id), run, out, poll_s=2.0, cancel_on_failure=False)
-    return follow(job, run, out)
+    try:
+        run.wait(out=out)
+    except api.RunFailed:
+        return 1  # follow() has printed the failing rank's lines
+    return 0
 
 
 if __name__ == "__main__":

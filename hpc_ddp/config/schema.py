@@ -86,8 +86,21 @@ class DataConfig:
     # Random crop (pad 4) and horizontal flip on training batches, drawn from a checkpointed
     # generator so a resumed run sees the same augmentations.
     augment: bool = False
-    # DataLoader worker processes per rank.
-    num_workers: int = 0
+    # DataLoader worker processes per rank. None (auto): 0 on CPU, where a batch is one slice
+    # of in-memory tensors and a worker would only compete with the model for the task's
+    # cores (docs/performance.md); on CUDA min(cluster.cpus_per_task - 1, 4), so batches are
+    # sliced and pinned while the GPU computes. Workers never change the sample order.
+    num_workers: int | None = None
+    # Fetch a batch as one slice of the in-memory tensors (index_select), instead of sample by
+    # sample plus default_collate as a plain DataLoader does (false: the textbook path, kept to
+    # measure against; the batches are the same).
+    batched: bool = True
+    # Page-locked host batches, so copies to the GPU run asynchronously. None (auto): on CUDA.
+    pin_memory: bool | None = None
+    # Keep the worker processes between epochs (only with num_workers > 0).
+    persistent_workers: bool = True
+    # Batches each worker prepares ahead (only with num_workers > 0). None: torch's default, 2.
+    prefetch_factor: int | None = None
 
 
 @dataclass
@@ -123,7 +136,8 @@ class TrainerConfig:
     seed: int = 0
     # auto (cuda when each task has a GPU) | cpu | cuda
     device: str = "auto"
-    # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16 (CUDA, with a GradScaler)
+    # auto | fp32 | bf16 | fp16 (CUDA, with a GradScaler). auto: bf16 autocast on CUDA, and on
+    # a CPU with native bf16 (AVX512-BF16 or AMX, where it measured ~2x faster); else fp32.
     precision: str = "auto"
     # torch.use_deterministic_algorithms: a resumed run ends bitwise equal on CPU.
     deterministic: bool = True
@@ -137,6 +151,28 @@ class TrainerConfig:
     # Intra-op threads per rank; None: the task's CPUs (SLURM_CPUS_PER_TASK under Slurm,
     # else cluster.cpus_per_task).
     threads: int | None = None
+    # Tuned defaults (docs/performance.md says what each one buys, measured). Each can be
+    # switched; `python -m hpc_ddp.bench train` measures them against a plain DDP loop.
+    # channels_last (NHWC) weights and batches for the conv nets. None (auto): on, on CUDA
+    # and on CPU (oneDNN's NHWC kernels; 1.1-1.2x for both nets measured on CPU).
+    channels_last: bool | None = None
+    # torch.compile the model (inductor). Off: minutes of compilation per start, and a
+    # recompilation after each restart.
+    compile: bool = False
+    # Optimizer implementation. None (auto): fused (one kernel for all parameters) where torch
+    # has it for the device; true: fused; false: torch's own default (foreach on CUDA, a
+    # per-parameter loop on CPU).
+    fused_optimizer: bool | None = None
+    # DDP gradient bucket size in MiB (DDP's default 25). Smaller buckets start the first
+    # all-reduce earlier in the backward pass; larger ones mean fewer calls.
+    ddp_bucket_cap_mb: int = 25
+    # DDP: gradients are views into the all-reduce buckets, saving one copy of them per step
+    # and their memory. The values are the same either way.
+    ddp_gradient_as_bucket_view: bool = True
+    # DDP static_graph: the set of used parameters never changes (true for every model here);
+    # DDP then skips re-checking it and can overlap more. Off by default, measured no faster
+    # with find_unused_parameters off; on is safe for these models.
+    ddp_static_graph: bool = False
 
 
 @dataclass
@@ -150,6 +186,8 @@ class Config:
     resume: bool = False
     # Print what would be submitted and submit nothing.
     dry_run: bool = False
+    # Run the doctor's checks on the requested nodes first; submit only if they pass.
+    preflight: bool = False
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -20,7 +20,7 @@ from hpc_ddp.rundir import RunDir, default_root
 
 OVERRIDES_FILE = "overrides.yaml"
 # Command switches that belong to one invocation, not to the run.
-TRANSIENT = ("resume", "wait", "dry_run")
+TRANSIENT = ("resume", "wait", "dry_run", "preflight")
 
 
 def slurm_available(environ: Mapping[str, str]) -> bool:

@@ -146,6 +146,3 @@ def describe(cfg: Config) -> str:
     gpus = f", {cfg.cluster.gpus_per_node} GPUs/node" if cfg.cluster.gpus_per_node else ""
     return f"{cfg.nodes} node(s) x {tasks} task(s){gpus} = {cfg.nodes * tasks} ranks"
 
-
-def follow_hint(job: Any) -> str:
-    return f"squeue -j {job.job_id}   (sacct -j {job.job_id} once it ends)"

@@ -1,0 +1,266 @@
+"""The Python API: compose, submit, watch and collect runs from a notebook or a script.
+
+    import hpc_ddp
+    cfg = hpc_ddp.compose(["model=resnet18", "trainer.max_steps=200"])
+    run = hpc_ddp.submit(["model=resnet18", "trainer.max_steps=200", "run_dir=/tmp/r1"])
+    run.wait()                      # progress, then the summary as a dict
+    run.scalars()["train/loss"]     # [(step, value), ...]
+    run = hpc_ddp.Run.from_dir("/tmp/r1")   # after a kernel restart: the same run
+
+``python -m hpc_ddp.submit`` is a thin layer over :func:`plan` and :func:`submit`, so both
+accept the same overrides and refuse bad ones with the same :class:`~hpc_ddp.errors.UserError`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rundir import RunDir, read_json, write_json
+
+JOB_FILE = "job.json"
+
+
+class RunFailed(RuntimeError):
+    """The run ended without completing; the message has the failing rank's last lines."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A submission resolved for its target, checked, not yet started."""
+
+    cfg: Config
+    overrides: list[str]
+    run_dir: RunDir
+
+
+def compose(overrides: Sequence[str] = ()) -> Config:
+    """The checked config for these overrides (same grammar and errors as the CLI)."""
+    from hpc_ddp.config.compose import compose as _compose
+
+    return _compose(list(overrides))
+
+
+def plan(overrides: Sequence[str] = (), cwd: Path | None = None,
+         environ: Mapping[str, str] | None = None) -> Plan:
+    """Compose, merge a resumed run's overrides, resolve the target, check inputs and run dir.
+
+    Raises UserError on bad input; touches no existing run.
+    """
+    from hpc_ddp.launch import resolve as _resolve
+
+    merged = _resolve.merge_resume_overrides(list(overrides))
+    cfg = _resolve.resolve(compose(merged), os.environ if environ is None else environ,
+                           cwd or Path.cwd())
+    _resolve.check_inputs(cfg)
+    return Plan(cfg, merged, _resolve.check_run_dir(cfg))
+
+
+def target(cfg: Config) -> Any:
+    """The launcher module for cfg's cluster kind (hpc_ddp.launch.local or .slurm)."""
+    if cfg.cluster.kind == "slurm":
+        from hpc_ddp.launch import slurm
+
+        return slurm
+    from hpc_ddp.launch import local
+
+    return local
+
+
+def submit(overrides: Sequence[str] | Plan = (), cwd: Path | None = None) -> Run:
+    """Submit a run (local or Slurm, as the config says) and return its handle at once."""
+    from hpc_ddp.launch.resolve import write_run_config
+
+    chosen = overrides if isinstance(overrides, Plan) else plan(overrides, cwd)
+    write_run_config(chosen.run_dir, chosen.cfg, chosen.overrides)
+    job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
+    record = {"kind": chosen.cfg.cluster.kind, "job_id": str(job.job_id),
+              "submitted": time.time()}
+    if chosen.cfg.cluster.kind == "local":
+        record["controller_pid"] = int(job.job_id)  # submitit's local job id is its pid
+    history = (read_json(chosen.run_dir.root / JOB_FILE) or {}).get("history", [])
+    write_json(chosen.run_dir.root / JOB_FILE, {**record, "history": [*history, record]})
+    return Run(chosen.run_dir.root, record, job)
+
+
+class Run:
+    """A submitted run: its job, its files, its results. Cheap to re-create from a run dir."""
+
+    def __init__(self, run_dir: Path | str, job: Mapping[str, Any], handle: Any = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.kind: str = str(job["kind"])
+        self.job_id: str = str(job["job_id"])
+        self._record = dict(job)
+        self._handle = handle  # submitit's job object when submitted from this process
+
+    @classmethod
+    def from_dir(cls, run_dir: Path | str) -> Run:
+        """The handle of the run in ``run_dir`` (its latest submission)."""
+        record = read_json(Path(run_dir) / JOB_FILE)
+        if record is None:
+            from hpc_ddp.errors import UserError
+
+            raise UserError("run_dir", str(run_dir), "holds no submitted run (no job.json).",
+                            "pass the run_dir a submission printed.")
+        return cls(run_dir, record)
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.run_dir)!r}, {self.kind} job {self.job_id}, {self.state})"
+
+    @property
+    def files(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    @property
+    def job_ids(self) -> list[str]:
+        """Every job id this run was submitted as (a resume is a new submission)."""
+        history = self._record.get("history") or [self._record]
+        return [str(h["job_id"]) for h in history]
+
+    # -- state -------------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """PENDING/RUNNING/COMPLETED/FAILED/CANCELLED... (Slurm's own words on Slurm)."""
+        if self.kind == "slurm":
+            from hpc_ddp.launch.slurm_state import query
+
+            found = query(self.job_id)
+            return found.state if found else "UNKNOWN"
+        if not self.done():
+            return "RUNNING"
+        from hpc_ddp.follow import failed_ranks
+
+        if self.summary() is not None and not failed_ranks(self.files):
+            return "COMPLETED"
+        return "FAILED"
+
+    def done(self) -> bool:
+        if self.kind == "slurm":
+            from hpc_ddp.launch.slurm_state import query
+
+            found = query(self.job_id)
+            return bool(found and found.finished)
+        if self._handle is not None:
+            return bool(self._handle.done())
+        return not _alive(int(self._record.get("controller_pid", 0)))
+
+    def cancel(self, check: bool = False) -> None:
+        if self.kind == "slurm":
+            from hpc_ddp.launch.slurm_state import SlurmJobView
+
+            SlurmJobView(self.job_id).cancel(check=check)
+        elif self._handle is not None:
+            self._handle.cancel(check=check)
+        elif _alive(pid := int(self._record.get("controller_pid", 0))):
+            os.kill(pid, signal.SIGINT)  # what submitit's LocalJob.cancel sends
+
+    def wait(self, timeout: float | None = None, progress: bool = True,
+             out: TextIO | None = None) -> dict[str, Any]:
+        """Block until the run ends; its summary, or RunFailed with the failing rank's lines.
+
+        ``timeout`` in seconds raises TimeoutError (the run goes on); ``progress`` prints a
+        line (a bar on a terminal) per logged step.
+        """
+        import io
+
+        from hpc_ddp.follow import follow
+
+        sink = (out or sys.stdout) if progress else io.StringIO()
+        view = _FollowView(self)
+        started = time.monotonic()
+        code = follow(view, self.files, sink, poll_s=2.0 if self.kind == "slurm" else 0.5,
+                      timeout_s=timeout, cancel_on_failure=self.kind == "local")
+        if code == 0:
+            return self.summary() or {}
+        if timeout is not None and time.monotonic() - started >= timeout and not self.done():
+            raise TimeoutError(f"{self!r} still running after {timeout:.0f}s")
+        from hpc_ddp.follow import failure_report
+
+        raise RunFailed(failure_report(self.files, view))
+
+    # -- results -----------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any] | None:
+        """summary.json as a dict (None until the run has finished)."""
+        data = read_json(self.files.summary)
+        return data if isinstance(data, dict) else None
+
+    def progress(self) -> dict[str, Any] | None:
+        data = read_json(self.files.progress)
+        return data if isinstance(data, dict) else None
+
+    def log_tail(self, lines: int = 20, rank: int = 0) -> str:
+        from hpc_ddp.ranklog import tail
+
+        return tail(self.files.rank_log(rank), lines)
+
+    def scalars(self, tag: str | None = None) -> dict[str, list[tuple[int, float]]]:
+        """TensorBoard scalars as {tag: [(step, value), ...]}, as TensorBoard reads them."""
+        from tensorboard.backend.event_processing.event_accumulator import (
+            SCALARS,
+            EventAccumulator,
+        )
+
+        acc = EventAccumulator(str(self.files.tb), size_guidance={SCALARS: 0})
+        acc.Reload()
+        tags = [tag] if tag else acc.Tags().get("scalars", [])
+        return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}
+
+    def config(self) -> Config:
+        from hpc_ddp.config.compose import from_yaml
+
+        return from_yaml(self.files.config.read_text())
+
+    def events(self) -> list[dict[str, Any]]:
+        from hpc_ddp import events
+
+        return events.read(self.run_dir)
+
+
+class _FollowView:
+    """What follow() needs (job_id, state, done, cancel), with Slurm's exit code."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.job_id = run.job_id
+
+    @property
+    def state(self) -> str:
+        return self.run.state
+
+    @property
+    def exit_code(self) -> str:
+        if self.run.kind != "slurm":
+            return ""
+        from hpc_ddp.launch.slurm_state import query
+
+        found = query(self.job_id)
+        return found.exit_code if found else ""
+
+    def done(self) -> bool:
+        return self.run.done()
+
+    def cancel(self, check: bool = False) -> None:
+        self.run.cancel(check=check)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (finished, not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
