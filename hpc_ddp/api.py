@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.procs import pid_alive
 from hpc_ddp.rundir import RunDir, read_json, write_json
 
 JOB_FILE = "job.json"
@@ -49,16 +50,17 @@ def compose(overrides: Sequence[str] = ()) -> Config:
 
 
 def plan(overrides: Sequence[str] = (), cwd: Path | None = None,
-         environ: Mapping[str, str] | None = None) -> Plan:
+         environ: Mapping[str, str] | None = None, composed: Config | None = None) -> Plan:
     """Compose, merge a resumed run's overrides, resolve the target, check inputs and run dir.
 
-    Raises UserError on bad input; touches no existing run.
+    ``composed``: the config of ``overrides`` when the caller composed it already (a sweep
+    composes all its points at once). Raises UserError on bad input; touches no existing run.
     """
     from hpc_ddp.launch import resolve as _resolve
 
     merged = _resolve.merge_resume_overrides(list(overrides))
-    cfg = _resolve.resolve(compose(merged), os.environ if environ is None else environ,
-                           cwd or Path.cwd())
+    cfg = _resolve.resolve(composed or compose(merged),
+                           os.environ if environ is None else environ, cwd or Path.cwd())
     _resolve.check_inputs(cfg)
     return Plan(cfg, merged, _resolve.check_run_dir(cfg))
 
@@ -149,7 +151,7 @@ class Run:
             return bool(found and found.finished)
         if self._handle is not None:
             return bool(self._handle.done())
-        return not _alive(int(self._record.get("controller_pid", 0)))
+        return not pid_alive(int(self._record.get("controller_pid", 0)))
 
     def cancel(self, check: bool = False) -> None:
         if self.kind == "slurm":
@@ -158,7 +160,7 @@ class Run:
             SlurmJobView(self.job_id).cancel(check=check)
         elif self._handle is not None:
             self._handle.cancel(check=check)
-        elif _alive(pid := int(self._record.get("controller_pid", 0))):
+        elif pid_alive(pid := int(self._record.get("controller_pid", 0))):
             os.kill(pid, signal.SIGINT)  # what submitit's LocalJob.cancel sends
 
     def wait(self, timeout: float | None = None, progress: bool = True,
@@ -249,18 +251,3 @@ class _FollowView:
     def cancel(self, check: bool = False) -> None:
         self.run.cancel(check=check)
 
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (finished, not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True

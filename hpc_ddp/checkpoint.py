@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.procs import pid_alive
+
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
@@ -99,15 +101,7 @@ def _owned_by_live_process(tmp: Path) -> bool:
         pid = int(tmp.name.rsplit(".", 2)[-2])
     except ValueError:
         return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid == os.getpid() or pid_alive(pid)
 
 
 def latest_path(folder: Path) -> Path | None:

@@ -40,3 +40,15 @@ class MetricsWriter:
             self._tb.flush()
             self._tb.close()
             self._tb = None
+
+
+def write_hparams(tb_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+    """A sweep point's swept values and final metrics, so TensorBoard's HPARAMS tab compares
+    the points of a sweep dir in one view."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tb_dir))
+    try:
+        writer.add_hparams(hparams, metrics, run_name=".")
+    finally:
+        writer.close()

@@ -6,6 +6,7 @@
     python -m hpc_ddp.submit cluster=slurm nodes=4 dry_run=true  # print the sbatch script
     python -m hpc_ddp.submit cluster=slurm nodes=4 preflight=true # doctor first, then train
     python -m hpc_ddp.submit --cfg                              # print the resolved config
+    python -m hpc_ddp.submit -m optim.lr=0.1,0.01 model=tiny_cnn,resnet18   # a sweep
 
 Overrides use Hydra's grammar over the groups in conf/ (docs/configuration.md). Bad input
 exits with code 2 and one line naming the key, the value and the fix. This command is a thin
@@ -27,12 +28,17 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         print(__doc__, file=out)
         return 0
     show_cfg = "--cfg" in args
-    overrides = [a for a in args if a != "--cfg"]
+    multirun = "-m" in args or "--multirun" in args
+    overrides = [a for a in args if a not in ("--cfg", "-m", "--multirun")]
     unknown = [a for a in overrides if a.startswith("-")]
     try:
         if unknown:
             raise UserError("option", unknown[0], "is not an option of this command.",
                             "pass key=value overrides; see --help.")
+        if multirun:
+            from hpc_ddp.sweep.launch import launch
+
+            return launch(overrides, out)
         return _submit(overrides, show_cfg, out)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -18,7 +18,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.distenv import DistEnv, detect
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank import Rank, RunStopped, joined
-from hpc_ddp.rundir import RunDir, write_json
+from hpc_ddp.rundir import RunDir, read_json, write_json
 from hpc_ddp.stopping import StopRequest, StopTraining
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,14 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
     for shared in summary["gpu_collisions"]:
         log.warning("ranks %s share GPU %s on %s", shared["ranks"], shared["gpu"], shared["host"])
     write_json(run_dir.summary, summary)
+    hparams = read_json(run_dir.root / "hparams.json")  # written for sweep points
+    if isinstance(hparams, dict) and hparams:
+        from hpc_ddp.metrics import write_hparams
+
+        write_hparams(run_dir.tb, hparams, {
+            "hparam/eval_accuracy": float(summary["eval_accuracy"] or 0.0),
+            "hparam/eval_loss": float(summary["eval_loss"] or 0.0),
+            "hparam/final_train_loss": float(summary["final_train_loss"])})
     log.info("done: step %d, eval accuracy %s; summary in %s", summary["global_step"],
              summary["eval_accuracy"], run_dir.summary)
     return summary

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpc_ddp.config.compose import from_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.rank import RankProgram
 from hpc_ddp.rundir import RunDir, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -83,19 +83,6 @@ def human(nbytes: float) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes:g} B"
-
-
-class CommBenchTask:
-    """The picklable callable submitit runs on every task."""
-
-    def __init__(self, config_yaml: str, run_dir: str, options: CommOptions) -> None:
-        self.config_yaml = config_yaml
-        self.run_dir = run_dir
-        self.options = options
-
-    def __call__(self) -> dict[str, Any] | None:
-        return run(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)), os.environ,
-                   self.options)
 
 
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
@@ -298,15 +285,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
         options = options_from(args)
-        cfg, run = job.prepare(args.overrides, "bench-comm", os.environ, Path.cwd())
-        job.submit_and_wait(cfg, run, CommBenchTask(to_yaml(cfg), str(run.root), options),
-                            out, args.timeout_s)
+        cfg, bench_dir = job.prepare(args.overrides, "bench-comm", os.environ, Path.cwd())
+        program = RankProgram(run, to_yaml(cfg), str(bench_dir.root), options)
+        job.submit_and_wait(cfg, bench_dir, program, out, args.timeout_s)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    result = read_json(run.root / RESULT)
+    result = read_json(bench_dir.root / RESULT)
     if result is None:
-        errors = job.rank_errors(run)
+        errors = job.rank_errors(bench_dir)
         print("bench: the job did not finish; rank errors:", file=out)
         for r, h, m, _ in errors:
             print(f"  rank {r} on {h}: {m}", file=out)
@@ -315,8 +302,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if not args.no_plot:
         from hpc_ddp.bench.plot import plot
 
-        print(plot(result, run.root / PLOT), file=out)
-    print(f"results: {run.root / RESULT}", file=out, flush=True)
+        print(plot(result, bench_dir.root / PLOT), file=out)
+    print(f"results: {bench_dir.root / RESULT}", file=out, flush=True)
     return 0 if all(r["correct"] for r in result["rows"]) else 1
 
 

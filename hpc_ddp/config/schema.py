@@ -176,6 +176,16 @@ class TrainerConfig:
 
 
 @dataclass
+class SweepConfig:
+    # Folder of a multirun (-m): one run dir per point inside; None: multirun/<date>_<time>.
+    dir: str | None = None
+    # Points per Slurm job array; None: the cluster's MaxArraySize (scontrol show config).
+    max_array_size: int | None = None
+    # Points running at once: the array's %N on Slurm, processes at once on a local sweep.
+    parallel: int | None = None
+
+
+@dataclass
 class Config:
     # Shortcuts a user types on the command line.
     nodes: int = 1
@@ -194,10 +204,11 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 __all__ = ["ClusterConfig", "Config", "DataConfig", "ModelConfig", "NcclConfig",
-           "OptimConfig", "TrainerConfig", "register_schemas"]
+           "OptimConfig", "SweepConfig", "TrainerConfig", "register_schemas"]
 
 GROUPS: tuple[str, ...] = ("cluster", "model", "data", "optim", "trainer", "nccl")
 

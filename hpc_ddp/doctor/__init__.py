@@ -32,12 +32,13 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.config.nccl_schema import nccl_warnings
     from hpc_ddp.doctor import job, render
-    from hpc_ddp.doctor.probe import DoctorTask
+    from hpc_ddp.doctor.probe import run as probe
+    from hpc_ddp.rank import RankProgram
 
     options = options or DoctorOptions()
     for warning in nccl_warnings(cfg.nccl):
         print(f"warning: {warning}", file=out)
-    task = DoctorTask(to_yaml(cfg), str(run.root), options)
+    task = RankProgram(probe, to_yaml(cfg), str(run.root), options)
     job.submit_and_wait(cfg, run, task, out, timeout_s)
     report = read_json(run.root / REPORT)
     if report is None:

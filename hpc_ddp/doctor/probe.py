@@ -8,16 +8,13 @@ device, rendezvous, process group), so the doctor tests the path a real run take
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hpc_ddp import nccl, nodeinfo
-from hpc_ddp.config.compose import from_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rundir import RunDir, write_json
 
@@ -36,19 +33,6 @@ class DoctorOptions:
     warmup: int = 2
     # Fail the verdict below this all-reduce bus bandwidth (GB/s); None: report only.
     min_busbw_gbps: float | None = None
-
-
-class DoctorTask:
-    """The picklable callable submitit runs on every task of a doctor job."""
-
-    def __init__(self, config_yaml: str, run_dir: str, options: DoctorOptions) -> None:
-        self.config_yaml = config_yaml
-        self.run_dir = run_dir
-        self.options = options
-
-    def __call__(self) -> dict[str, Any] | None:
-        return run(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)), os.environ,
-                   self.options)
 
 
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],

@@ -35,7 +35,29 @@ def query(job_id: str, environ: Mapping[str, str] | None = None) -> JobState | N
         state, _, code = out.splitlines()[0].partition("|")
         return JobState(state.strip(), code.strip())
     out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"], env)
-    return JobState(out.splitlines()[0].strip()) if out else None
+    if out:
+        return JobState(out.splitlines()[0].strip())
+    return _array_element(job_id, env) if "_" in job_id else None
+
+
+def _array_element(job_id: str, env: dict[str, str]) -> JobState | None:
+    """An array task that never started (still pending, or cancelled while pending) has no
+    record of its own: accounting lists it in a range such as 123_[4-9]."""
+    from hpc_ddp import hostlist
+
+    array = job_id.split("_")[0]
+    out = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", array], env)
+    for line in out.splitlines():
+        ids, state, code = (line.split("|") + ["", ""])[:3]
+        try:
+            # "123_[4-9%2]": the range, without the array's %N throttle.
+            bare = ids.split("%")[0] + ("]" if "%" in ids else "")
+            members = hostlist.expand(bare) if "[" in bare else [bare]
+        except ValueError:
+            continue
+        if job_id in members:
+            return JobState(state.strip(), code.strip())
+    return None
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> str:

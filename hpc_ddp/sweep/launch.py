@@ -1,0 +1,210 @@
+"""Submit a sweep: every point a full (multi-node) DDP run with its own run dir.
+
+On Slurm the points go out as job arrays — one sbatch per array, split to fit the cluster's
+MaxArraySize (or sweep.max_array_size) — and the command returns at once. Each array task
+is its own Slurm job (its own SLURM_JOB_ID: its own rendezvous, its own requeue). Without
+Slurm the points run here, ``sweep.parallel`` at a time. Either way a manifest
+(``<sweep dir>/sweep.json``) lists point -> overrides, job id, run dir, for ``hpc_ddp.status``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpc_ddp import api
+from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.sweep.expand import Point, chunks, expand
+
+MANIFEST = "sweep.json"
+
+
+def sweep_dir_for(overrides: Sequence[str], cwd: Path) -> Path:
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key == "run_dir":
+            raise UserError("run_dir", value, "is set per point in a sweep.",
+                            f"use sweep.dir={value} for the sweep's folder.")
+        if key == "sweep.dir" and value:
+            return Path(value.strip("'\"")).absolute()
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    return (cwd / "multirun" / stamp).absolute()
+
+
+def plan_points(overrides: Sequence[str], cwd: Path,
+                environ: Mapping[str, str]) -> tuple[Path, list[Point], list[api.Plan]]:
+    """Expand and check every point before anything is submitted (exit 2 names the point)."""
+    points = expand(overrides)
+    folder = sweep_dir_for(overrides, cwd)
+    if folder.exists() and any(folder.iterdir()):
+        raise UserError("sweep.dir", str(folder), "already holds files; nothing is touched.",
+                        "choose a new sweep.dir.")
+    from hpc_ddp.config.compose import compose_many
+
+    lists = [[*p.overrides, f"run_dir={folder / f'{p.index:03d}'}"] for p in points]
+    plans: list[api.Plan] = []
+    point = points[0]
+    try:
+        configs = compose_many(lists)
+        for current, overrides, cfg in zip(points, lists, configs, strict=True):
+            point = current  # named in the error below if planning this point fails
+            if plans:  # resolve cluster=auto once (scontrol ping), not once per point
+                cfg = replace(cfg, cluster=replace(cfg.cluster, kind=plans[0].cfg.cluster.kind))
+            plans.append(api.plan(overrides, cwd, environ, composed=cfg))
+    except UserError as exc:
+        where = _failing_point(points, lists)
+        point = where if where is not None else point
+        raise UserError(exc.key, exc.value, f"(sweep point {point.index}: {point.label()}) "
+                        f"{exc.problem}", exc.fix) from None
+    kinds = {p.cfg.cluster.kind for p in plans}
+    if len(kinds) > 1:
+        raise UserError("cluster", "/".join(sorted(kinds)), "differs between sweep points.",
+                        "sweep within one cluster kind.")
+    for name, value in (("sweep.max_array_size", plans[0].cfg.sweep.max_array_size),
+                        ("sweep.parallel", plans[0].cfg.sweep.parallel)):
+        if value is not None and value < 1:
+            raise UserError(name, value, "must be >= 1.", f"set {name}=1 or more, or null.")
+    return folder, points, plans
+
+
+def _failing_point(points: list[Point], lists: list[list[str]]) -> Point | None:
+    from hpc_ddp.config.compose import compose
+
+    for point, overrides in zip(points, lists, strict=True):
+        try:
+            compose(overrides)
+        except UserError:
+            return point
+    return None
+
+
+def max_array_size(environ: Mapping[str, str]) -> int:
+    """MaxArraySize of the cluster (array task ids must stay below it); 1001 if unknown."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], env=dict(environ),
+                             capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 1001
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MaxArraySize" and value.strip().isdigit():
+            return int(value.strip())
+    return 1001  # Slurm's default
+
+
+def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
+           environ: Mapping[str, str] | None = None) -> int:
+    """The multirun command: plan, write the manifest, submit; 0 when every point went out."""
+    environ = os.environ if environ is None else environ
+    folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ)
+    folder.mkdir(parents=True, exist_ok=True)
+    kind = plans[0].cfg.cluster.kind
+    manifest: dict[str, Any] = {"kind": kind, "created": time.time(), "overrides": list(overrides),
+                                "arrays": [], "points": [
+        {"index": p.index, "label": p.label(), "params": dict(p.params),
+         "overrides": list(p.overrides), "run_dir": str(plan.run_dir.root), "job_id": None}
+        for p, plan in zip(points, plans, strict=True)]}
+    for point, plan in zip(points, plans, strict=True):
+        plan.run_dir.root.mkdir(parents=True, exist_ok=True)
+        write_json(plan.run_dir.root / "hparams.json", dict(point.params))
+    write_json(folder / MANIFEST, manifest)
+    if kind == "slurm":
+        _submit_arrays(manifest, plans, folder, environ)
+        write_json(folder / MANIFEST, manifest)
+        print(table(manifest, folder), file=out)
+        print(f"{len(points)} points in {len(manifest['arrays'])} job array(s); follow with: "
+              f"python -m hpc_ddp.status {folder} --watch", file=out)
+        return 0
+    return _run_locally(manifest, plans, folder, out)
+
+
+def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
+                   environ: Mapping[str, str]) -> None:
+    """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
+    from hpc_ddp.config.compose import to_yaml
+    from hpc_ddp.launch import slurm
+    from hpc_ddp.launch.resolve import write_run_config
+    from hpc_ddp.task import TrainingTask
+
+    groups: dict[str, list[int]] = {}
+    for i, plan in enumerate(plans):
+        key = json.dumps(slurm.executor_parameters(plan.cfg), sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    first = plans[0].cfg
+    size = first.sweep.max_array_size or max_array_size(environ)
+    for members in groups.values():
+        cfg = plans[members[0]].cfg
+        for part in chunks(len(members), size):
+            indices = [members[k] for k in part]
+            # submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/.
+            executor = slurm.make_executor(cfg, RunDir(folder))
+            executor.update_parameters(array_parallelism=first.sweep.parallel or len(indices))
+            for i in indices:
+                slurm.check_shell_safety(plans[i].cfg)
+                write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
+            with executor.batch():
+                jobs = [executor.submit(TrainingTask(to_yaml(plans[i].cfg),
+                                                     str(plans[i].run_dir.root)))
+                        for i in indices]
+            manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
+            for i, job in zip(indices, jobs, strict=True):
+                manifest["points"][i]["job_id"] = str(job.job_id)
+                _write_job(plans[i], "slurm", str(job.job_id))
+
+
+def _write_job(plan: api.Plan, kind: str, job_id: str, pid: int | None = None) -> None:
+    record: dict[str, Any] = {"kind": kind, "job_id": job_id, "submitted": time.time()}
+    if pid is not None:
+        record["controller_pid"] = pid
+    write_json(plan.run_dir.root / api.JOB_FILE, {**record, "history": [record]})
+
+
+def _run_locally(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
+                 out: TextIO) -> int:
+    """Local sweep: sweep.parallel points at a time, each a full local DDP run."""
+    parallel = plans[0].cfg.sweep.parallel or 1
+    waiting = list(range(len(plans)))
+    running: list[tuple[int, api.Run]] = []
+    failed = 0
+    while waiting or running:
+        while waiting and len(running) < parallel:
+            i = waiting.pop(0)
+            run = api.submit(plans[i])
+            manifest["points"][i]["job_id"] = run.job_id
+            write_json(folder / MANIFEST, manifest)
+            print(f"point {i}: {manifest['points'][i]['label']} -> job {run.job_id}", file=out,
+                  flush=True)
+            running.append((i, run))
+        for i, run in list(running):
+            if run.done():
+                running.remove((i, run))
+                ok = run.state == "COMPLETED"
+                failed += not ok
+                summary = run.summary() or {}
+                print(f"point {i}: {'done' if ok else 'FAILED'}  eval accuracy "
+                      f"{summary.get('eval_accuracy')}", file=out, flush=True)
+        time.sleep(0.5)
+    print(table(manifest, folder), file=out)
+    return 1 if failed else 0
+
+
+def table(manifest: dict[str, Any], folder: Path) -> str:
+    rows = [("point", "overrides", "job id", "run dir")] + [
+        (str(p["index"]), p["label"], str(p["job_id"]), str(Path(p["run_dir"]).relative_to(folder)))
+        for p in manifest["points"]]
+    widths = [max(len(r[c]) for r in rows) for c in range(4)]
+    lines = ["  ".join(cell.ljust(widths[c]) for c, cell in enumerate(r)) for r in rows]
+    return f"sweep {folder}\n" + "\n".join(lines)
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    data = read_json(folder / MANIFEST)
+    return data if isinstance(data, dict) else None

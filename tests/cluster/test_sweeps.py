@@ -1,0 +1,85 @@
+"""Sweeps on the real cluster: job arrays split to fit MaxArraySize, returning at once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.test_slurm_submit import SMALL
+
+pytestmark = pytest.mark.cluster
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def status_rows(hpc_ddp: Run, sweep: Path, env: dict[str, str]) -> dict:  # type: ignore[type-arg]
+    done = hpc_ddp("status", [str(sweep), "--json"], env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, str],
+                                             tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    started = time.monotonic()
+    done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05,0.02",
+                              "trainer.seed=0,1,2", "trainer.max_steps=10", *SMALL,
+                              f"sweep.dir={sweep}"], env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    returned_after = time.monotonic() - started
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    points = manifest["points"]
+    assert len(points) == 12
+    # The test cluster's MaxArraySize is 10: 12 points need two arrays, one sbatch each.
+    assert len(manifest["arrays"]) == 2
+    assert {p["job_id"].split("_")[0] for p in points} == set(manifest["arrays"])
+    assert not all((Path(p["run_dir"]) / "summary.json").exists() for p in points)
+    assert returned_after < 60
+    queued = subprocess.run(["squeue", "-h", "-r", "-o", "%A %F"], env=slurm_env,
+                            capture_output=True, text=True, check=True).stdout
+    assert {line.split()[1] for line in queued.splitlines()} & set(manifest["arrays"])
+    during = status_rows(hpc_ddp, sweep, slurm_env)
+    assert {r["state"] for r in during["runs"]} <= {"PENDING", "RUNNING", "COMPLETED",
+                                                    "COMPLETING"}
+    deadline = time.monotonic() + 600
+    while not all((Path(p["run_dir"]) / "summary.json").exists() for p in points):
+        assert time.monotonic() < deadline, "the sweep did not finish"
+        time.sleep(2)
+    for p in points:
+        summary = json.loads((Path(p["run_dir"]) / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["global_step"] == 10
+        assert len(set(summary["hosts"])) == 2
+    deadline = time.monotonic() + 60
+    while True:
+        after = status_rows(hpc_ddp, sweep, slurm_env)
+        if {r["state"] for r in after["runs"]} == {"COMPLETED"} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert {r["state"] for r in after["runs"]} == {"COMPLETED"}
+    best = max(after["runs"], key=lambda r: r["eval_accuracy"])
+    assert after["best"]["label"] == best["label"]
+    text = hpc_ddp("status", [str(sweep), "--plot", str(tmp_path / "c.png")], env=slurm_env)
+    assert f"best point: {best['label']}" in text.stdout and (tmp_path / "c.png").exists()
+
+
+def test_cancel_a_whole_sweep(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    done = hpc_ddp("submit", ["-m", "cluster=slurm", "optim.lr=0.1,0.01,0.001",
+                              "trainer.max_steps=100000", f"sweep.dir={sweep}",
+                              "sweep.max_array_size=2"], env=slurm_env)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert len(manifest["arrays"]) == 2  # split by the configured maximum
+    cancel = hpc_ddp("status", [str(sweep), "--cancel"], env=slurm_env)
+    assert cancel.returncode == 0
+    deadline = time.monotonic() + 60
+    while True:
+        states = {r["state"].split()[0] for r in status_rows(hpc_ddp, sweep, slurm_env)["runs"]}
+        if states == {"CANCELLED"} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert states == {"CANCELLED"}
