@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from hpc_ddp.device import collisions
 from hpc_ddp.nccl import FAIL, WARN
 
 Facts = dict[str, Any]
@@ -214,8 +215,13 @@ def analyse(all_facts: list[Facts], context: dict[str, Any]) -> dict[str, Any]:
     """The report: nodes (label -> ranks), problems, bad nodes, the all-reduce, the verdict."""
     nodes = group_by_node(all_facts)
     allreduce = all_facts[0]["allreduce"]
+    gpu_map = [f["placement"] for f in sorted(all_facts, key=lambda f: int(f["rank"]))
+               if f.get("placement", {}).get("physical") is not None]
+    shared = [_problem(FAIL, "one task per GPU", [c["host"]],
+                       f"ranks {', '.join(map(str, c['ranks']))} are given GPU {c['gpu']}")
+              for c in collisions(gpu_map)]
     problems = merged(consistency(nodes) + per_node(nodes, context)
-                      + bandwidth(allreduce, context))
+                      + bandwidth(allreduce, context) + shared)
     for p in problems:
         p["scope"] = _scope(p, nodes)
     bad = [label for label in nodes if any(
@@ -227,6 +233,7 @@ def analyse(all_facts: list[Facts], context: dict[str, Any]) -> dict[str, Any]:
         "problems": problems,
         "allreduce": allreduce,
         "world_size": len(all_facts),
+        "gpu_map": gpu_map,
         "facts": sorted(all_facts, key=lambda f: int(f["rank"])),
         "context": context,
     }

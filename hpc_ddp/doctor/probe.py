@@ -96,6 +96,8 @@ def collect(rank: Any, environ: Mapping[str, str]) -> dict[str, Any]:
     return {"rank": rank.env.rank, "local_rank": rank.env.local_rank,
             "node_rank": rank.env.node_rank, "local_world_size": rank.env.local_world_size,
             "host": rank.host, **versions(), "gpu": gpu, "node": node.to_dict(), "env": env,
+            # What Slurm allocated and which GPU this rank takes (hpc_ddp.device.select).
+            "placement": {"rank": rank.env.rank, "host": rank.host, **(rank.gpu or {})},
             "detected": {c.name: nccl.mask(c.name, c.new) for c in rank.env_changes
                          if c.source == "detected"},
             "warnings": [list(w) for w in nccl.node_warnings(environ, node)]}

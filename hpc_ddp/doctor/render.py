@@ -63,6 +63,10 @@ def summary(report: dict[str, Any]) -> str:
     """Table, problems, all-reduce and verdict, as the doctor prints them."""
     ar = report["allreduce"]
     lines = [table(report), ""]
+    if report.get("gpu_map"):
+        lines.append("rank -> node -> GPU: " + ", ".join(
+            f"{m['rank']}->{m['host']}:{m['physical']}" for m in report["gpu_map"]))
+        lines.append("")
     for p in report["problems"]:
         where = f"{', '.join(p['hosts'])}: " if p["hosts"] else ""
         lines.append(f"{'FAIL' if p['level'] == FAIL else 'warn'}  [{p['check']}] {where}"

@@ -56,3 +56,14 @@ def test_gpu_allocated_but_no_cuda_fails_at_once(hpc_ddp: Run, slurm_env: dict[s
     assert "Slurm allocated a GPU (SLURM_" in error and "sees no CUDA device" in error
     assert "trainer.device=cpu" in error and error.startswith("rank 0 on node")
     assert not (run_dir / "summary.json").exists()
+
+
+def test_doctor_shows_the_rank_node_gpu_map(hpc_ddp: Run, slurm_env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    done = hpc_ddp("doctor", ["cluster=slurm", "nodes=2", "cluster.gpus_per_node=2",
+                              "trainer.device=cpu", f"run_dir={tmp_path / 'doc'}"], env=slurm_env)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("rank -> node -> GPU")),
+                "")
+    pairs = [entry.split("->")[1] for entry in line.split(": ", 1)[1].split(", ")] if line else []
+    assert len(pairs) == 4 and len(set(pairs)) == 4, done.stdout + done.stderr
+    assert "FAIL  [one task per GPU]" not in done.stdout and done.returncode == 0
