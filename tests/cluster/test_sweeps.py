@@ -83,3 +83,28 @@ def test_cancel_a_whole_sweep(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path:
             break
         time.sleep(1)
     assert states == {"CANCELLED"}
+
+
+def test_requeueing_one_point_leaves_the_others_alone(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    from tests.cluster.test_fault_tolerance import (
+        ARGS,
+        finish_releasing_requeues,
+        wait_for_step,
+    )
+
+    sweep = tmp_path / "sweep"
+    args = [a for a in ARGS if not a.startswith(("cluster=", "trainer.seed"))]
+    done = hpc_ddp("submit", ["-m", "cluster=slurm", "trainer.seed=0,1", *args,
+                              f"sweep.dir={sweep}"], env=slurm_env)
+    assert done.returncode == 0, done.stderr
+    first, second = json.loads((sweep / "sweep.json").read_text())["points"]
+    wait_for_step(Path(first["run_dir"]), 30)
+    subprocess.run(["scancel", "--signal=USR2", "--full", first["job_id"]], env=slurm_env,
+                   check=True)
+    finish_releasing_requeues(first["job_id"], Path(first["run_dir"]), slurm_env)
+    finish_releasing_requeues(second["job_id"], Path(second["run_dir"]), slurm_env)
+    summaries = [json.loads((Path(p["run_dir"]) / "summary.json").read_text())
+                 for p in (first, second)]
+    assert [s["restarts"] for s in summaries] == [1, 0]
+    assert [s["global_step"] for s in summaries] == [300, 300]
