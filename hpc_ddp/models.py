@@ -1,4 +1,9 @@
-"""The networks a config names: the classic tiny CNN and torchvision's ResNets."""
+"""The networks a config names: the classic tiny CNN and torchvision's ResNets.
+
+``null`` (not a config choice; the benchmarks build it) is a model that does almost nothing,
+so a step's time is the framework's and the data path's: ``python -m hpc_ddp.bench train``
+measures the per-step overhead with it.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,10 @@ def build_model(cfg: ModelConfig, image_size: int) -> Any:
     """A freshly initialised model for ``image_size`` pixel images (seed torch first)."""
     import torch.nn as nn
 
+    if cfg.name == "null":
+        # Global average pool and a 3 -> classes linear layer: 40 parameters.
+        return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                             nn.Linear(3, cfg.num_classes))
     if cfg.name == "tiny_cnn":
         # The classic example: one 3->16 conv, ReLU, 2x2 max-pool, one linear layer.
         side = image_size // 2
@@ -32,3 +41,8 @@ def build_model(cfg: ModelConfig, image_size: int) -> Any:
         net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         net.maxpool = nn.Identity()
     return net
+
+
+def is_conv_net(cfg: ModelConfig) -> bool:
+    """Whether channels_last (NHWC) applies: the model's work is 2-d convolutions."""
+    return cfg.name in ("tiny_cnn", "resnet18", "resnet50")

@@ -8,15 +8,28 @@ from typing import Any
 from hpc_ddp.config.schema import OptimConfig
 
 
-def build_optimizer(params: Any, cfg: OptimConfig) -> Any:
+def build_optimizer(params: Any, cfg: OptimConfig, fused: bool | None = False,
+                    device_type: str = "cpu") -> Any:
+    """The optimizer; ``fused``: True fused, False torch's default implementation, None auto
+    (fused where torch has a fused kernel for ``device_type``)."""
     import torch
 
+    impl = {"fused": True} if use_fused(fused, device_type) else {}
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
                                nesterov=cfg.nesterov and cfg.momentum > 0,
-                               weight_decay=cfg.weight_decay)
+                               weight_decay=cfg.weight_decay, **impl)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
-                             weight_decay=cfg.weight_decay)
+                             weight_decay=cfg.weight_decay, **impl)
+
+
+def use_fused(fused: bool | None, device_type: str) -> bool:
+    """Whether the optimizer runs as one fused kernel (trainer.fused_optimizer resolved)."""
+    if fused is not None:
+        return fused
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return device_type in _get_fused_kernels_supported_devices()
 
 
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:

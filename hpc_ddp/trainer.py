@@ -2,18 +2,23 @@
 
 ``Trainer.train`` reads like a table of contents; every counter that matters for an exact
 resume (step, epoch, position inside the epoch, log window, RNG streams of every rank) is in
-``state_dict``.
+``state_dict``. The performance settings (precision, memory format, DDP options,
+compilation, optimizer kernel, allocator) are resolved in ``ddp_setup``. Nothing in a step
+waits for the GPU or for the other ranks beyond DDP's own all-reduce: the periodic log and
+stop-agreement collective is read a step later (``window_sync``); evaluations and
+checkpoints wait.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
 from typing import Any
 
-from hpc_ddp import checkpoint, rng, stopping
+from hpc_ddp import checkpoint, ddp_setup, rng, stopping, window_sync
 from hpc_ddp.augment import flip_and_crop, normalize
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
@@ -24,30 +29,41 @@ from hpc_ddp.optim import build_optimizer, build_scheduler
 from hpc_ddp.rundir import RunDir
 
 log = logging.getLogger(__name__)
+# Seconds between rewrites of progress.json (the last step's is always written).
+PROGRESS_EVERY_S = 1.0
 
 
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv, run: RunDir, device: Any,
-                 stop: stopping.StopRequest | None = None) -> None:
+                 stop: stopping.StopRequest | None = None, cpus: int | None = None) -> None:
+        """``cpus``: the task's CPUs, for the loader's auto settings (default: the intra-op
+        thread count rank.py set from them)."""
         import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         self.stop = stop
         t = cfg.trainer
         rng.seed_all(t.seed)  # the same initial weights everywhere (DDP also broadcasts them)
-        model = build_model(cfg.model, cfg.data.image_size).to(device)
-        self.model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        tune = ddp_setup.tuning(cfg, device)
+        # self.model: the DDP module (state, no_sync); self.forward: what runs the batch
+        # (the same module, or its compiled form).
+        self.model, self.forward = ddp_setup.wrap(build_model(cfg.model, cfg.data.image_size),
+                                                  tune, device)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
-                                     pin_memory=device.type == "cuda")
+                                     device.type, cpus or torch.get_num_threads())
+        ls = self.loaders.settings
+        assert ls is not None
+        self.tuning = dataclasses.replace(tune, num_workers=ls.num_workers,
+                                          pin_memory=ls.pin_memory, batched_loader=ls.batched)
         self.micro_per_epoch = math.ceil(self.loaders.sampler.num_samples / t.batch_size)
         steps_per_epoch = math.ceil(self.micro_per_epoch / t.grad_accum)
         self.total_steps = steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = t.max_steps
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim,
+                                         self.tuning.fused_optimizer, device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
-        self.autocast_dtype = _autocast_dtype(t.precision, device)
+        self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
         # Counters (all in state_dict).
@@ -55,12 +71,15 @@ class Trainer:
         self.epoch = 0
         self.micro_in_epoch = 0
         self.samples_seen = 0
-        self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
+        # loss_sum: a float, on a GPU a float64 tensor (see _forward_backward).
+        self.window: dict[str, Any] = {"loss_sum": 0.0, "count": 0, "samples": 0}
         self.last_train_loss = float("nan")
         self.last_eval: dict[str, float] = {}
         self.restarts: list[dict[str, Any]] = []
         self.resumed_from_step: int | None = None
         self.checkpoint_step: int | None = None
+        self._pending: window_sync.Reduction | None = None  # see _start_reduction
+        self._stop_agreed = stopping.NONE
 
     # -- state ---------------------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:
@@ -70,6 +89,7 @@ class Trainer:
         """Everything to resume; RNG states of every rank (gathered, so call on all ranks)."""
         import torch.distributed as dist
 
+        self._finish_reduction()  # samples_seen and the loss are counted in
         rng_states: list[Any] = [None] * self.env.world_size
         dist.all_gather_object(rng_states, rng.capture(self._generators()))
         return {
@@ -79,7 +99,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "counters": {"global_step": self.global_step, "epoch": self.epoch,
                          "micro_in_epoch": self.micro_in_epoch,
-                         "samples_seen": self.samples_seen, "window": dict(self.window),
+                         "samples_seen": self.samples_seen,
+                         "window": {**self.window, "loss_sum": float(self.window["loss_sum"])},
                          "last_train_loss": self.last_train_loss,
                          "last_eval": dict(self.last_eval)},
             "rng": rng_states,
@@ -119,26 +140,45 @@ class Trainer:
     # -- the loop --------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         """Train to total_steps; returns the summary (written to summary.json by rank 0)."""
-        purge = self.global_step + 1 if self.resumed_from_step is not None else None
-        self.metrics = MetricsWriter(self.run.tb, self.run.progress, self.env.is_master,
-                                     purge, self.total_steps)
-        log.info("training %s on %s: %d steps, world size %d, %d steps done",
-                 self.cfg.model.name, self.device, self.total_steps, self.env.world_size,
-                 self.global_step)
-        self.started = time.perf_counter()
-        self.samples_at_start = self.samples_seen
+        self.begin()
         try:
-            while self.global_step < self.total_steps:
-                self._train_epoch()
+            self.train_steps(self.total_steps - self.global_step)
             if not self.last_eval or self.last_eval.get("step") != self.global_step:
                 self.evaluate()
             if self.checkpoint_step != self.global_step:
                 self.save_checkpoint()
             return self.summary()
         finally:
-            self.metrics.close()
+            self.close()
 
-    def _train_epoch(self) -> None:
+    def begin(self) -> None:
+        """Open the metrics and start the clock (train() does this; benchmarks call it)."""
+        purge = self.global_step + 1 if self.resumed_from_step is not None else None
+        self.metrics = MetricsWriter(self.run.tb, self.run.progress, self.env.is_master,
+                                     purge, self.total_steps)
+        log.info("training %s on %s: %d steps, world size %d, %d steps done",
+                 self.cfg.model.name, self.device, self.total_steps, self.env.world_size,
+                 self.global_step)
+        log.info("settings: %s", ", ".join(f"{k}={v}" for k, v in self.tuning.as_dict().items()))
+        self.started = self._window_start = time.perf_counter()
+        self.samples_at_start = self.samples_seen
+        self._progress_written = -math.inf
+
+    def close(self) -> None:
+        self._finish_reduction()
+        self.metrics.close()
+
+    def train_steps(self, steps: int) -> None:
+        """Train ``steps`` more optimizer steps (at most up to total_steps), then return.
+
+        The same steps, in the same order, as an uninterrupted train(): a stretch ends
+        mid-epoch exactly as a resumed run starts there.
+        """
+        until = min(self.global_step + steps, self.total_steps)
+        while self.global_step < until:
+            self._train_epoch(until)
+
+    def _train_epoch(self, until: int) -> None:
         t = self.cfg.trainer
         self.loaders.sampler.set_position(self.epoch, self.micro_in_epoch * t.batch_size)
         self.model.train()
@@ -153,7 +193,7 @@ class Trainer:
                     self.epoch += 1
                     self.micro_in_epoch = 0
                 self._after_step(end_of_epoch)
-                if self.global_step >= self.total_steps or end_of_epoch:
+                if self.global_step >= until or end_of_epoch:
                     return
 
     def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
@@ -164,14 +204,20 @@ class Trainer:
         labels = labels.to(self.device, non_blocking=True)
         if self.cfg.data.augment:
             images = flip_and_crop(images, self.aug_gen)
-        x = normalize(images)
+        x = normalize(images, self.tuning.channels_last)
         # no_sync: accumulate locally, all-reduce once per optimizer step.
         ctx = contextlib.nullcontext() if sync else self.model.no_sync()
         with ctx, torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                  enabled=self.autocast_dtype is not None):
-            loss = F.cross_entropy(self.model(x), labels)
-        self.scaler.scale(loss / self.cfg.trainer.grad_accum).backward()
-        self.window["loss_sum"] += float(loss.detach())
+            loss = F.cross_entropy(self.forward(x), labels)
+        accum = self.cfg.trainer.grad_accum
+        self.scaler.scale(loss / accum if accum > 1 else loss).backward()
+        # Summed in float64 either way; on a GPU as a tensor, since reading the loss every
+        # step would make the host wait for the GPU.
+        if self.device.type == "cpu":
+            self.window["loss_sum"] += float(loss.detach())
+        else:
+            self.window["loss_sum"] = self.window["loss_sum"] + loss.detach().double()
         self.window["count"] += 1
         self.window["samples"] += int(labels.shape[0])
 
@@ -185,8 +231,14 @@ class Trainer:
     def _after_step(self, end_of_epoch: bool) -> None:
         t = self.cfg.trainer
         last = self.global_step >= self.total_steps
-        if self.global_step % t.log_interval == 0 or last:
-            self._log_window()
+        self._finish_reduction()  # the one launched at an earlier step
+        log_now = self.global_step % t.log_interval == 0 or last
+        check_stop = (self.stop is not None and not last
+                      and self.global_step % t.stop_check_interval == 0)
+        if log_now or check_stop:
+            self._start_reduction(log_now, self.stop.code if check_stop and self.stop else None)
+            if last:
+                self._finish_reduction()
         if (t.eval_interval and self.global_step % t.eval_interval == 0) or (
                 not t.eval_interval and end_of_epoch):
             self.evaluate()
@@ -194,42 +246,60 @@ class Trainer:
         # finished run's checkpoint holds its final metrics too.
         if self.global_step % t.checkpoint_interval == 0 and not last:
             self.save_checkpoint()
-        if self.stop is not None and not last and self.global_step % t.stop_check_interval == 0:
-            self._stop_if_asked()
+        if self._stop_agreed != stopping.NONE:
+            self._stop()
 
-    def _stop_if_asked(self) -> None:
-        """All ranks agree (a collective) whether any was signalled; then all stop here."""
-        code = stopping.agree(self.stop.code if self.stop else 0, self.device)
-        if code == stopping.NONE:
-            return
+    def _stop(self) -> None:
+        """The ranks agreed that one of them was signalled: all stop here, checkpointed."""
+        code = self._stop_agreed
         log.warning("stop requested (%s): checkpointing at step %d", "SIGTERM" if code ==
                     stopping.TERM else "requeue signal", self.global_step)
         if self.checkpoint_step != self.global_step:
             self.save_checkpoint()
         raise stopping.StopTraining(code, self.global_step)
 
-    def _log_window(self) -> None:
-        import torch
-        import torch.distributed as dist
+    def _start_reduction(self, log_now: bool, stop_code: int | None) -> None:
+        """Launch this step's collective (window_sync.py): the log window's sums and/or the
+        stop agreement; read at the next step or before anything that needs the result."""
+        now = time.perf_counter()
+        elapsed = max(now - self._window_start, 1e-9)
+        w: dict[str, Any] = self.window if log_now else {"loss_sum": 0.0, "count": 0,
+                                                         "samples": 0}
+        self._pending = window_sync.start(
+            w["loss_sum"], w["count"], w["samples"], stop_code, self.device,
+            step=self.global_step, epoch=self.epoch, lr=self.scheduler.get_last_lr()[0],
+            elapsed_s=elapsed, log=log_now)
+        if log_now:
+            self._window_start = now
+            self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
 
-        totals = torch.tensor([self.window["loss_sum"], self.window["count"],
-                               self.window["samples"]], dtype=torch.float64, device=self.device)
-        dist.all_reduce(totals)
-        loss_sum, count, samples = totals.tolist()
+    def _finish_reduction(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        loss_sum, count, samples, code = pending.result()
+        if code is not None:
+            self._stop_agreed = max(self._stop_agreed, code)
+        if pending.log:
+            self._write_log(pending, loss_sum, count, samples)
+
+    def _write_log(self, p: window_sync.Reduction, loss_sum: float, count: float,
+                   samples: float) -> None:
         self.samples_seen += int(samples)
         self.last_train_loss = loss_sum / max(count, 1)
-        elapsed = max(time.perf_counter() - getattr(self, "_window_start", self.started), 1e-9)
-        self._window_start = time.perf_counter()
-        values = {"train/loss": self.last_train_loss,
-                  "train/lr": self.scheduler.get_last_lr()[0],
-                  "train/samples_per_s": samples / elapsed}
-        self.metrics.scalars(self.global_step, values)
-        self.metrics.write_progress(self.global_step, self.epoch,
-                                    {k.split("/")[1]: v for k, v in values.items()})
-        log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", self.global_step,
-                 self.total_steps, self.epoch, self.last_train_loss, values["train/lr"],
+        values = {"train/loss": self.last_train_loss, "train/lr": p.lr,
+                  "train/samples_per_s": samples / p.elapsed_s}
+        self.metrics.scalars(p.step, values)
+        now = time.monotonic()
+        # progress.json is polled by `follow` about twice a second: rewriting it more often
+        # than once a second only costs rank 0 time (an atomic replace, ~0.5 ms).
+        if now - self._progress_written >= PROGRESS_EVERY_S or p.step >= self.total_steps:
+            self._progress_written = now
+            self.metrics.write_progress(p.step, p.epoch,
+                                        {k.split("/")[1]: v for k, v in values.items()})
+        log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", p.step,
+                 self.total_steps, p.epoch, self.last_train_loss, p.lr,
                  values["train/samples_per_s"])
-        self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
 
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy over the whole eval set, summed over ranks (no sample twice)."""
@@ -237,13 +307,15 @@ class Trainer:
         import torch.distributed as dist
         import torch.nn.functional as F
 
+        self._finish_reduction()  # the log of this step goes out first
         self.model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                              enabled=self.autocast_dtype is not None):
             for images, labels in self.loaders.eval:
-                images, labels = images.to(self.device), labels.to(self.device)
-                logits = self.model(normalize(images))
+                images = images.to(self.device, non_blocking=True)
+                labels = labels.to(self.device, non_blocking=True)
+                logits = self.forward(normalize(images, self.tuning.channels_last))
                 totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
                 totals[1] += (logits.argmax(1) == labels).sum()
                 totals[2] += labels.shape[0]
@@ -267,6 +339,7 @@ class Trainer:
             log.info("checkpoint %s", path)
 
     def summary(self) -> dict[str, Any]:
+        self._finish_reduction()
         elapsed = time.perf_counter() - self.started
         return {
             "world_size": self.env.world_size,
@@ -284,14 +357,6 @@ class Trainer:
             "restarts": len(self.restarts),
             "restart_history": self.restarts,
             "device": str(self.device),
+            "settings": self.tuning.as_dict(),
         }
 
-
-def _autocast_dtype(precision: str, device: Any) -> Any:
-    import torch
-
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.bfloat16
-    if precision == "fp16":
-        return torch.float16
-    return None

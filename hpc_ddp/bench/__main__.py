@@ -6,10 +6,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# Subcommand -> module with ``main(argv) -> int``. New benchmarks register here, e.g.
-# "train": "hpc_ddp.bench.train" (training throughput).
+# Subcommand -> module with ``main(argv) -> int``. New benchmarks register here.
 SUBCOMMANDS: dict[str, str] = {
-    "comm": "hpc_ddp.bench.comm",
+    "comm": "hpc_ddp.bench.comm",     # collectives: busbw by size, ratio to raw TCP
+    "train": "hpc_ddp.bench.train",   # training throughput against a hand-written DDP loop
+    "sweep": "hpc_ddp.bench.sweep",   # submitting a big sweep: arrays vs one sbatch per point
 }
 DEFAULT = "comm"
 

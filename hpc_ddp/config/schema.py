@@ -87,9 +87,10 @@ class DataConfig:
     # generator so a resumed run sees the same augmentations.
     augment: bool = False
     # DataLoader worker processes per rank. None (auto): 0 on CPU, where a batch is one slice
-    # of in-memory tensors and a worker would only compete with the model for the task's
-    # cores (docs/performance.md); on CUDA min(cluster.cpus_per_task - 1, 4), so batches are
-    # sliced and pinned while the GPU computes. Workers never change the sample order.
+    # of in-memory tensors and a worker only competes with the model for the task's cores
+    # (one cost 22% of a tiny-CNN step, docs/performance.md); on CUDA
+    # min(cluster.cpus_per_task - 1, 4), so batches are sliced and pinned while the GPU
+    # computes. Workers never change the sample order.
     num_workers: int | None = None
     # Fetch a batch as one slice of the in-memory tensors (index_select), instead of sample by
     # sample plus default_collate as a plain DataLoader does (false: the textbook path, kept to
@@ -145,34 +146,45 @@ class TrainerConfig:
     collective_timeout_s: int = 300
     # Seconds for all ranks to join the rendezvous before the job fails naming the missing ones.
     rendezvous_timeout_s: int = 120
-    # Every this many optimizer steps the ranks agree (one tiny all-reduce) whether a stop
-    # signal arrived; a signal is acted on within this many steps.
+    # Every this many optimizer steps the ranks agree (one tiny all-reduce, shared with the
+    # log's, read at the next step) whether a stop signal arrived; a signal is acted on within
+    # this many steps plus one.
     stop_check_interval: int = 10
     # Intra-op threads per rank; None: the task's CPUs (SLURM_CPUS_PER_TASK under Slurm,
     # else cluster.cpus_per_task).
     threads: int | None = None
     # Tuned defaults (docs/performance.md says what each one buys, measured). Each can be
     # switched; `python -m hpc_ddp.bench train` measures them against a plain DDP loop.
-    # channels_last (NHWC) weights and batches for the conv nets. None (auto): on, on CUDA
-    # and on CPU (oneDNN's NHWC kernels; 1.1-1.2x for both nets measured on CPU).
+    # channels_last (NHWC) weights and batches for the conv nets. None (auto): on for them,
+    # on CUDA and on CPU (measured on CPU: tiny CNN 1.16x, ResNet-18 1.06x).
     channels_last: bool | None = None
-    # torch.compile the model (inductor). Off: minutes of compilation per start, and a
-    # recompilation after each restart.
+    # torch.compile the model (inductor). Off: tens of seconds or more of compilation at
+    # every start and restart, which a run of short steps does not win back.
     compile: bool = False
     # Optimizer implementation. None (auto): fused (one kernel for all parameters) where torch
     # has it for the device; true: fused; false: torch's own default (foreach on CUDA, a
     # per-parameter loop on CPU).
     fused_optimizer: bool | None = None
-    # DDP gradient bucket size in MiB (DDP's default 25). Smaller buckets start the first
-    # all-reduce earlier in the backward pass; larger ones mean fewer calls.
-    ddp_bucket_cap_mb: int = 25
+    # DDP gradient bucket size in MiB. None: DDP's default, 25 MiB after a 1 MiB first bucket
+    # (giving any number, 25 included, drops that small first bucket). Smaller buckets start
+    # all-reduces earlier in the backward pass; larger ones mean fewer calls.
+    ddp_bucket_cap_mb: int | None = None
     # DDP: gradients are views into the all-reduce buckets, saving one copy of them per step
     # and their memory. The values are the same either way.
     ddp_gradient_as_bucket_view: bool = True
     # DDP static_graph: the set of used parameters never changes (true for every model here);
-    # DDP then skips re-checking it and can overlap more. Off by default, measured no faster
-    # with find_unused_parameters off; on is safe for these models.
+    # DDP then skips re-checking it. Off: measured no faster (find_unused_parameters is off);
+    # refused with grad_accum > 1 (DDP asserts when a static graph starts in no_sync).
     ddp_static_graph: bool = False
+    # With trainer.deterministic, torch also fills every new tensor with NaN so that a read of
+    # uninitialised memory shows up (a debugging aid; torch.utils.deterministic). Off: the
+    # same results, since no kernel reads memory it did not write, without a memset per
+    # tensor per step.
+    fill_uninitialized_memory: bool = False
+    # On CPU, keep freed memory in the process (glibc mallopt, hpc_ddp/cpu_memory.py) rather
+    # than returning it to the kernel and faulting it back in every step; the resident memory
+    # then stays at its peak. Process-wide, set when the trainer starts.
+    keep_freed_memory: bool = True
 
 
 @dataclass

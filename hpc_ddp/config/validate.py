@@ -91,7 +91,8 @@ def _validate_data(cfg: Config) -> None:
     _at_least("data.train_size", d.train_size, 1)
     _at_least("data.eval_size", d.eval_size, 1)
     _at_least("data.noise", d.noise, 0)
-    _at_least("data.num_workers", d.num_workers, 0)
+    _at_least("data.num_workers", d.num_workers, 0, "set 0 or more, or null (auto).")
+    _at_least("data.prefetch_factor", d.prefetch_factor, 1, "set 1 or more, or null.")
     _at_least("data.image_size", d.image_size, 8)
     if d.name == "cifar10" and d.image_size != CIFAR_SIDE:
         raise UserError("data.image_size", d.image_size, "CIFAR-10 images are 32x32.",
@@ -138,3 +139,10 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.stop_check_interval", t.stop_check_interval, 1)
     _choice("trainer.device", t.device, DEVICES)
     _choice("trainer.precision", t.precision, PRECISIONS)
+    _at_least("trainer.ddp_bucket_cap_mb", t.ddp_bucket_cap_mb, 1)
+    if t.ddp_static_graph and t.grad_accum > 1:
+        # DDP's reducer asserts when the first backward of a static graph runs in no_sync()
+        # (torch 2.14), and a run with accumulation starts (and resumes) there.
+        raise UserError("trainer.ddp_static_graph", t.ddp_static_graph,
+                        "does not work with gradient accumulation (no_sync).",
+                        "set trainer.ddp_static_graph=false or trainer.grad_accum=1.")

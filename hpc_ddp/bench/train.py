@@ -1,0 +1,265 @@
+"""Training throughput: hpc_ddp's trainer side by side with a hand-written DDP loop.
+
+    python -m hpc_ddp.bench.train                        # null, tiny_cnn, resnet18; 2 ranks
+    python -m hpc_ddp.bench.train --models tiny_cnn --budget-s 120 --rounds 40
+    python -m hpc_ddp.bench.train --ablate               # also: tuned minus each default
+    python -m hpc_ddp.bench.train --variant "fp32:tuned trainer.precision=fp32"
+    python -m hpc_ddp.bench.train --world-sizes 1,2 trainer.batch_size=32
+    python -m hpc_ddp.bench.train cluster=slurm nodes=4 --startup   # + submit-to-first-step
+
+In one job per world size, every rank builds, for each model, the hand-written loop
+(``hpc_ddp/bench/baseline.py``: DDP + DistributedSampler + default DataLoader, fp32) and
+hpc_ddp's Trainer once per setting — ``exact`` (every knob as the baseline has it) and
+``tuned`` (the defaults) — on the same model, data, batch and world size. They then run in
+rounds of timed windows, the order rotating every round, so a machine's changing load falls
+on all of them alike; a figure is the median over rounds, a ratio the median of the per-round
+ratios against the baseline's window of the same round. A window's time is its slowest
+rank's. Each step is split into data wait, forward+backward, communication wait, optimizer
+and the rest (``hpc_ddp/loop_timing.py``). With the ``null`` model (it does almost nothing)
+the difference between ``exact`` and the baseline is the framework's per-step overhead.
+Checkpoints and evaluations are off in the timed windows (the baseline has neither).
+Writes bench/train.json and bench/train.png into the run dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.rundir import read_json, write_json
+
+RESULT = Path("bench") / "train.json"
+PLOT = Path("bench") / "train.png"
+BASELINE = "baseline"
+# exact: the hand-written loop's settings: fp32, NCHW, torch's default optimizer
+# implementation, DDP's defaults, no loader workers and no pinning (a default DataLoader),
+# torch's default (non-deterministic) algorithms; on hpc_ddp's own loader, which slices a
+# batch out of the in-memory tensors (the baseline has no such setting).
+EXACT = ("trainer.precision=fp32", "trainer.channels_last=false", "trainer.compile=false",
+         "trainer.fused_optimizer=false", "trainer.ddp_bucket_cap_mb=null",
+         "trainer.ddp_gradient_as_bucket_view=false", "trainer.ddp_static_graph=false",
+         "data.num_workers=0", "data.pin_memory=false", "trainer.deterministic=false")
+# plain: exact on the textbook data path too (per-sample fetch + default_collate): the same
+# work as the hand-written loop, step for step, so plain - baseline is the framework's cost.
+PLAIN = (*EXACT, "data.batched=false")
+PRESETS: dict[str, tuple[str, ...]] = {"plain": PLAIN, "exact": EXACT, "tuned": ()}
+# --ablate: the tuned defaults minus one each (what that default buys, in context).
+ABLATIONS = {"tuned-bf16": "trainer.precision=fp32",
+             "tuned-channels_last": "trainer.channels_last=false",
+             "tuned-fused": "trainer.fused_optimizer=false",
+             "tuned-batched": "data.batched=false",
+             "tuned-bucket_view": "trainer.ddp_gradient_as_bucket_view=false",
+             "tuned+static_graph": "trainer.ddp_static_graph=true"}
+# The bench's own settings, before the user's overrides: no checkpoints, no evaluation.
+BENCH_OVERRIDES = ("trainer.checkpoint_interval=1000000000",
+                   "trainer.eval_interval=1000000000")
+MODELS = ("null", "tiny_cnn", "resnet18")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: tuple[str, ...]  # on top of the job's config (empty for the baseline)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    models: tuple[str, ...] = MODELS
+    variants: tuple[Variant, ...] = ()
+    # Rounds per model: as many as fit budget_s (estimated from the baseline's pace), at
+    # least min_rounds and at most rounds.
+    rounds: int = 15
+    min_rounds: int = 3
+    budget_s: float = 30.0
+    # Seconds of the baseline's steps per window; each window runs that many steps.
+    window_s: float = 1.0
+    min_steps: int = 1
+    warmup_steps: int = 2
+    world_sizes: tuple[int, ...] = ()
+    startup: bool = False
+
+
+def for_model(model: str, variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
+    """The contenders besides the baseline for ``model``: the null model also gets ``plain``
+    (the framework's overhead is plain - baseline on it)."""
+    if model == "null" and all(v.name != "plain" for v in variants):
+        return (Variant("plain", PLAIN), *variants)
+    return variants
+
+
+def variants_from(settings: str, extra: Sequence[str], ablate: bool) -> tuple[Variant, ...]:
+    """The variants to run besides the baseline, from --settings, --variant and --ablate."""
+    out = []
+    for name in (s.strip() for s in settings.split(",") if s.strip()):
+        if name not in PRESETS:
+            raise UserError("--settings", settings, f"{name!r} is not a preset.",
+                            f"use a comma list of {', '.join(PRESETS)}, or --variant.")
+        out.append(Variant(name, PRESETS[name]))
+    if ablate:
+        out += [Variant(name, (override,)) for name, override in ABLATIONS.items()]
+    for spec in extra:
+        name, _, rest = spec.partition(":")
+        base, *overrides = rest.split() or [""]
+        if not name or base not in PRESETS or any("=" not in o for o in overrides):
+            raise UserError("--variant", spec, "is not NAME:PRESET KEY=VALUE ...",
+                            "e.g. --variant 'fp32:tuned trainer.precision=fp32'.")
+        out.append(Variant(name, (*PRESETS[base], *overrides)))
+    names = [v.name for v in out]
+    if BASELINE in names or len(set(names)) != len(names):
+        raise UserError("--variant", ",".join(names), "names must be unique and not "
+                        f"{BASELINE!r}.", "rename the variant.")
+    return tuple(out)
+
+
+def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
+    """``cfg`` with dotted ``key=value`` overrides applied and checked (UserError if bad)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from hpc_ddp.config.validate import validate
+
+    if not overrides:
+        return cfg
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
+        out = OmegaConf.to_object(node)
+    except OmegaConfBaseException as exc:
+        raise UserError("--variant", " ".join(overrides), f"does not fit the config ({exc}).",
+                        "check the key names against docs/configuration.md.") from None
+    assert isinstance(out, Config)
+    return validate(out)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="comma list of null, tiny_cnn, resnet18, resnet50")
+    p.add_argument("--settings", default="exact,tuned",
+                   help="comma list of plain, exact, tuned (default exact,tuned; plain runs "
+                   "with the null model always, for the overhead figure)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:PRESET K=V ...",
+                   help="another setting: a preset plus overrides (repeatable)")
+    p.add_argument("--ablate", action="store_true",
+                   help="add the tuned defaults minus each one (what each default buys)")
+    p.add_argument("--rounds", type=int, default=TrainOptions.rounds,
+                   help=f"most rounds per model (default {TrainOptions.rounds})")
+    p.add_argument("--min-rounds", type=int, default=TrainOptions.min_rounds)
+    p.add_argument("--budget-s", type=float, default=TrainOptions.budget_s,
+                   help="seconds of timed rounds per model and world size, about "
+                   f"(default {TrainOptions.budget_s:g})")
+    p.add_argument("--window-s", type=float, default=TrainOptions.window_s,
+                   help=f"seconds of baseline steps per window (default {TrainOptions.window_s:g})")
+    p.add_argument("--min-steps", type=int, default=TrainOptions.min_steps)
+    p.add_argument("--warmup-steps", type=int, default=TrainOptions.warmup_steps)
+    p.add_argument("--world-sizes", default="",
+                   help="comma list of total ranks, one job each (default: the config's)")
+    p.add_argument("--startup", action="store_true",
+                   help="on Slurm: also time submit-to-first-step against a bare srun")
+    p.add_argument("--timeout-s", type=float, default=None)
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
+    return p
+
+
+def options_from(args: argparse.Namespace) -> TrainOptions:
+    models = tuple(m.strip() for m in args.models.split(",") if m.strip())
+    known = (*MODELS, "resnet50")
+    if not models or any(m not in known for m in models):
+        raise UserError("--models", args.models, "names an unknown model.",
+                        f"use a comma list of {', '.join(known)}.")
+    try:
+        sizes = tuple(int(w) for w in args.world_sizes.split(",") if w.strip())
+    except ValueError:
+        sizes = (0,)
+    if any(w < 1 for w in sizes):
+        raise UserError("--world-sizes", args.world_sizes, "needs positive integers.",
+                        "e.g. --world-sizes 1,2.")
+    if min(args.rounds, args.min_rounds, args.min_steps, args.warmup_steps) < 1 or min(
+            args.window_s, args.budget_s) <= 0:
+        raise UserError("--rounds/--min-rounds/--budget-s/--window-s/--min-steps/--warmup-steps",
+                        f"{args.rounds}/{args.min_rounds}/{args.budget_s}/{args.window_s}/"
+                        f"{args.min_steps}/{args.warmup_steps}", "must be positive.",
+                        "e.g. --rounds 15 --budget-s 30 --window-s 1.")
+    variants = variants_from(args.settings, args.variant, args.ablate)
+    return TrainOptions(models, variants, args.rounds, min(args.min_rounds, args.rounds),
+                        args.budget_s, args.window_s, args.min_steps, args.warmup_steps, sizes,
+                        args.startup)
+
+
+def job_overrides(user: Sequence[str], root: Path, world: int | None,
+                  nodes: int) -> list[str]:
+    """The overrides of the job for ``world`` ranks (None: the config's own)."""
+    out = [*BENCH_OVERRIDES, *user]
+    if world is not None:
+        if world % nodes:
+            raise UserError("--world-sizes", world, f"does not divide over nodes={nodes}.",
+                            "choose multiples of the node count.")
+        out.append(f"cluster.tasks_per_node={world // nodes}")
+    out.append(f"run_dir={root / (f'ws{world}' if world is not None else 'job')}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    from hpc_ddp.bench import train_rank
+    from hpc_ddp.bench.train_report import combine, table
+    from hpc_ddp.config.compose import compose, to_yaml
+    from hpc_ddp.doctor import job
+    from hpc_ddp.rank import RankProgram
+
+    args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
+    user = [o for o in args.overrides if not o.startswith("run_dir=")]
+    roots = [o.partition("=")[2] for o in args.overrides if o.startswith("run_dir=")]
+    root = Path(roots[-1]) if roots else job.default_run_dir(Path.cwd(), "bench-train")
+    results: list[dict[str, Any]] = []
+    try:
+        options = options_from(args)
+        base = compose([*BENCH_OVERRIDES, *user])
+        for variant in options.variants:  # refuse a bad --variant before anything starts
+            with_overrides(base, variant.overrides)
+        for world in options.world_sizes or (None,):
+            cfg, run = job.prepare(job_overrides(user, root, world, base.nodes), "bench-train",
+                                   os.environ, Path.cwd())
+            job.submit_and_wait(cfg, run, RankProgram(train_rank.run, to_yaml(cfg),
+                                                      str(run.root), options),
+                                out, args.timeout_s)
+            result = read_json(run.root / RESULT)
+            if result is None:
+                print("bench: the job did not finish; rank errors:", file=out)
+                for r, h, m, _ in job.rank_errors(run):
+                    print(f"  rank {r} on {h}: {m}", file=out)
+                return 1
+            results.append(result)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    combined = combine(results, asdict(options))
+    if options.startup:
+        from hpc_ddp.bench.startup import measure_startup
+
+        combined["startup"] = measure_startup(base, user, root, out)
+    write_json(root / RESULT, combined)
+    print(table(combined), file=out)
+    if not args.no_plot:
+        from hpc_ddp.bench.plot_train import plot
+
+        print(plot(combined, root / PLOT), file=out)
+    print(f"results: {root / RESULT}", file=out, flush=True)
+    return 0
+
+
+def replace_model(cfg: Config, name: str) -> Config:
+    """``cfg`` training model ``name`` (``null`` included, which the config cannot name)."""
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The model as a rank trains it: memory format, precision, DDP's options, compilation.
+
+Every choice left on auto in :class:`TrainerConfig` is resolved here, once, into a
+:class:`Tuning` the trainer logs and reports in its summary; docs/performance.md has the
+measurements behind each default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hpc_ddp.config.schema import Config, TrainerConfig
+from hpc_ddp.cpu_memory import keep_freed_memory
+from hpc_ddp.models import is_conv_net
+from hpc_ddp.optim import use_fused
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The performance settings in effect on this rank (auto values resolved)."""
+
+    precision: str  # fp32 | bf16 | fp16 (the autocast dtype; fp32: no autocast)
+    channels_last: bool
+    fused_optimizer: bool
+    compile: bool
+    ddp_bucket_cap_mb: int | None
+    ddp_gradient_as_bucket_view: bool
+    ddp_static_graph: bool
+    # cuDNN tries the convolution algorithms once per shape and keeps the fastest: on CUDA
+    # when trainer.deterministic is off (the fastest may not be deterministic).
+    cudnn_benchmark: bool = False
+    deterministic: bool = True
+    fill_uninitialized_memory: bool = False
+    keep_freed_memory: bool = False  # on CPU (hpc_ddp/cpu_memory.py)
+    num_workers: int = 0
+    pin_memory: bool = False
+    batched_loader: bool = True
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matrix kernels in hardware, not emulated."""
+    import torch
+
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def resolve_precision(precision: str, device: Any) -> str:
+    """trainer.precision with auto resolved for ``device``."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bf16"
+    # On CPU only where it measured faster: native bf16 (~2x for ResNet-18 on a Zen 4).
+    return "bf16" if cpu_has_native_bf16() else "fp32"
+
+
+def autocast_dtype(precision: str) -> Any:
+    """The autocast dtype of a resolved precision (None: fp32, no autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def tuning(cfg: Config, device: Any) -> Tuning:
+    """Resolve the trainer's auto settings for ``device`` (pure apart from CPU feature checks)."""
+    t: TrainerConfig = cfg.trainer
+    conv = is_conv_net(cfg.model)
+    return Tuning(
+        precision=resolve_precision(t.precision, device),
+        channels_last=conv if t.channels_last is None else t.channels_last and conv,
+        fused_optimizer=use_fused(t.fused_optimizer, device.type),
+        compile=t.compile,
+        ddp_bucket_cap_mb=t.ddp_bucket_cap_mb,
+        ddp_gradient_as_bucket_view=t.ddp_gradient_as_bucket_view,
+        ddp_static_graph=t.ddp_static_graph,
+        cudnn_benchmark=device.type == "cuda" and not t.deterministic,
+        deterministic=t.deterministic,
+        fill_uninitialized_memory=t.fill_uninitialized_memory,
+        keep_freed_memory=t.keep_freed_memory and device.type == "cpu",
+    )
+
+
+def apply_process_settings(deterministic: bool, cudnn_benchmark: bool,
+                           fill_uninitialized_memory: bool = True) -> None:
+    """The process-wide switches a rank trains under (rank.py sets determinism when it joins,
+    :func:`wrap` the rest; a benchmark running several contenders in one process sets them
+    before each). The defaults of the last two are torch's."""
+    import torch
+    import torch.utils.deterministic
+
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.benchmark = cudnn_benchmark
+    torch.utils.deterministic.fill_uninitialized_memory = (  # type: ignore[attr-defined]
+        fill_uninitialized_memory)
+
+
+def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
+    """(the DDP module, the callable to run forward with: the same module, or compiled).
+    Also sets the process-wide switches of ``tune`` (cuDNN autotuning, NaN-filling, the CPU
+    allocator)."""
+    import torch
+    import torch.utils.deterministic
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.backends.cudnn.benchmark = tune.cudnn_benchmark
+    if tune.keep_freed_memory:
+        keep_freed_memory()
+    torch.utils.deterministic.fill_uninitialized_memory = (  # type: ignore[attr-defined]
+        tune.fill_uninitialized_memory)
+    model = model.to(device)
+    if tune.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+        _channels_last_gradients(model)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=tune.ddp_bucket_cap_mb,
+              gradient_as_bucket_view=tune.ddp_gradient_as_bucket_view,
+              static_graph=tune.ddp_static_graph)
+    if not tune.compile:
+        return ddp, ddp
+    # Compiling the DDP module lets dynamo split the graph at bucket boundaries, so the
+    # all-reduces still overlap the backward pass (DDPOptimizer).
+    return ddp, torch.compile(ddp)
+
+
+def _channels_last_gradients(model: Any) -> None:
+    """Hand the layers before every nn.Flatten their gradient in channels_last order.
+
+    Flatten's gradient comes back in NCHW order, while the pooling and activation layers
+    before it run NHWC; their CPU backward kernels then convert inside every step (for the
+    tiny CNN three copies and a fill, ~2.5 ms a step). Converting the gradient once at the
+    flatten is one copy; the values are the same.
+    """
+    import torch
+    import torch.nn as nn
+
+    class _NHWCGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad.contiguous(memory_format=torch.channels_last)
+
+    def hook(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        x = args[0]
+        if x.dim() != 4 or not x.requires_grad:
+            return None
+        return (_NHWCGradient.apply(x), *args[1:])
+
+    for module in model.modules():
+        if isinstance(module, nn.Flatten):
+            module.register_forward_pre_hook(hook)
