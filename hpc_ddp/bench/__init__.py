@@ -6,4 +6,8 @@ Subcommands (``hpc_ddp/bench/__main__.py``):
   comm   all_reduce, all_gather and reduce_scatter bandwidth by message size (nccl-tests'
          definitions), and on several nodes the raw TCP bandwidth between two of them
          (``hpc_ddp/bench/comm.py``). The default.
+  train  training throughput and the step split of hpc_ddp's trainer against a hand-written
+         DDP loop in the same run (``hpc_ddp/bench/train.py``, docs/performance.md).
+  sweep  seconds to submit a large sweep: job arrays vs one sbatch per point
+         (``hpc_ddp/bench/sweep.py``, docs/sweeps.md).
 """
