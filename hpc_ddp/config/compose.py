@@ -65,8 +65,12 @@ def compose_many(override_lists: Sequence[Sequence[str]],
 
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:  # Hydra's own override logic (internal in hydra-core 1.3, pinned in pyproject.toml)
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    except ImportError:
+        return [compose(o, config_dir) for o in override_lists]
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
