@@ -59,9 +59,10 @@ def plan(overrides: Sequence[str] = (), cwd: Path | None = None,
     from hpc_ddp.launch import resolve as _resolve
 
     merged = _resolve.merge_resume_overrides(list(overrides))
-    cfg = _resolve.resolve(composed or compose(merged),
-                           os.environ if environ is None else environ, cwd or Path.cwd())
+    environ = os.environ if environ is None else environ
+    cfg = _resolve.resolve(composed or compose(merged), environ, cwd or Path.cwd())
     _resolve.check_inputs(cfg)
+    _resolve.check_local_gpus(cfg, environ)
     return Plan(cfg, merged, _resolve.check_run_dir(cfg))
 
 

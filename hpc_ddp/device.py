@@ -70,14 +70,20 @@ def select(environ: Mapping[str, str], local_rank: int, local_world_size: int,
     count = device_count if device_count is not None else len(ids)
     if count < 1 or not ids:
         return None
-    if "SLURM_GPUS_PER_TASK" in environ or count == 1:
+    # One visible GPU is the task's own when the launcher chose what it sees (per-task
+    # binding renumbers each task's GPU to 0). With nothing chosen (torchrun on a one-GPU
+    # box) every local rank would take device 0: that is the per-node check below.
+    own = count == 1 and (visible is not None or local_world_size == 1)
+    if "SLURM_GPUS_PER_TASK" in environ or own:
         # Each task sees only its own GPU(s): the first of them is ours.
         return GpuChoice(0, ids[0], "per_task")
-    if local_rank >= count:
+    if local_world_size > count:
+        # Every rank of the node says so (not only those past the end): none waits for the
+        # others at the rendezvous while one has failed.
         raise DeviceError(
             f"{local_world_size} tasks on this node share {count} visible GPUs "
-            f"(CUDA_VISIBLE_DEVICES={','.join(ids)}): local rank {local_rank} has none of its "
-            f"own and two ranks would land on one GPU. Ask for one GPU per task "
+            f"(CUDA_VISIBLE_DEVICES={','.join(ids) if visible is not None else 'unset'}): "
+            f"two ranks would land on one GPU. Ask for one GPU per task "
             f"(cluster.gpus_per_node={local_world_size}) or fewer tasks per node."
         )
     return GpuChoice(local_rank, ids[local_rank] if local_rank < len(ids) else str(local_rank),

@@ -32,6 +32,22 @@ def use_fused(fused: bool | None, device_type: str) -> bool:
     return device_type in _get_fused_kernels_supported_devices()
 
 
+# The param-group keys that choose how the update runs, not what it computes. torch saves them
+# in the optimizer's state_dict and load_state_dict would bring them back; the run's current
+# config (and device) decides them instead, so a checkpoint written with a fused kernel on a
+# GPU resumes on a CPU, and `trainer.fused_optimizer=false` on resume takes effect.
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def load_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
+    """optimizer.load_state_dict(state), keeping the optimizer's own implementation flags."""
+    chosen = [{k: group[k] for k in _IMPLEMENTATION_KEYS if k in group}
+              for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, keys in zip(optimizer.param_groups, chosen, strict=True):
+        group.update(keys)
+
+
 def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
     """Multiplier of cfg.lr at optimizer step ``step`` (0-based): warm-up, then the schedule."""
     if cfg.warmup_steps and step < cfg.warmup_steps:

@@ -79,6 +79,10 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> I
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
         changes = nccl.apply(cfg.nccl, environ)
+        if cfg.trainer.deterministic:
+            # cuBLAS is deterministic only with a fixed workspace, read when its first handle
+            # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).
+            environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         device, gpu = _choose_device(cfg, env, environ, host)
         backend = "nccl" if device.type == "cuda" else "gloo"
         _prepare_torch(cfg, env, environ, backend)
@@ -121,14 +125,17 @@ def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
     if wanted == "cuda" or (wanted == "auto" and (allocated or (
             has_cuda and env.source in ("single", "torchrun")))):
         if not has_cuda:
+            hidden = environ.get("CUDA_VISIBLE_DEVICES") == ""
+            why = ("CUDA_VISIBLE_DEVICES is empty, which hides every GPU: the launcher gave "
+                   "this task none. Ask for GPUs (cluster.gpus_per_node=N)" if hidden else
+                   "a CPU-only torch build or a driver that does not match. Fix the "
+                   "environment on that node")
             raise DeviceError(
                 f"on {host} (rank {env.rank}) "
                 + (f"Slurm allocated a GPU ({allocated})" if allocated else
                    "trainer.device=cuda was asked for")
                 + f" but torch {torch.__version__} sees no CUDA device (torch.version.cuda="
-                f"{torch.version.cuda}): a CPU-only torch build or a driver that does not "
-                "match. Fix the environment on that node, or choose trainer.device=cpu "
-                "explicitly.")
+                f"{torch.version.cuda}): {why}, or choose trainer.device=cpu explicitly.")
         choice = select(environ, env.local_rank, env.local_world_size, torch.cuda.device_count())
         assert choice is not None  # has_cuda: at least one device
         torch.cuda.set_device(choice.index)

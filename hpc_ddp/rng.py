@@ -23,16 +23,18 @@ def capture(extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def restore(state: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Set every stream back; the states may come loaded onto any device (torch wants CPU
+    byte tensors, whatever map_location a checkpoint was read with)."""
     import numpy as np
     import torch
 
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())
     for name, gen in extra.items():
-        gen.set_state(state["generators"][name])
+        gen.set_state(state["generators"][name].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
 def seed_all(seed: int) -> None:

@@ -25,7 +25,7 @@ from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.distenv import DistEnv
 from hpc_ddp.metrics import MetricsWriter
 from hpc_ddp.models import build_model
-from hpc_ddp.optim import build_optimizer, build_scheduler
+from hpc_ddp.optim import build_optimizer, build_scheduler, load_optimizer_state
 from hpc_ddp.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         c = state["counters"]
@@ -127,7 +127,10 @@ class Trainer:
                         state["world_size"], self.env.world_size)
 
     def resume_if_possible(self, cause: str) -> None:
-        state = checkpoint.load_latest(self.run.checkpoints, map_location=self.device)
+        # Onto the CPU: RNG states must stay CPU byte tensors, and load_state_dict moves the
+        # weights and optimizer state to the parameters' device itself (optimizer step
+        # counters stay on the CPU where torch wants them there).
+        state = checkpoint.load_latest(self.run.checkpoints, map_location="cpu")
         if state is None:
             return
         self.load_state_dict(state)

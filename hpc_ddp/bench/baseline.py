@@ -153,8 +153,20 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int,
     from hpc_ddp.loop_timing import StepTimer
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    device = torch.device("cpu")
     if cuda:
+        # The textbook says cuda:local_rank; that is wrong under --gpus-per-task (each task
+        # sees only its own GPU, as index 0), so the GPU is chosen as hpc_ddp's ranks choose.
+        from hpc_ddp.device import DeviceError, select
+
+        try:
+            choice = select(os.environ, local_rank, local_world, torch.cuda.device_count())
+        except DeviceError as exc:
+            raise SystemExit(f"rank {rank}: {exc}") from None
+        if choice is None:
+            raise SystemExit(f"rank {rank}: --device cuda, but this task sees no GPU "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+        device = torch.device("cuda", choice.index)
         torch.cuda.set_device(device)
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(local_world, 1))
     torch.set_num_threads(threads)

@@ -7,22 +7,35 @@ multi-node code paths with gloo on loopback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import shlex
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
+from hpc_ddp.device import visible_devices
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.task import TrainingTask
 
 
-def executor_parameters(cfg: Config) -> dict[str, Any]:
-    """submitit LocalExecutor parameters for ``cfg`` (pure)."""
+def executor_parameters(cfg: Config, environ: Mapping[str, str]) -> dict[str, Any]:
+    """submitit LocalExecutor parameters for ``cfg`` launched from ``environ`` (pure)."""
     tasks = cfg.nodes * (cfg.cluster.tasks_per_node or 1)
     params: dict[str, Any] = {"tasks_per_node": tasks, "timeout_min": cfg.cluster.time_min,
                               "signal_delay_s": cfg.cluster.signal_delay_s}
-    if cfg.cluster.gpus_per_node:
-        params["gpus_per_node"] = cfg.cluster.gpus_per_node * cfg.nodes
+    gpus = cfg.cluster.gpus_per_node * cfg.nodes
+    if gpus:
+        params["gpus_per_node"] = gpus
+        # submitit sets the ranks' CUDA_VISIBLE_DEVICES to 0..N-1 of the whole machine; where
+        # this shell was given other GPUs (a shared box, an salloc), hand on those instead.
+        given = visible_devices(environ)
+        if given is not None:
+            if all(d.isdigit() for d in given):
+                params["visible_gpus"] = tuple(int(d) for d in given)
+            else:  # UUIDs / MIG ids: submitit takes only indices, so set the variable itself
+                chosen = shlex.quote(",".join(given[:gpus]))
+                params["setup"] = [f"export CUDA_VISIBLE_DEVICES={chosen}"]
     return params
 
 
@@ -31,7 +44,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
     import submitit
 
     executor = submitit.LocalExecutor(folder=str(run.submitit))
-    executor.update_parameters(**executor_parameters(cfg))
+    executor.update_parameters(**executor_parameters(cfg, os.environ))
     return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
 
 
@@ -44,6 +57,6 @@ def describe(cfg: Config) -> str:
 
 
 def dry_run(cfg: Config, run: RunDir) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in executor_parameters(cfg).items())
+    params = ", ".join(f"{k}={v}" for k, v in executor_parameters(cfg, os.environ).items())
     return (f"would run {describe(cfg)} with submitit.LocalExecutor({params}) into {run.root}; "
             "nothing was started.")

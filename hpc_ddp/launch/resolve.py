@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.device import visible_devices
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir, default_root
 
@@ -73,8 +74,11 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
 
 
 def saved_overrides(overrides: Sequence[str]) -> list[str]:
-    """What overrides.yaml keeps: everything but the per-command switches."""
-    return [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
+    """What overrides.yaml keeps: everything but the per-command switches, and of overrides
+    of the same key only the last (a run resumed ten times keeps one ``optim.lr=``)."""
+    kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
+    last = {o.partition("=")[0]: i for i, o in enumerate(kept)}
+    return [o for i, o in enumerate(kept) if last[o.partition("=")[0]] == i]
 
 
 def _as_bool(value: object) -> bool:
@@ -106,6 +110,25 @@ def check_inputs(cfg: Config) -> None:
         from hpc_ddp.data.cifar10 import check_root
 
         check_root(cfg.data.root)
+
+
+def check_local_gpus(cfg: Config, environ: Mapping[str, str]) -> None:
+    """A local run's GPUs: submitit shows the ranks only the cluster.gpus_per_node it hands
+    out (CUDA_VISIBLE_DEVICES is empty with 0), and only what this shell was given exists."""
+    if cfg.cluster.kind != "local":
+        return
+    wanted = cfg.cluster.gpus_per_node * cfg.nodes
+    if cfg.trainer.device == "cuda" and not wanted:
+        raise UserError("trainer.device", "cuda", "the local ranks get no GPU: with "
+                        "cluster.gpus_per_node=0 submitit sets their CUDA_VISIBLE_DEVICES=''.",
+                        "set cluster.gpus_per_node=<GPUs to use> (one per task).")
+    given = visible_devices(environ)
+    if wanted and given is not None and len(given) < wanted:
+        raise UserError("cluster.gpus_per_node", cfg.cluster.gpus_per_node,
+                        f"this shell is given {len(given)} GPU(s) "
+                        f"(CUDA_VISIBLE_DEVICES={','.join(given) or ''}) and the run needs "
+                        f"{wanted}.", f"use cluster.gpus_per_node={len(given) // cfg.nodes} "
+                        "or fewer, or run where more GPUs are visible.")
 
 
 def check_run_dir(cfg: Config) -> RunDir:

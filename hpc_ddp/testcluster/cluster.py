@@ -198,10 +198,22 @@ class TestCluster:
             if not dev.exists():
                 os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
 
+    def _remove_fake_gpus(self) -> None:
+        # Only what _make_fake_gpus makes: a character device numbered like /dev/null.
+        for dev in self.config.gpu_devices:
+            try:
+                st = dev.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 3):
+                dev.unlink()
+
     # --- down --------------------------------------------------------------------------
     def down(self) -> None:
-        """Stop every daemon we started (by pid file), then remove namespaces and hosts block."""
+        """Stop every daemon we started (by pid file), then remove namespaces, hosts block and
+        the fake GPU device files."""
         self._stop(keep_services=False)
+        self._remove_fake_gpus()
 
     def _stop(self, *, keep_services: bool) -> None:
         cfg = self.config

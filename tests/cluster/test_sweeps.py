@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +26,18 @@ def status_rows(hpc_ddp: Run, sweep: Path, env: dict[str, str]) -> dict:  # type
 def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, str],
                                              tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
+    # cluster.python is the interpreter of every array task, too: a wrapper that leaves a mark.
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text("#!/bin/sh\n"
+                       f'touch "{marks}/$SLURM_ARRAY_JOB_ID-$SLURM_ARRAY_TASK_ID-$SLURM_PROCID"\n'
+                       f'exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
     started = time.monotonic()
     done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05,0.02",
                               "trainer.seed=0,1,2", "trainer.max_steps=10", *SMALL,
-                              f"sweep.dir={sweep}"], env=slurm_env)
+                              f"cluster.python={wrapper}", f"sweep.dir={sweep}"], env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
     returned_after = time.monotonic() - started
     manifest = json.loads((sweep / "sweep.json").read_text())
@@ -53,6 +62,8 @@ def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, 
         summary = json.loads((Path(p["run_dir"]) / "summary.json").read_text())
         assert summary["world_size"] == 2 and summary["global_step"] == 10
         assert len(set(summary["hosts"])) == 2
+    job_ids = {p["job_id"].replace("_", "-") for p in points}
+    assert {m.name for m in marks.iterdir()} == {f"{j}-{r}" for j in job_ids for r in (0, 1)}
     deadline = time.monotonic() + 60
     while True:
         after = status_rows(hpc_ddp, sweep, slurm_env)

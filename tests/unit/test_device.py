@@ -50,9 +50,19 @@ def test_no_gpu(environ: dict[str, str]) -> None:
     assert not gpu_allocated(environ) and slurm_gpus(environ) is None
 
 
-def test_more_tasks_than_gpus_is_refused() -> None:
-    with pytest.raises(DeviceError, match="two ranks would land on one GPU"):
-        select({"CUDA_VISIBLE_DEVICES": "0,1"}, 2, 4, 2)
+def test_more_tasks_than_gpus_is_refused_on_every_rank() -> None:
+    for local_rank in range(4):  # rank 0 too: it must not wait at the rendezvous alone
+        with pytest.raises(DeviceError, match="two ranks would land on one GPU"):
+            select({"CUDA_VISIBLE_DEVICES": "0,1"}, local_rank, 4, 2)
+
+
+def test_torchrun_with_two_ranks_on_a_one_gpu_box_is_refused() -> None:
+    # Nothing chose what each task sees, so both would take device 0.
+    for local_rank in (0, 1):
+        with pytest.raises(DeviceError, match="CUDA_VISIBLE_DEVICES=unset"):
+            select({}, local_rank, 2, 1)
+    alone = select({}, 0, 1, 1)
+    assert alone is not None and alone.index == 0
 
 
 def test_two_ranks_of_a_node_never_share_a_gpu() -> None:

@@ -9,6 +9,7 @@ import pytest
 from hpc_ddp.config.compose import compose
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch.resolve import (
+    check_local_gpus,
     check_run_dir,
     merge_resume_overrides,
     resolve,
@@ -45,6 +46,18 @@ def test_each_resume_builds_on_the_last(tmp_path: Path) -> None:
     assert "wait=false" not in third and compose(third).cluster.kind == "local"
 
 
+def test_resumes_do_not_pile_up_overrides(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    first = ["cluster=local", f"run_dir={run.root}", "trainer.max_steps=10"]
+    write_run_config(run, compose(first), first)
+    for steps in (20, 30, 40):
+        again = merge_resume_overrides([f"run_dir={run.root}", "resume=true",
+                                        f"trainer.max_steps={steps}"])
+        write_run_config(run, compose(again), again)
+    saved = run.overrides.read_text().splitlines()
+    assert saved == ["- cluster=local", f"- run_dir={run.root}", "- trainer.max_steps=40"]
+
+
 def test_resume_needs_a_run(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="run_dir=<the run's folder>"):
         merge_resume_overrides(["resume=true"])
@@ -61,3 +74,25 @@ def test_run_dir_rules(tmp_path: Path) -> None:
     assert check_run_dir(compose([f"run_dir={tmp_path / 'new'}"])).root == tmp_path / "new"
     with pytest.raises(UserError, match="is a file"):
         check_run_dir(compose([f"run_dir={taken / 'x' / 'sub'}"]))
+
+
+def test_local_gpus_follow_what_this_shell_was_given(tmp_path: Path) -> None:
+    from hpc_ddp.launch.local import executor_parameters
+
+    cfg = resolve(compose(["cluster=local", "cluster.gpus_per_node=2"]), NO_SLURM, tmp_path)
+    assert "visible_gpus" not in executor_parameters(cfg, {})  # all of the machine's
+    params = executor_parameters(cfg, {"CUDA_VISIBLE_DEVICES": "4,6,7"})
+    assert params["gpus_per_node"] == 2 and params["visible_gpus"] == (4, 6, 7)
+    by_uuid = executor_parameters(cfg, {"CUDA_VISIBLE_DEVICES": "GPU-a1,GPU-b2,GPU-c3"})
+    assert by_uuid["setup"] == ["export CUDA_VISIBLE_DEVICES=GPU-a1,GPU-b2"]
+    check_local_gpus(cfg, {"CUDA_VISIBLE_DEVICES": "4,6"})
+    with pytest.raises(UserError, match=r"given 1 GPU\(s\) \(CUDA_VISIBLE_DEVICES=4\)"):
+        check_local_gpus(cfg, {"CUDA_VISIBLE_DEVICES": "4"})
+
+
+def test_cuda_on_a_local_run_without_gpus_is_refused(tmp_path: Path) -> None:
+    cfg = resolve(compose(["cluster=local", "trainer.device=cuda"]), NO_SLURM, tmp_path)
+    with pytest.raises(UserError, match="cluster.gpus_per_node=<GPUs to use>"):
+        check_local_gpus(cfg, {})
+    slurm = resolve(compose(["cluster=slurm", "trainer.device=cuda"]), NO_SLURM, tmp_path)
+    check_local_gpus(slurm, {})  # Slurm nodes may show their GPUs without GRES
