@@ -13,11 +13,12 @@ accept the same overrides and refuse bad ones with the same :class:`~hpc_ddp.err
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
+import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,28 +43,44 @@ class Plan:
     run_dir: RunDir
 
 
-def compose(overrides: Sequence[str] = ()) -> Config:
+def compose(overrides: Sequence[str] | str = ()) -> Config:
     """The checked config for these overrides (same grammar and errors as the CLI)."""
     from hpc_ddp.config.compose import compose as _compose
 
-    return _compose(list(overrides))
+    return _compose(_as_list(overrides))
 
 
-def plan(overrides: Sequence[str] = (), cwd: Path | None = None,
+def _as_list(overrides: Sequence[str] | str) -> list[str]:
+    """A list of overrides; one string is split as a shell would ("model=x trainer.seed=1")."""
+    if isinstance(overrides, str):
+        import shlex
+
+        return shlex.split(overrides)
+    return list(overrides)
+
+
+def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
          environ: Mapping[str, str] | None = None, composed: Config | None = None) -> Plan:
     """Compose, merge a resumed run's overrides, resolve the target, check inputs and run dir.
 
     ``composed``: the config of ``overrides`` when the caller composed it already (a sweep
     composes all its points at once). Raises UserError on bad input; touches no existing run.
     """
+    from hpc_ddp.config.compose import check_overrides
     from hpc_ddp.launch import resolve as _resolve
+    from hpc_ddp.launch.resume_check import check_resumable
 
-    merged = _resolve.merge_resume_overrides(list(overrides))
+    given = _as_list(overrides)
+    if composed is None:  # resume=2 must be refused as such, not read as resume=true here
+        check_overrides(given)
+    merged = _resolve.merge_resume_overrides(given)
     environ = os.environ if environ is None else environ
     cfg = _resolve.resolve(composed or compose(merged), environ, cwd or Path.cwd())
     _resolve.check_inputs(cfg)
     _resolve.check_local_gpus(cfg, environ)
-    return Plan(cfg, merged, _resolve.check_run_dir(cfg))
+    run_dir = _resolve.check_run_dir(cfg)
+    check_resumable(cfg, run_dir)
+    return Plan(cfg, merged, run_dir)
 
 
 def target(cfg: Config) -> Any:
@@ -77,20 +94,46 @@ def target(cfg: Config) -> Any:
     return local
 
 
-def submit(overrides: Sequence[str] | Plan = (), cwd: Path | None = None) -> Run:
+def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None) -> Run:
     """Submit a run (local or Slurm, as the config says) and return its handle at once."""
     from hpc_ddp.launch.resolve import write_run_config
 
     chosen = overrides if isinstance(overrides, Plan) else plan(overrides, cwd)
-    write_run_config(chosen.run_dir, chosen.cfg, chosen.overrides)
-    job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
+    with _undone_on_failure(chosen.run_dir):
+        write_run_config(chosen.run_dir, chosen.cfg, chosen.overrides)
+        job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
     record = {"kind": chosen.cfg.cluster.kind, "job_id": str(job.job_id),
               "submitted": time.time()}
     if chosen.cfg.cluster.kind == "local":
-        record["controller_pid"] = int(job.job_id)  # submitit's local job id is its pid
+        record["controller_pid"] = job.pid
+        record["controller_start"] = job.started
     history = (read_json(chosen.run_dir.root / JOB_FILE) or {}).get("history", [])
     write_json(chosen.run_dir.root / JOB_FILE, {**record, "history": [*history, record]})
     return Run(chosen.run_dir.root, record, job)
+
+
+@contextlib.contextmanager
+def _undone_on_failure(run: RunDir) -> Iterator[None]:
+    """A submission that fails leaves the run dir as it found it: a new one is removed (so
+    the same run_dir can be used again), a resumed run gets its config files back."""
+    existed = run.root.exists()
+    entries = set(run.root.iterdir()) if existed else set()
+    made = [p for p in (run.root, *run.root.parents) if not p.exists()]  # outputs/, too
+    saved = {p: p.read_bytes() for p in (run.config, run.overrides) if p.is_file()}
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(run.root, ignore_errors=True)
+            for parent in made[1:]:  # the folders made above it, while they are empty
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
+        else:
+            for path in set(run.root.iterdir()) - entries:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+            for path, data in saved.items():
+                path.write_bytes(data)
+        raise
 
 
 class Run:
@@ -142,7 +185,7 @@ class Run:
 
         if self.summary() is not None and not failed_ranks(self.files):
             return "COMPLETED"
-        return "FAILED"
+        return "CANCELLED" if self._record.get("cancelled") else "FAILED"
 
     def done(self) -> bool:
         if self.kind == "slurm":
@@ -152,17 +195,42 @@ class Run:
             return bool(found and found.finished)
         if self._handle is not None:
             return bool(self._handle.done())
-        return not pid_alive(int(self._record.get("controller_pid", 0)))
+        return not self._controller_alive()
 
-    def cancel(self, check: bool = False) -> None:
+    def _controller_alive(self) -> bool:
+        """The local job's controller runs (the same process: its pid may have been reused)."""
+        return pid_alive(int(self._record.get("controller_pid", 0)),
+                         self._record.get("controller_start"))
+
+    def cancel(self, check: bool = False, grace_s: float = 60.0) -> bool:
+        """Cancel the run if it has not ended; True when something was cancelled.
+
+        Slurm: scancel (the ranks get SIGTERM, checkpoint and stop). Local: the same SIGTERM,
+        then this waits up to ``grace_s`` for the checkpoint before it kills what is left.
+        """
+        if self.done():
+            return False
         if self.kind == "slurm":
             from hpc_ddp.launch.slurm_state import SlurmJobView
 
             SlurmJobView(self.job_id).cancel(check=check)
-        elif self._handle is not None:
-            self._handle.cancel(check=check)
-        elif pid_alive(pid := int(self._record.get("controller_pid", 0))):
-            os.kill(pid, signal.SIGINT)  # what submitit's LocalJob.cancel sends
+            return True
+        if not self._controller_alive():
+            return False
+        self._mark_cancelled()
+        self._stop_local(grace_s)
+        return True
+
+    def _stop_local(self, grace_s: float) -> None:
+        from hpc_ddp.launch.local import stop
+
+        stop(int(self._record["controller_pid"]), self._record.get("controller_start"),
+             grace_s)
+
+    def _mark_cancelled(self) -> None:
+        self._record["cancelled"] = time.time()
+        job = read_json(self.run_dir / JOB_FILE) or {}
+        write_json(self.run_dir / JOB_FILE, {**job, "cancelled": self._record["cancelled"]})
 
     def wait(self, timeout: float | None = None, progress: bool = True,
              out: TextIO | None = None) -> dict[str, Any]:
@@ -212,7 +280,11 @@ class Run:
 
         acc = EventAccumulator(str(self.files.tb), size_guidance={SCALARS: 0})
         acc.Reload()
-        tags = [tag] if tag else acc.Tags().get("scalars", [])
+        known = acc.Tags().get("scalars", [])
+        if tag and tag not in known:
+            raise KeyError(f"{tag!r}: the run logged no such scalar; it has "
+                           f"{', '.join(sorted(known)) or 'none yet'}")
+        tags = [tag] if tag else known
         return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}
 
     def config(self) -> Config:
@@ -250,5 +322,9 @@ class _FollowView:
         return self.run.done()
 
     def cancel(self, check: bool = False) -> None:
-        self.run.cancel(check=check)
+        """After a rank failed (follow's grace is over): end the others now, as failed."""
+        if self.run.kind == "slurm":
+            self.run.cancel(check=check)
+        else:
+            self.run._stop_local(grace_s=0.0)
 

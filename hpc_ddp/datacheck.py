@@ -4,18 +4,22 @@
     print(report)            # shards disjoint and covering, reshuffled per epoch, shapes, speed
     report.indices[3][:10]   # the first sample indices rank 3 trains on in epoch 0
 
-It builds each rank's sampler and loader exactly as the trainer does (hpc_ddp.data.loaders),
-without starting any process.
+It builds rank 0's data set and loader exactly as the trainer does (hpc_ddp.data.loaders),
+and every rank's sampler over that data set (the trainer's sampler, with the trainer's
+arguments), without starting any process.
 """
 
 from __future__ import annotations
 
+import numbers
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
 
 
 @dataclass
@@ -58,18 +62,30 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
     """Shards, order, one batch and the loader's speed for ``world_size`` ranks."""
     from hpc_ddp.api import compose
     from hpc_ddp.data.loaders import build_loaders
+    from hpc_ddp.data.sampler import ResumableDistributedSampler
 
+    for name, value, least in (("world_size", world_size, 1), ("epoch", epoch, 0),
+                               ("batches", batches, 1)):
+        if not isinstance(value, numbers.Integral) or value < least:
+            raise UserError(name, value, f"must be an integer >= {least}.",
+                            f"pass e.g. {name}={max(least, 2 if name == 'world_size' else 0)}.")
     cfg = config if isinstance(config, Config) else compose(list(config))
     t = cfg.trainer
-    loaders = [build_loaders(cfg.data, t.batch_size, r, world_size, t.seed)
-               for r in range(world_size)]
+    # The data set is the same on every rank: build it once (building it per rank made a
+    # large world_size take minutes), and each rank's sampler over it as build_loaders does.
+    first = build_loaders(cfg.data, t.batch_size, 0, world_size, t.seed)
+    dataset = first.train.dataset
     indices = {}
-    for rank, loader in enumerate(loaders):
-        loader.sampler.set_position(epoch, 0)
-        indices[rank] = list(loader.sampler)
-    loaders[0].sampler.set_position(epoch + 1, 0)
-    next_epoch = list(loaders[0].sampler)
-    size = loaders[0].train_size
+    progress = _Progress(world_size)
+    for rank in range(world_size):
+        sampler = first.sampler if rank == 0 else ResumableDistributedSampler(
+            dataset, world_size, rank, t.seed)
+        sampler.set_position(epoch, 0)
+        indices[rank] = list(sampler)  # each rank draws the whole permutation: O(data set)
+        progress.update(rank + 1)
+    first.sampler.set_position(epoch + 1, 0)
+    next_epoch = list(first.sampler)
+    size = first.train_size
     union = [i for shard in indices.values() for i in shard]
     padded = len(union) - size
     disjoint = len(set(union)) == len(union) - padded
@@ -81,9 +97,27 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
         problems.append("some samples are never seen")
     if next_epoch == indices[0]:
         problems.append("set_epoch does not change the order: every epoch would be the same")
-    shapes, dtypes, speed = _time_loader(loaders[0].train, loaders[0].sampler, epoch, batches)
+    shapes, dtypes, speed = _time_loader(first.train, first.sampler, epoch, batches)
     return DataReport(world_size, size, indices, disjoint, covers, padded,
                       next_epoch != indices[0], shapes, dtypes, speed, problems)
+
+
+class _Progress:
+    """A line on stderr every few seconds, once the shards take longer than that (thousands
+    of ranks over a large data set)."""
+
+    EVERY_S = 3.0
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.last = time.monotonic()
+
+    def update(self, done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.EVERY_S and done < self.total:
+            self.last = now
+            print(f"check_data: shards of {done} of {self.total} ranks drawn", file=sys.stderr,
+                  flush=True)
 
 
 def _time_loader(loader: Any, sampler: Any, epoch: int,

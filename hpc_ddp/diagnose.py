@@ -16,6 +16,64 @@ from pathlib import Path
 from typing import Any
 
 _ADDRESS = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
+# How a failed collective or a lost peer reads, from gloo, NCCL and the c10d store.
+_COMM = re.compile(r"gloo|nccl|ProcessGroup|c10d|Connection (closed|reset|refused)|Timed out "
+                   r"waiting|timed out|Broken pipe|socket|recv|Watchdog", re.IGNORECASE)
+# What another node or a later attempt may not meet again: the hardware, the file system.
+_HARDWARE = re.compile(r"CUDA error|ECC|uncorrectable|Xid|device-side|NVLink|cuDNN error",
+                       re.IGNORECASE)
+
+
+def is_comm_failure(error: BaseException) -> bool:
+    """The collective or the store failed (a peer died, hung or lost its network)."""
+    try:
+        from torch.distributed import DistError
+
+        if isinstance(error, DistError):
+            return True
+    except ImportError:
+        pass
+    return bool(_COMM.search(f"{type(error).__name__}: {error}"))
+
+
+def worth_requeue(error: BaseException) -> bool:
+    """A requeue may get past it: a lost peer, a bad node, a file system hiccup. A bug, bad
+    input or running out of memory fails the same way on every attempt."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return False
+    return (is_comm_failure(error) or isinstance(error, OSError | TimeoutError)
+            or bool(_HARDWARE.search(str(error))))
+
+
+def own_error(error: BaseException, max_lines: int = 8, max_chars: int = 1200) -> str:
+    """The error as a user needs it: its type and its whole message, within bounds (a state
+    dict mismatch lists the keys on the lines after the first)."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    text = "\n".join(lines[:max_lines]) + ("\n..." if len(lines) > max_lines else "")
+    text = text if len(text) <= max_chars else text[:max_chars] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def peer_error(logs: Path, rank: int, world_size: int) -> str | None:
+    """The first line of another rank's error file from this attempt (each rank removes its
+    own when it joins), if one failed by itself: the cause of this rank's failed collective."""
+    for r in range(world_size):
+        path = logs / f"rank{r}.error"
+        if r == rank or not path.is_file():
+            continue
+        try:
+            first = path.read_text().splitlines()[0]
+        except (OSError, IndexError):
+            continue
+        if LOCAL_MARK in first:
+            return first.replace(f"{LOCAL_MARK} ", "").replace(LOCAL_MARK, "").strip()
+    return None
+
+
+# Marks an error file whose rank failed on its own (not because a peer went away).
+LOCAL_MARK = "[own failure]"
 
 
 def silent_ranks(store: Any, rank: int, world_size: int, wait_s: float) -> list[int] | None:
@@ -60,7 +118,7 @@ def hosts_of(ranks: list[int], ranks_dir: Path) -> dict[int, str]:
 def explain(error: BaseException, store: Any, rank: int, world_size: int, ranks_dir: Path,
             wait_s: float = 5.0) -> str:
     """One sentence naming the rank(s) and host(s) that stopped answering, if they can be told."""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = own_error(error, max_lines=1, max_chars=400)
     silent = silent_ranks(store, rank, world_size, wait_s)
     if silent:
         hosts = hosts_of(silent, ranks_dir)

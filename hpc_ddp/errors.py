@@ -8,6 +8,15 @@ from typing import Any
 USAGE_EXIT_CODE = 2
 
 
+def shown(value: Any) -> Any:
+    """A value as the user types it (null, true, false), for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
 class UserError(Exception):
     """Bad input. ``str()`` is one line a user can act on; no traceback is shown for it."""
 
@@ -20,8 +29,8 @@ class UserError(Exception):
 
     @property
     def message(self) -> str:
-        shown = self.value if isinstance(self.value, str) else repr(self.value)
-        text = f"{self.key}={shown}: {self.problem}"
+        value = shown(self.value)
+        text = f"{self.key}={value if isinstance(value, str) else repr(value)}: {self.problem}"
         if self.fix:
             text += f" Fix: {self.fix}"
         return " ".join(text.split())  # one line, whatever the parts held

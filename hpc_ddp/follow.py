@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from hpc_ddp.diagnose import LOCAL_MARK
 from hpc_ddp.ranklog import tail
 from hpc_ddp.rundir import RunDir, read_json
 
@@ -67,9 +68,9 @@ def results_table(summary: dict[str, Any]) -> str:
     def fmt(value: Any) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
-    rows = [("world size", summary.get("world_size")), ("nodes", ", ".join(
+    rows = [("world size", summary.get("world_size")), ("hosts", ", ".join(
         summary.get("nodes", []))), ("steps", summary.get("global_step")),
-            ("epochs", summary.get("epochs_completed")),
+            ("epochs completed", summary.get("epochs_completed")),
             ("final train loss", summary.get("final_train_loss")),
             ("eval loss", summary.get("eval_loss")),
             ("eval accuracy", summary.get("eval_accuracy")),
@@ -80,14 +81,24 @@ def results_table(summary: dict[str, Any]) -> str:
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
 
 
+def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:
+    """A rank's error as its error file begins: "rank N on host: message" (the whole message,
+    which for a state-dict mismatch names the keys on the following lines)."""
+    error = run.rank_error(rank)
+    try:
+        head = error.read_text().split("\n\n", 1)[0].splitlines()
+    except OSError:
+        return f"rank {rank}: no error file"
+    head = head[:max_lines] + (["..."] if len(head) > max_lines else [])
+    return "\n".join(head).replace(f"{LOCAL_MARK} ", "")
+
+
 def failure_report(run: RunDir, job: Any) -> str:
     ranks = failed_ranks(run)
     state = getattr(job, "state", "?")
     lines = [f"job {job.job_id} failed (state {state})."]
     for rank in ranks or [0]:
-        error = run.rank_error(rank)
-        first = error.read_text().splitlines()[0] if error.is_file() else "no error file"
-        lines += [f"rank {rank}: {first}", f"last lines of {run.rank_log(rank)}:",
+        lines += [error_message(run, rank), f"last lines of {run.rank_log(rank)}:",
                   tail(run.rank_log(rank), 15)]
     if not ranks:
         lines += [f"no rank reported an error; submitit's output is under {run.submitit}"]
@@ -103,10 +114,11 @@ class _Reporter:
         if getattr(out, "isatty", lambda: False)():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+            self.bar = Progress(TextColumn("{task.fields[counter]}"), BarColumn(),
                                 TextColumn("{task.description}"), TimeRemainingColumn())
             self.bar.start()
-            self.task = self.bar.add_task("starting", total=None)
+            self.task = self.bar.add_task("starting: waiting for the first logged step",
+                                          total=None, counter="")
 
     def update(self, progress: dict[str, Any] | None) -> None:
         if not progress or progress.get("step") == self.last_step:
@@ -119,7 +131,8 @@ class _Reporter:
                 f"epoch {progress.get('epoch')}")
         if self.bar is not None:
             self.bar.update(self.task, completed=progress["step"],
-                            total=progress.get("total_steps"), description=text)
+                            total=progress.get("total_steps"), description=text,
+                            counter=f"step {progress['step']}/{progress.get('total_steps')}")
         else:
             print(f"step {progress['step']}/{progress.get('total_steps')}  {text}",
                   file=self.out, flush=True)

@@ -83,7 +83,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> I
             # cuBLAS is deterministic only with a fixed workspace, read when its first handle
             # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).
             environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        device, gpu = _choose_device(cfg, env, environ, host)
+        device, gpu = _choose_device(cfg, env, environ)
         backend = "nccl" if device.type == "cuda" else "gloo"
         _prepare_torch(cfg, env, environ, backend)
         store = rendezvous.connect(env, run_dir.rendezvous, host,
@@ -110,8 +110,8 @@ def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
     return int(slurm) if slurm.isdigit() and int(slurm) > 0 else cfg.cluster.cpus_per_task
 
 
-def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
-                   host: str) -> tuple[Any, dict[str, Any]]:
+def _choose_device(cfg: Config, env: DistEnv,
+                   environ: MutableMapping[str, str]) -> tuple[Any, dict[str, Any]]:
     """The torch device and the record of the GPU this rank was given (rank -> node -> GPU)."""
     import torch
 
@@ -130,10 +130,9 @@ def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
                    "this task none. Ask for GPUs (cluster.gpus_per_node=N)" if hidden else
                    "a CPU-only torch build or a driver that does not match. Fix the "
                    "environment on that node")
-            raise DeviceError(
-                f"on {host} (rank {env.rank}) "
-                + (f"Slurm allocated a GPU ({allocated})" if allocated else
-                   "trainer.device=cuda was asked for")
+            raise DeviceError(  # the error file and the log name the rank and the host
+                (f"Slurm allocated a GPU ({allocated})" if allocated else
+                 "trainer.device=cuda was asked for")
                 + f" but torch {torch.__version__} sees no CUDA device (torch.version.cuda="
                 f"{torch.version.cuda}): {why}, or choose trainer.device=cpu explicitly.")
         choice = select(environ, env.local_rank, env.local_world_size, torch.cuda.device_count())

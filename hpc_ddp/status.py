@@ -5,6 +5,7 @@
     python -m hpc_ddp.status multirun/2026-11-30_10-00-00 --plot curves.png
     python -m hpc_ddp.status outputs/try1 --cancel                   # cancel a run or a sweep
     python -m hpc_ddp.status outputs/try1 --json
+    python -m hpc_ddp.status outputs/try1 --watch --interval 30     # refresh every 30 s
 
 Per job: Slurm's state (sacct, squeue when accounting is absent) or the local state,
 restarts, current step, latest loss and eval accuracy.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -21,20 +23,63 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
+from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rundir import read_json
+
+# Folders the other commands make, which status cannot follow: (the file that marks one,
+# the name its config.yaml gives the job, what it is, where its results are).
+OTHER_KINDS = (("doctor.json", "hpc_ddp_doctor", "a doctor run (python -m hpc_ddp.doctor)",
+                "doctor.json"),
+               ("bench/comm.json", "hpc_ddp_bench-comm",
+                "a benchmark run (python -m hpc_ddp.bench comm)", "bench/comm.json"),
+               ("bench/train.json", "hpc_ddp_bench-train",
+                "a benchmark run (python -m hpc_ddp.bench train)", "bench/train.json"))
 
 
 def runs_of(path: Path) -> tuple[list[tuple[str, Path]], dict[str, Any] | None]:
-    """(label, run dir) of every run under ``path`` (one for a run, all points of a sweep)."""
+    """(label, run dir) of every run under ``path`` (one for a run, all points of a sweep).
+
+    Raises UserError for anything else, saying what it is when it can be told."""
     from hpc_ddp.sweep.launch import read_manifest
 
+    shown = str(path)
+    if not path.exists():
+        raise UserError("path", shown, "does not exist.",
+                        "pass a run dir (submit prints it) or a sweep dir (sweep.dir).")
+    if not path.is_dir():
+        raise UserError("path", shown, "is a file, not a folder.",
+                        f"pass a run dir or a sweep dir (this file's folder is {path.parent}).")
     manifest = read_manifest(path)
     if manifest is not None:
         return [(p["label"], Path(p["run_dir"])) for p in manifest["points"]], manifest
+    other = other_kind(path)
+    if other is not None:
+        what, results = other
+        raise UserError("path", shown, f"is {what}, not a training run or a sweep.",
+                        f"its results are written to {path / results}; status follows the "
+                        "runs and sweeps of submit.")
     if (path / JOB_FILE).is_file() or (path / "config.yaml").is_file():
         return [(path.name, path)], None
-    raise FileNotFoundError(f"{path} is neither a run dir nor a sweep dir (no job.json, "
-                            "config.yaml or sweep.json)")
+    raise UserError("path", shown, "is neither a run dir nor a sweep dir (no job.json, "
+                    "config.yaml or sweep.json).", "pass the run dir submit printed, or a "
+                    "sweep's sweep.dir.")
+
+
+def other_kind(path: Path) -> tuple[str, str] | None:
+    """(what it is, its results file) for a doctor or benchmark folder; None otherwise."""
+    job_name = ""
+    if (path / "config.yaml").is_file() and not (path / JOB_FILE).is_file():
+        from omegaconf import OmegaConf
+
+        try:
+            job_name = str(OmegaConf.select(OmegaConf.load(path / "config.yaml"),
+                                            "cluster.job_name", default=""))
+        except Exception:  # an unreadable config.yaml: not this function's to report
+            job_name = ""
+    for marker, name, what, results in OTHER_KINDS:
+        if (path / marker).is_file() or job_name == name:
+            return what, results
+    return None
 
 
 def row(label: str, run_dir: Path) -> dict[str, Any]:
@@ -107,8 +152,32 @@ def plot(runs: list[tuple[str, Path]], out_png: Path) -> None:
         ax.grid(alpha=0.3)
     loss_ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(out_png, dpi=100)
+    except OSError as exc:
+        raise UserError("--plot", str(out_png), f"cannot be written ({exc.strerror or exc}).",
+                        "choose a file in a folder you can write.") from None
+    finally:
+        plt.close(fig)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The options' values, before anything is read or drawn (UserError if bad)."""
+    if not (math.isfinite(args.interval) and args.interval > 0):
+        raise UserError("--interval", args.interval, "must be a positive number of seconds.",
+                        "e.g. --interval 5.")
+    if args.plot is None:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    folder = args.plot.parent
+    if not folder.is_dir():
+        raise UserError("--plot", str(args.plot), f"its folder {folder} does not exist.",
+                        "create the folder first, or write the file elsewhere.")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if args.plot.suffix.lower().lstrip(".") not in kinds:
+        raise UserError("--plot", str(args.plot), "does not end in an image type matplotlib "
+                        "writes.", "end it with .png (or .pdf, .svg).")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
@@ -122,10 +191,18 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     try:
+        check_args(args)
         runs, manifest = runs_of(args.path.absolute())
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _show(args, runs, manifest, out)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except KeyboardInterrupt:  # Ctrl-C ends --watch; the jobs go on
+        return 130
+
+
+def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
+          manifest: dict[str, Any] | None, out: TextIO) -> int:
     if args.cancel:
         return _cancel(runs, manifest, out)
     while True:
@@ -154,9 +231,14 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
         return 0
     for label, run_dir in runs:
         job = read_json(run_dir / JOB_FILE)
-        if job:
-            Run(run_dir, job).cancel()
-            print(f"cancelled {label} (job {job['job_id']})", file=out)
+        if not job:
+            continue
+        if Run(run_dir, job).cancel():
+            print(f"cancelled {label} (job {job['job_id']}); continue it with: python -m "
+                  f"hpc_ddp.submit run_dir={run_dir} resume=true", file=out)
+        else:
+            print(f"{label} (job {job['job_id']}) had ended already; nothing to cancel",
+                  file=out)
     return 0
 
 

@@ -90,10 +90,12 @@ def parse_duration(text: str) -> float | None:
     return float(total)
 
 
-def cause_of(code: int, time_left: float | None, signal_delay_s: int) -> str:
+def cause_of(code: int, time_left: float | None, signal_delay_s: int,
+             on_slurm: bool = True) -> str:
     """What the stop was: a time limit ahead, a preemption, or a cancel/preemption SIGTERM."""
     if code == TERM:
-        return "SIGTERM (preemption grace time or scancel)"
+        return ("SIGTERM (preemption grace time or scancel)" if on_slurm else
+                "SIGTERM (Ctrl-C on the submitting command, a cancel, or kill)")
     # --signal=SIG@T may arrive up to 60 s earlier than T (sbatch(1)).
     if time_left is not None and time_left <= signal_delay_s + 90:
         return "time limit"

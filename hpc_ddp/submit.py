@@ -15,11 +15,15 @@ layer over the Python API (hpc_ddp.plan / hpc_ddp.submit, docs/api.md).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+
+# What a shell reports for a command ended by Ctrl-C (128 + SIGINT).
+INTERRUPTED_EXIT_CODE = 130
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
@@ -38,11 +42,14 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         if multirun:
             from hpc_ddp.sweep.launch import launch
 
-            return launch(overrides, out)
+            return launch(overrides, out, show_cfg=show_cfg)
         return _submit(overrides, show_cfg, out)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except BrokenPipeError:  # `... --cfg | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
@@ -77,12 +84,32 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
         print(f"  follow:      squeue -j {run.job_id}   (sacct -j {run.job_id} once it ends; "
               f"python -m hpc_ddp.submit ... wait=true follows it)", file=out, flush=True)
     if not cfg.wait:
+        print(f"  status:      python -m hpc_ddp.status {run_dir.root}", file=out, flush=True)
         return 0
     try:
         run.wait(out=out)
     except api.RunFailed:
         return 1  # follow() has printed the failing rank's lines
+    except KeyboardInterrupt:
+        return interrupted(run, out)
     return 0
+
+
+def interrupted(run: Any, out: TextIO) -> int:
+    """Ctrl-C while following: a Slurm job goes on; a local run checkpoints and stops."""
+    resume = f"python -m hpc_ddp.submit run_dir={run.run_dir} resume=true"
+    if run.kind == "slurm":
+        print(f"\nstopped following; job {run.job_id} goes on (python -m hpc_ddp.status "
+              f"{run.run_dir}; scancel {run.job_id} stops it).", file=out, flush=True)
+        return INTERRUPTED_EXIT_CODE
+    print("\ninterrupted: the ranks save a checkpoint and stop (Ctrl-C again stops them at "
+          "once, losing the steps since the last checkpoint)...", file=out, flush=True)
+    try:
+        run.cancel(grace_s=120.0)
+    except KeyboardInterrupt:
+        run.cancel(grace_s=0.0)
+    print(f"stopped. Continue with: {resume}", file=out, flush=True)
+    return INTERRUPTED_EXIT_CODE
 
 
 if __name__ == "__main__":

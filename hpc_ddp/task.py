@@ -100,7 +100,7 @@ def _after_stop(stopped: StopTraining, stop: StopRequest, cfg: Config, rank: Ran
         raise SystemExit(0)  # rank 0 decides and reports
     job = requeue.slurm_job(environ)
     left = stopping.time_left_s(job, environ) if job else None
-    cause = stopping.cause_of(stopped.code, left, cfg.cluster.signal_delay_s)
+    cause = stopping.cause_of(stopped.code, left, cfg.cluster.signal_delay_s, job is not None)
     record = {"attempt": rank.env.restart, "step": stopped.step, "cause": cause,
               "signals": [name for name, _ in stop.received]}
     resume_hint = f"python -m hpc_ddp.submit run_dir={run_dir.root} resume=true"
@@ -135,12 +135,23 @@ def _after_stop(stopped: StopTraining, stop: StopRequest, cfg: Config, rank: Ran
 
 def _after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
                    environ: MutableMapping[str, str]) -> None:
-    """Name who stopped answering; on Slurm requeue from the last checkpoint if allowed."""
-    message = diagnose.explain(exc, rank.store, rank.env.rank, rank.env.world_size,
-                               run_dir.ranks)
+    """Name the cause: this rank's own error, or the rank that failed or stopped answering;
+    on Slurm requeue from the last checkpoint if allowed and a new attempt may get past it."""
+    if diagnose.is_comm_failure(exc):
+        message = diagnose.explain(exc, rank.store, rank.env.rank, rank.env.world_size,
+                                   run_dir.ranks)
+        peer = diagnose.peer_error(run_dir.logs, rank.env.rank, rank.env.world_size)
+        if peer is not None:  # a peer failed by itself; its error is the cause, not ours
+            message = f"{peer} (this rank's collective failed as a result)"
+        retry = peer is None
+    else:
+        message = f"{diagnose.LOCAL_MARK} {diagnose.own_error(exc)}"
+        retry = diagnose.worth_requeue(exc)
     record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
-              "cause": message}
+              "cause": message.replace(diagnose.LOCAL_MARK, "").strip()}
     events.append(run_dir.root, {"kind": "failure", **record})
+    if not retry:
+        raise RuntimeError(message) from exc  # a new attempt would fail the same way
     job = requeue.slurm_job(environ)
     used = events.requeues_by_us(events.read(run_dir.root))
     if job is not None and used < cfg.cluster.max_restarts and rank.store is not None:

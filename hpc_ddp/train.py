@@ -8,12 +8,37 @@ every task; a requeued job finds its checkpoints there and resumes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+
+
+def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
+    """Submit's run-dir checks, as far as they hold on every rank of a started job.
+
+    Every rank checks (the run dir may be mounted differently on each node): it must be a
+    folder this rank can write, and a first start with resume=true must find a run there.
+    submit's "new or empty" rule is left out: a requeued start finds its own run, and the
+    other ranks may already see rank 0's config.yaml; a fresh start in a folder holding
+    checkpoints is refused by task.resume_cause.
+    """
+    from hpc_ddp.launch import resolve
+
+    checked = dataclasses.replace(cfg, run_dir=cfg.run_dir or str(root),
+                                  resume=cfg.resume and restart == 0)
+    if checked.resume or (root.exists() and not root.is_dir()):
+        run = resolve.check_run_dir(checked)  # a file; no run to resume; not writable
+        from hpc_ddp.launch.resume_check import check_resumable
+
+        check_resumable(checked, run)  # a network or optimizer the checkpoint cannot take
+    else:
+        assert checked.run_dir is not None
+        resolve.check_writable(root, checked.run_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(cfg.run_dir) if cfg.run_dir else default_root(Path.cwd() / "outputs",
                                                                    job_id=job or "local")
         run_dir = RunDir(root.absolute())
+        check_run_dir(cfg, run_dir.root, env.restart)
         check_inputs(cfg)
         if env.is_master and resume_cause(cfg, run_dir, env) is None:
             # A fresh run: record its config and overrides (submit resume=true can go on

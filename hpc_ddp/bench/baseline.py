@@ -31,6 +31,10 @@ from datetime import timedelta
 from typing import Any
 
 from hpc_ddp.config.schema import DataConfig, ModelConfig, OptimConfig
+from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+
+MODELS = ("null", "tiny_cnn", "resnet18", "resnet50")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass
@@ -104,7 +108,7 @@ def train_steps(parts: Parts, loader: Any = None) -> Generator[Any, None, None]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.baseline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny_cnn", help="tiny_cnn | resnet18 | resnet50 | null")
+    p.add_argument("--model", default="tiny_cnn", help=" | ".join(MODELS))
     p.add_argument("--world-size", type=int, default=2, help="ranks to start (no launcher)")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--steps", type=int, default=100, help="timed steps")
@@ -120,6 +124,24 @@ def parser() -> argparse.ArgumentParser:
                    help="CPU: glibc keeps freed memory (as the suite's process does when the "
                    "trainer's keep_freed_memory is on; hpc_ddp/cpu_memory.py)")
     return p
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The options' values, before any process starts (UserError if bad)."""
+    if args.model not in MODELS:
+        raise UserError("--model", args.model, "is not a model.",
+                        f"use one of {', '.join(MODELS)}.")
+    if args.device not in DEVICES:
+        raise UserError("--device", args.device, "is not a device.",
+                        f"use one of {', '.join(DEVICES)}.")
+    for flag, value, least in (("--world-size", args.world_size, 1),
+                               ("--batch-size", args.batch_size, 1),
+                               ("--steps", args.steps, 1), ("--train-size", args.train_size, 1),
+                               ("--image-size", args.image_size, 8),
+                               ("--threads", 1 if args.threads is None else args.threads, 1)):
+        if value < least:
+            raise UserError(flag, value, f"must be at least {least}.",
+                            f"pass {flag} {least} or more (--help shows the defaults).")
 
 
 def rank_env(environ: Mapping[str, str]) -> tuple[int, int, int, int] | None:
@@ -231,6 +253,11 @@ def format_result(r: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        check_args(args)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return USAGE_EXIT_CODE
     args.warmup = max(args.warmup, 1)
     found = rank_env(os.environ)
     if found is not None:  # started by torchrun or srun: this process is one rank

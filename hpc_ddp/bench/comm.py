@@ -11,12 +11,14 @@ busbw = algbw * 2(n-1)/n for all_reduce, algbw * (n-1)/n for the other two. The 
 slowest rank's mean over the timed iterations, after warm-up. On several nodes it also streams
 bytes over one plain TCP connection between rank 0 and another node (the physical limit for a
 socket backend such as Gloo) and prints the all-reduce busbw as a fraction of it.
-Writes bench/comm.json and bench/comm.png into the run dir.
+Each row is printed as soon as its size is measured. Writes bench/comm.json and
+bench/comm.png into the run dir.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -35,6 +37,8 @@ from hpc_ddp.rundir import RunDir, read_json, write_json
 log = logging.getLogger(__name__)
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 RESULT = Path("bench") / "comm.json"
+# One JSON line per measured row, appended by rank 0 as it goes (read to print progress).
+ROWS = Path("bench") / "comm.rows.jsonl"
 PLOT = Path("bench") / "comm.png"
 _UNITS = {"": 1, "B": 1, "K": 2**10, "KIB": 2**10, "KB": 2**10, "M": 2**20, "MIB": 2**20,
           "MB": 2**20, "G": 2**30, "GIB": 2**30, "GB": 2**30}
@@ -95,8 +99,12 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
 
     with joined(cfg, run_dir, environ) as rank:
         world = rank.env.world_size
-        rows = [measure(op, size, rank.device, options)
-                for op in options.ops for size in sizes(options)]
+        rows = []
+        for op in options.ops:
+            for size in sizes(options):
+                rows.append(measure(op, size, rank.device, options))
+                if rank.env.is_master and rows[-1] is not None:
+                    _append_row(run_dir.root / ROWS, rows[-1])
         hosts: list[Any] = [None] * world
         dist.all_gather_object(hosts, rank.host)
         raw = tcp.measure(rank.env.rank, hosts, options.tcp_seconds)
@@ -188,6 +196,12 @@ def _check(op: str, count: int, world: int, rank: int, device: Any) -> bool:
     return bool(torch.all(out == world * (world + 1) / 2).item())
 
 
+def _append_row(path: Path, row: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def _sync(device: Any) -> None:
     if device.type == "cuda":
         import torch
@@ -214,20 +228,27 @@ def ratio(result: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def table(result: dict[str, Any]) -> str:
-    head = ("op", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check")
-    rows: list[tuple[str, ...]] = [head]
-    for r in result["rows"]:
-        rows.append((r["op"], human(r["bytes"]), str(r["count"]), str(r["iters"]),
-                     f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
-                     "ok" if r["correct"] else "WRONG"))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
-                       enumerate(zip(row, widths, strict=True))) for row in rows]
+HEAD = ("op", "size", "count", "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "check")
+# Fixed widths, so rows can be printed one by one as they are measured.
+WIDTHS = (14, 11, 10, 5, 10, 11, 11, 5)
+
+
+def _line(cells: Sequence[str]) -> str:
+    return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                     for i, (c, w) in enumerate(zip(cells, WIDTHS, strict=True))).rstrip()
+
+
+def row_line(r: dict[str, Any]) -> str:
+    return _line((r["op"], human(r["bytes"]), str(r["count"]), str(r["iters"]),
+                  f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}",
+                  "ok" if r["correct"] else "WRONG"))
+
+
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """What follows the rows: the job's shape, raw TCP and the ratios to it."""
     raw, share = result.get("tcp"), result.get("ratio")
-    lines.append("")
-    lines.append(f"{result['backend']} on {result['world_size']} ranks, "
-                 f"{len(set(result['hosts']))} host(s), device {result['device']}")
+    lines = ["", f"{result['backend']} on {result['world_size']} ranks, "
+                 f"{len(set(result['hosts']))} host(s), device {result['device']}"]
     if raw:
         where = ("same host (loopback)" if raw["same_host"]
                  else f"{raw['from_host']} -> {raw['to_host']}")
@@ -240,7 +261,31 @@ def table(result: dict[str, Any]) -> str:
                          f"{s['busbw_gbps']:.3f} GB/s = {s['ratio']:.2f} x raw TCP (peak "
                          f"{s['peak_busbw_gbps']:.3f} GB/s at {human(s['peak_bytes'])} = "
                          f"{s['peak_ratio']:.2f} x)")
-    return "\n".join(lines)
+    return lines
+
+
+def table(result: dict[str, Any]) -> str:
+    return "\n".join([_line(HEAD), *(row_line(r) for r in result["rows"]),
+                      *summary_lines(result)])
+
+
+class RowPrinter:
+    """Prints the rows rank 0 appends to ``ROWS``, each once, under one header."""
+
+    def __init__(self, path: Path, out: TextIO) -> None:
+        self.path, self.out, self.printed = path, out, 0
+
+    def __call__(self) -> None:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return  # not written yet
+        done = text.split("\n")[:-1]  # a line without its newline is still being written
+        for line in done[self.printed:]:
+            if self.printed == 0:
+                print(_line(HEAD), file=self.out)
+            print(row_line(json.loads(line)), file=self.out, flush=True)
+            self.printed += 1
 
 
 def parser() -> argparse.ArgumentParser:
@@ -257,8 +302,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--tcp-seconds", type=float, default=CommOptions.tcp_seconds,
                    help="raw TCP stream length (0: skip)")
-    p.add_argument("--timeout-s", type=float, default=None)
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="give up (and cancel the job) after this many seconds")
+    p.add_argument("--no-plot", action="store_true", help="skip bench/comm.png")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
     return p
 
@@ -274,8 +320,19 @@ def options_from(args: argparse.Namespace) -> CommOptions:
                         f"{args.min_size}/{args.max_size}/{args.factor}/{args.iters}",
                         "need 0 < min <= max, factor >= 2, iters >= 1.",
                         "e.g. --min-size 1K --max-size 4MiB.")
+    if not args.budget_s > 0:
+        raise UserError("--budget-s", args.budget_s, "must be a positive number of seconds.",
+                        "e.g. --budget-s 1.")
+    check_timeout(args.timeout_s)
     return CommOptions(args.min_size, args.max_size, args.factor, args.iters,
                        max(args.warmup, 1), args.budget_s, ops, args.tcp_seconds)
+
+
+def check_timeout(timeout_s: float | None) -> None:
+    """--timeout-s, when given, is a positive number of seconds (0 would give up at once)."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise UserError("--timeout-s", timeout_s, "must be a positive number of seconds.",
+                        "e.g. --timeout-s 600, or leave it out to wait until the job ends.")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
@@ -287,7 +344,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         options = options_from(args)
         cfg, bench_dir = job.prepare(args.overrides, "bench-comm", os.environ, Path.cwd())
         program = RankProgram(run, to_yaml(cfg), str(bench_dir.root), options)
-        job.submit_and_wait(cfg, bench_dir, program, out, args.timeout_s)
+        printer = RowPrinter(bench_dir.root / ROWS, out)
+        job.submit_and_wait(cfg, bench_dir, program, out, args.timeout_s, on_poll=printer)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
@@ -298,7 +356,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         for r, h, m, _ in errors:
             print(f"  rank {r} on {h}: {m}", file=out)
         return 1
-    print(table(result), file=out)
+    if printer.printed == len(result["rows"]):
+        print("\n".join(summary_lines(result)), file=out)
+    else:
+        print(table(result), file=out)
     if not args.no_plot:
         from hpc_ddp.bench.plot import plot
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+
 
 def _timed_sweep(points: int, folder: Path, extra: list[str], per_point: bool) -> float:
     cmd = [sys.executable, "-m", "hpc_ddp.submit", "-m", "cluster=slurm",
@@ -69,6 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("overrides", nargs="*", help="extra overrides for every point")
     args = parser.parse_args(argv)
+    for flag, value in (("--points", args.points), ("--rounds", args.rounds)):
+        if value < 1:
+            problem = UserError(flag, value, "must be at least 1.", "e.g. --points 200 --rounds 2.")
+            print(f"error: {problem.message}", file=sys.stderr)
+            return USAGE_EXIT_CODE
     if shutil.which("sbatch") is None:
         print("error: this benchmark needs a Slurm cluster (sbatch not found)", file=sys.stderr)
         return 2

@@ -18,7 +18,8 @@ rank's. Each step is split into data wait, forward+backward, communication wait,
 and the rest (``hpc_ddp/loop_timing.py``). With the ``null`` model (it does almost nothing)
 the difference between ``exact`` and the baseline is the framework's per-step overhead.
 Checkpoints and evaluations are off in the timed windows (the baseline has neither).
-Writes bench/train.json and bench/train.png into the run dir.
+A line is printed as each model's measurement starts. Writes bench/train.json and
+bench/train.png into the run dir.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -158,14 +160,18 @@ def parser() -> argparse.ArgumentParser:
                    f"(default {TrainOptions.budget_s:g})")
     p.add_argument("--window-s", type=float, default=TrainOptions.window_s,
                    help=f"seconds of baseline steps per window (default {TrainOptions.window_s:g})")
-    p.add_argument("--min-steps", type=int, default=TrainOptions.min_steps)
-    p.add_argument("--warmup-steps", type=int, default=TrainOptions.warmup_steps)
+    p.add_argument("--min-steps", type=int, default=TrainOptions.min_steps,
+                   help="fewest steps per window, and the steps of each contender's pace "
+                   f"probe (default {TrainOptions.min_steps})")
+    p.add_argument("--warmup-steps", type=int, default=TrainOptions.warmup_steps,
+                   help=f"untimed steps per contender first (default {TrainOptions.warmup_steps})")
     p.add_argument("--world-sizes", default="",
                    help="comma list of total ranks, one job each (default: the config's)")
     p.add_argument("--startup", action="store_true",
                    help="on Slurm: also time submit-to-first-step against a bare srun")
-    p.add_argument("--timeout-s", type=float, default=None)
-    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="give up (and cancel the job) after this many seconds, per world size")
+    p.add_argument("--no-plot", action="store_true", help="skip bench/train.png")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
     return p
 
@@ -189,6 +195,9 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
                         f"{args.rounds}/{args.min_rounds}/{args.budget_s}/{args.window_s}/"
                         f"{args.min_steps}/{args.warmup_steps}", "must be positive.",
                         "e.g. --rounds 15 --budget-s 30 --window-s 1.")
+    from hpc_ddp.bench.comm import check_timeout
+
+    check_timeout(args.timeout_s)
     variants = variants_from(args.settings, args.variant, args.ablate)
     return TrainOptions(models, variants, args.rounds, min(args.min_rounds, args.rounds),
                         args.budget_s, args.window_s, args.min_steps, args.warmup_steps, sizes,
@@ -206,6 +215,33 @@ def job_overrides(user: Sequence[str], root: Path, world: int | None,
         out.append(f"cluster.tasks_per_node={world // nodes}")
     out.append(f"run_dir={root / (f'ws{world}' if world is not None else 'job')}")
     return out
+
+
+class ModelProgress:
+    """Prints a line as each model's measurement starts (its Trainers' folders appear under
+    variants/ of the job's run dir), then one when the job is over."""
+
+    def __init__(self, variants: Path, models: Sequence[str], label: str, out: TextIO) -> None:
+        self.variants, self.models, self.label, self.out = variants, list(models), label, out
+        self.started = time.monotonic()
+        self.seen = 0
+
+    def __call__(self) -> None:
+        try:
+            names = [p.name for p in self.variants.iterdir()]
+        except OSError:
+            return  # not made yet
+        # Models are measured in order: a later one started means the earlier ones did too.
+        started = [i for i, m in enumerate(self.models) if any(n.startswith(f"{m}-")
+                                                                for n in names)]
+        while started and self.seen <= max(started):
+            self.seen += 1
+            self.say(f"measuring {self.models[self.seen - 1]} "
+                     f"({self.seen} of {len(self.models)})")
+
+    def say(self, what: str, clock: bool = True) -> None:
+        since = f", {time.monotonic() - self.started:.0f}s in" if clock else ""
+        print(f"bench train: {self.label}{what}{since}", file=self.out, flush=True)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
@@ -228,15 +264,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         for world in options.world_sizes or (None,):
             cfg, run = job.prepare(job_overrides(user, root, world, base.nodes), "bench-train",
                                    os.environ, Path.cwd())
+            progress = ModelProgress(run.root / "variants", options.models,
+                                     f"{world} ranks: " if world is not None else "", out)
+            progress.say(f"{len(options.models)} model(s), each built, warmed up, then timed "
+                         f"for about {options.budget_s:g}s", clock=False)
             job.submit_and_wait(cfg, run, RankProgram(train_rank.run, to_yaml(cfg),
                                                       str(run.root), options),
-                                out, args.timeout_s)
+                                out, args.timeout_s, on_poll=progress)
             result = read_json(run.root / RESULT)
             if result is None:
                 print("bench: the job did not finish; rank errors:", file=out)
                 for r, h, m, _ in job.rank_errors(run):
                     print(f"  rank {r} on {h}: {m}", file=out)
                 return 1
+            progress.say("done")
             results.append(result)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -43,8 +43,10 @@ class ClusterConfig:
     exclusive: bool = False
     job_name: str = "hpc_ddp"
     # Signal sent ahead of the time limit so the job can checkpoint and requeue. USR2, not
-    # USR1: NCCL 2.12-2.13 caught SIGUSR1 in its proxy thread (submitit PR #1697).
+    # USR1: NCCL 2.12-2.13 caught SIGUSR1 in its proxy thread (submitit PR #1697). A name
+    # sbatch --signal knows (validate.SLURM_SIGNALS), one the ranks can catch.
     signal: str = "USR2"
+    # Seconds before the time limit at which it comes: below the limit and below 65535.
     signal_delay_s: int = 120
     # Requeues allowed after a time limit or a failure (preemptions do not count).
     max_restarts: int = 3
@@ -52,7 +54,8 @@ class ClusterConfig:
     setup: list[str] = field(default_factory=list)
     # Extra arguments for srun, e.g. ["--cpu-bind=none"].
     srun_args: list[str] = field(default_factory=list)
-    # Any other sbatch option, name without "--" -> value, e.g. {mail-type: END}.
+    # Any other sbatch option, name without "--" -> value, e.g. {mail-type: END}; "true" is a
+    # bare flag (hold: true -> --hold). Options the keys above set are refused here.
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     # Python interpreter on the nodes; None: the one running submit.
     python: str | None = None

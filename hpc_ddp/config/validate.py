@@ -6,11 +6,15 @@ file system (a data root, a writable run dir) live with the code that uses those
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+import signal
+from typing import Any
 
 from hpc_ddp.config.nccl_schema import validate_nccl
-from hpc_ddp.config.schema import Config
-from hpc_ddp.errors import UserError
+from hpc_ddp.config.schema import ClusterConfig, Config
+from hpc_ddp.errors import UserError, shown
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50")
 DATASETS = ("synthetic", "cifar10")
@@ -23,8 +27,58 @@ CIFAR_SIDE = 32
 DEVICES = ("auto", "cpu", "cuda")
 GPU_BINDINGS = ("per_node", "per_task")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-# Slurm accepts signal names with or without the SIG prefix (sbatch --signal).
-_SIGNAL = re.compile(r"^(SIG)?[A-Z0-9]+$")
+# The names sbatch --signal knows (with or without SIG; Slurm's sig_name2num table,
+# https://github.com/SchedMD/slurm/blob/master/src/common/proc_args.c); the ranks install
+# their handler by name, so numbers are refused too.
+SLURM_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG",
+                 "CONT", "STOP", "TSTP", "TTIN", "TTOU", "XCPU")
+# Signals that cannot be the stop-and-requeue signal, and why.
+_RESERVED_SIGNALS = {
+    "KILL": "cannot be caught, so no checkpoint would be written",
+    "STOP": "cannot be caught, so no checkpoint would be written",
+    "TERM": "is what Slurm itself sends at the time limit and on scancel; the ranks take it as "
+            "a final stop, without requeue",
+    "INT": "is Ctrl-C: a terminal's interrupt would pass for the time-limit signal",
+    "CONT": "is job control (Slurm resumes a suspended job with it)",
+    "TSTP": "is job control (Slurm suspends a job with it)",
+}
+# sbatch --signal's time is a 16-bit count of seconds (65535 is Slurm's "infinite");
+# https://slurm.schedmd.com/sbatch.html#OPT_signal
+SIGNAL_DELAY_LIMIT = 65535
+# sbatch options hpc_ddp (or submitit's script) sets itself -> the fix: the same option in
+# cluster.sbatch_extra would silently replace ours ({value}: the value given).
+MANAGED_SBATCH = {
+    "nodes": "use nodes={value}",
+    "ntasks-per-node": "use cluster.tasks_per_node={value}",
+    "ntasks": "set nodes and cluster.tasks_per_node (the job runs nodes x tasks_per_node tasks)",
+    "gpus-per-node": "use cluster.gpus_per_node={value}",
+    "gpus-per-task": "use cluster.gpus_per_node=<GPUs per node> with cluster.gpu_binding=per_task",
+    "gpus": "use cluster.gpus_per_node=<GPUs per node> (one task per GPU)",
+    "cpus-per-task": "use cluster.cpus_per_task={value}",
+    "cpus-per-gpu": "use cluster.cpus_per_task (always set; Slurm refuses both together)",
+    "mem": "use cluster.mem_gb=<GB per node>",
+    "time": "use cluster.time_min=<minutes>",
+    "partition": "use cluster.partition={value}",
+    "account": "use cluster.account={value}",
+    "qos": "use cluster.qos={value}",
+    "constraint": "use cluster.constraint={value}",
+    "exclude": "use cluster.exclude={value}",
+    "nodelist": "use cluster.nodelist={value}",
+    "exclusive": "use cluster.exclusive=true",
+    "job-name": "use cluster.job_name={value}",
+    "signal": "use cluster.signal=<name> and cluster.signal_delay_s=<seconds> (the ranks "
+              "checkpoint and requeue on that signal)",
+    "requeue": "drop it: hpc_ddp always asks for --requeue (cluster.max_restarts bounds it)",
+    "no-requeue": "use cluster.max_restarts=0 (the job then never requeues itself)",
+    "output": "drop it: each task logs under run_dir/submitit/ (choose run_dir)",
+    "error": "drop it: each task logs under run_dir/submitit/ (choose run_dir)",
+    "open-mode": "drop it: the logs are appended to across requeues on purpose",
+    "array": "use -m for a sweep (hpc_ddp submits the job arrays)",
+    "wrap": "drop it: hpc_ddp writes the batch script (cluster.setup adds lines before srun)",
+    "parsable": "drop it: submitit reads the job id from sbatch's usual output",
+    "test-only": "use dry_run=true to see the script without submitting",
+}
+_SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 # A job name reaches sbatch as data, but we also keep it printable and on one line.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 
@@ -41,6 +95,7 @@ def _at_least(key: str, value: float | None, low: float, fix: str = "") -> None:
 
 def validate(cfg: Config) -> Config:
     """Check every value; return ``cfg`` unchanged, or raise UserError on the first bad one."""
+    _finite(cfg, Config(), "")
     _at_least("nodes", cfg.nodes, 1, "set nodes=1 or more.")
     _validate_cluster(cfg)
     _choice("model.name", cfg.model.name, MODELS)
@@ -55,6 +110,22 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def _finite(node: Any, default: Any, prefix: str) -> None:
+    """Hydra reads inf and nan as floats; no key of ours means either (and int(inf) would
+    fail deep inside the launch)."""
+    for f in dataclasses.fields(node):
+        value, example = getattr(node, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            _finite(value, example, f"{prefix}{f.name}.")
+            continue
+        values = value if isinstance(value, list) else [value]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            key = f"{prefix}{f.name}"
+            fix = (f"give a number, or {key}=null." if example is None
+                   else f"give a number, e.g. {key}={example}.")
+            raise UserError(key, value, "is not a finite number.", fix)
+
+
 def _validate_cluster(cfg: Config) -> None:
     c = cfg.cluster
     _choice("cluster.kind", c.kind, CLUSTER_KINDS)
@@ -65,8 +136,15 @@ def _validate_cluster(cfg: Config) -> None:
     _at_least("cluster.time_min", c.time_min, 1)
     _at_least("cluster.signal_delay_s", c.signal_delay_s, 0)
     _at_least("cluster.max_restarts", c.max_restarts, 0)
-    if c.mem_gb is not None and c.mem_gb <= 0:
-        raise UserError("cluster.mem_gb", c.mem_gb, "must be positive.", "omit it or give GB.")
+    if c.mem_gb is not None and c.mem_gb * 1024 < 1:
+        # Below 1 MB the request would round to --mem=0M, which Slurm reads as "all of the
+        # node's memory" (https://slurm.schedmd.com/sbatch.html#OPT_mem).
+        raise UserError("cluster.mem_gb", c.mem_gb, "must be positive (at least 1 MB).",
+                        "give GB per node, e.g. cluster.mem_gb=32, or null for the default.")
+    for name in ("partition", "account", "qos", "constraint", "exclude", "nodelist"):
+        if getattr(c, name) == "":
+            raise UserError(f"cluster.{name}", "", "is empty.",
+                            f"give a value, or cluster.{name}=null for Slurm's default.")
     if c.gpus_per_node > 0 and c.tasks_per_node not in (None, c.gpus_per_node):
         raise UserError(
             "cluster.tasks_per_node",
@@ -74,8 +152,8 @@ def _validate_cluster(cfg: Config) -> None:
             f"differs from cluster.gpus_per_node={c.gpus_per_node}; hpc_ddp runs one task per GPU.",
             f"set cluster.tasks_per_node={c.gpus_per_node} or leave it unset (derived).",
         )
-    if not _SIGNAL.match(c.signal):
-        raise UserError("cluster.signal", c.signal, "not a signal name.", "use e.g. USR2.")
+    _validate_signal(c)
+    check_sbatch_extra(c)
     if not _JOB_NAME.match(c.job_name):
         raise UserError(
             "cluster.job_name",
@@ -83,6 +161,74 @@ def _validate_cluster(cfg: Config) -> None:
             "only letters, digits and _ . + - are allowed (it becomes a file and job name).",
             "choose a plain name such as my_run.",
         )
+
+
+def _validate_signal(c: ClusterConfig) -> None:
+    bare = c.signal.removeprefix("SIG")
+    usable = [s for s in SLURM_SIGNALS if s not in _RESERVED_SIGNALS]
+    choices = f"use USR2 (the default) or one of {', '.join(s for s in usable if s != 'USR2')}."
+    if bare.isdigit():
+        try:
+            named = signal.Signals(int(bare)).name.removeprefix("SIG")
+        except ValueError:
+            named = ""
+        raise UserError("cluster.signal", c.signal, "is a number; the ranks need a name.",
+                        f"use cluster.signal={named}." if named in usable else choices)
+    if bare.upper() in SLURM_SIGNALS and bare != bare.upper():
+        raise UserError("cluster.signal", c.signal, "signal names are upper case.",
+                        f"use cluster.signal={bare.upper()}.")
+    if bare not in SLURM_SIGNALS:
+        known = f"SIG{bare}" in signal.Signals.__members__
+        raise UserError("cluster.signal", c.signal, "is not a signal sbatch --signal takes by "
+                        "name." if known else "is not a signal name.", choices)
+    if bare in _RESERVED_SIGNALS:
+        raise UserError("cluster.signal", c.signal,
+                        f"{_RESERVED_SIGNALS[bare]}.", choices)
+    if c.signal_delay_s >= SIGNAL_DELAY_LIMIT:
+        raise UserError("cluster.signal_delay_s", c.signal_delay_s,
+                        f"must be below {SIGNAL_DELAY_LIMIT} (sbatch --signal's limit).",
+                        "use seconds before the time limit, e.g. cluster.signal_delay_s=120.")
+    limit = c.time_min * 60
+    if c.signal_delay_s >= limit:
+        raise UserError("cluster.signal_delay_s", c.signal_delay_s,
+                        f"is not below the time limit (cluster.time_min={c.time_min} min = "
+                        f"{limit} s): the stop signal would come as the job starts.",
+                        f"use fewer than {limit} seconds, e.g. cluster.signal_delay_s="
+                        f"{min(120, limit // 4)}, or raise cluster.time_min.")
+
+
+def check_sbatch_extra(c: ClusterConfig) -> None:
+    """Refuse sbatch_extra entries sbatch cannot read, and options hpc_ddp sets itself (an
+    extra one would silently replace ours: nodes=8 for nodes=4, a signal the ranks ignore)."""
+    for key, value in c.sbatch_extra.items():
+        full = f"cluster.sbatch_extra.{key}"
+        option = key.replace("_", "-")
+        if not _SBATCH_OPTION.match(option):
+            raise UserError(full, value, "is not an sbatch option name.",
+                            "use the long option name without the leading --, e.g. "
+                            "+cluster.sbatch_extra.mail-type=END.")
+        # sbatch takes unambiguous abbreviations of long options (getopt_long): --part=x
+        # is --partition=x.
+        prefixed = [m for m in MANAGED_SBATCH if m.startswith(option)]
+        managed = option if option in MANAGED_SBATCH else next(iter(prefixed), None)
+        if managed == "exclusive" and not c.exclusive and str(value).lower() != "true":
+            managed = None  # --exclusive=user|mcs|topo: modes the boolean key cannot express
+        if managed:
+            how = "" if managed == option else (
+                f" (sbatch reads --{option} as --{managed})" if len(prefixed) == 1
+                else f" (--{option} abbreviates --{managed} and other options)")
+            raise UserError(full, value, f"hpc_ddp sets --{managed} itself{how}; this entry "
+                            "would silently replace it.",
+                            MANAGED_SBATCH[managed].format(value=value) + " instead.")
+        if option != key:
+            raise UserError(full, value, "sbatch options are spelled with -, not _.",
+                            f"use +cluster.sbatch_extra.{option}={value}.")
+        if option in ("mem-per-cpu", "mem-per-gpu") and c.mem_gb is not None:
+            raise UserError(full, value, f"conflicts with cluster.mem_gb={c.mem_gb} (--mem); "
+                            "Slurm takes only one of them.",
+                            "drop one: cluster.mem_gb=null, or this entry.")
+        if "\n" in str(value) or "\r" in str(value):
+            raise UserError(full, value, "contains a newline.", "give a single-line value.")
 
 
 def _validate_data(cfg: Config) -> None:
@@ -100,7 +246,7 @@ def _validate_data(cfg: Config) -> None:
     if d.name == "cifar10" and not d.root:
         raise UserError(
             "data.root",
-            d.root,
+            shown(d.root),
             "cifar10 needs the folder that holds cifar-10-batches-py/.",
             "pass data.root=/path (fetch it once with "
             "`python -m hpc_ddp.data download cifar10 root=/path`).",
@@ -117,9 +263,11 @@ def _validate_optim(cfg: Config) -> None:
     _at_least("optim.momentum", o.momentum, 0)
     _at_least("optim.warmup_steps", o.warmup_steps, 0)
     if not 0 <= o.min_lr_ratio <= 1:
-        raise UserError("optim.min_lr_ratio", o.min_lr_ratio, "must lie in [0, 1].", "")
+        raise UserError("optim.min_lr_ratio", o.min_lr_ratio, "must lie in [0, 1].",
+                        "use a fraction of optim.lr, e.g. optim.min_lr_ratio=0.1.")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        raise UserError("optim.betas", o.betas, "needs two values in [0, 1).", "")
+        raise UserError("optim.betas", o.betas, "needs two values in [0, 1).",
+                        "use e.g. 'optim.betas=[0.9,0.999]'.")
 
 
 def _validate_trainer(cfg: Config) -> None:
@@ -143,6 +291,6 @@ def _validate_trainer(cfg: Config) -> None:
     if t.ddp_static_graph and t.grad_accum > 1:
         # DDP's reducer asserts when the first backward of a static graph runs in no_sync()
         # (torch 2.14), and a run with accumulation starts (and resumes) there.
-        raise UserError("trainer.ddp_static_graph", t.ddp_static_graph,
+        raise UserError("trainer.ddp_static_graph", shown(t.ddp_static_graph),
                         "does not work with gradient accumulation (no_sync).",
                         "set trainer.ddp_static_graph=false or trainer.grad_accum=1.")

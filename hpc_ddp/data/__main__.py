@@ -1,33 +1,101 @@
 """Fetch a dataset on a machine with internet (a login node), once, before training.
 
     python -m hpc_ddp.data download cifar10 root=/shared/datasets
+
+Writes cifar-10-batches-py/ under root (creating root); train with data=cifar10
+data.root=<root>. Exit codes: 0 done, 1 the download failed, 2 bad usage.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
-USAGE = "usage: python -m hpc_ddp.data download cifar10 root=/path/to/datasets"
+from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+
+SUBCOMMANDS = ("download",)
+DATASETS = ("cifar10",)
+
+
+def parse(args: Sequence[str]) -> tuple[str, str]:
+    """(dataset, root) from ``download <dataset> root=<folder>``; UserError naming the part
+    that is wrong."""
+    roots = [a.partition("=")[2] for a in args if a.startswith("root=")]
+    words = [a for a in args if not a.startswith("root=")]
+    example = "e.g. python -m hpc_ddp.data download cifar10 root=/shared/datasets."
+    if not words:
+        raise UserError("subcommand", "", "is missing.", example)
+    if words[0] not in SUBCOMMANDS:
+        raise UserError("subcommand", words[0], "is not one of this command's.",
+                        f"use {' or '.join(SUBCOMMANDS)}: {example}")
+    if len(words) < 2:
+        raise UserError("dataset", "", "is missing.", f"name one of {', '.join(DATASETS)}: "
+                        f"{example}")
+    if words[1] not in DATASETS:
+        raise UserError("dataset", words[1], "cannot be downloaded by this command.",
+                        f"use one of {', '.join(DATASETS)} (synthetic data needs no "
+                        "download).")
+    if len(words) > 2:
+        raise UserError("argument", words[2], "is not understood.", example)
+    if not roots or not roots[-1]:
+        raise UserError("root", "", "is missing: where should the data go?",
+                        f"add root=<a folder every node can read>, {example}")
+    if len(roots) > 1:
+        raise UserError("root", roots[-1], f"is given {len(roots)} times.", "give it once.")
+    return words[1], roots[0]
+
+
+def check_root(root: str) -> Path:
+    """The data root as a folder this process can write (made if missing); UserError if not."""
+    path = Path(root).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UserError("root", root, "is a file, not a folder.",
+                        "choose a folder for the datasets, e.g. root=$HOME/datasets.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".hpc_ddp_probe_", dir=path))
+    except OSError as exc:
+        raise UserError("root", root, f"cannot be made or written ({exc.strerror or exc}).",
+                        "choose a folder you can write, e.g. root=$HOME/datasets.") from None
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    roots = [a.partition("=")[2] for a in args if a.startswith("root=")]
-    rest = [a for a in args if not a.startswith("root=")]
-    if rest != ["download", "cifar10"] or len(roots) != 1 or not roots[0]:
-        print(USAGE, file=sys.stderr)
-        return 2
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__)
+        return 0
+    try:
+        _, root = parse(args)
+        path = check_root(root)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    return _download(path)
+
+
+def _download(path: Path) -> int:
+    import urllib.error
+
     from hpc_ddp.data.cifar10 import download
 
     try:
-        path = download(roots[0])
-    except OSError as exc:  # URLError is an OSError: no internet, proxy, DNS
-        print(
-            f"error: could not download CIFAR-10 into {roots[0]}: {exc}. This needs internet "
-            "access (run it on a login node), or copy cifar-10-batches-py/ there by hand.",
-            file=sys.stderr,
-        )
+        download(str(path))
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        print(f"error: could not download CIFAR-10 into {path}: {exc}. This needs internet "
+              "access (run it on a login node), or copy cifar-10-batches-py/ there by hand.",
+              file=sys.stderr)
+        return 1
+    except OSError as exc:  # the network answered; writing or unpacking failed
+        print(f"error: could not write CIFAR-10 into {path}: {exc}. Check the free space "
+              "and the folder, then run the command again.", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:  # torchvision: the archive's checksum does not match
+        print(f"error: the CIFAR-10 download into {path} is corrupt ({exc}). Run the command "
+              "again; delete the .tar.gz there if it keeps failing.", file=sys.stderr)
         return 1
     print(f"CIFAR-10 is in {path}; train with data=cifar10 data.root={path}")
     return 0

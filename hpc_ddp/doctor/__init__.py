@@ -67,7 +67,9 @@ def preflight(cfg: Config, run_dir: Path | str | RunDir, out: TextIO = sys.stdou
     folder = root.absolute() / "preflight" / stamp()
     doctor_cfg = dataclasses.replace(
         cfg, run_dir=str(folder), resume=False, dry_run=False,
+        # A short job: its warning signal must still come before its own time limit.
         cluster=dataclasses.replace(cfg.cluster, time_min=min(cfg.cluster.time_min, 10),
+                                    signal_delay_s=min(cfg.cluster.signal_delay_s, 120),
                                     job_name=f"{cfg.cluster.job_name}_preflight"))
     run = check_run_dir(doctor_cfg)
     run.root.mkdir(parents=True, exist_ok=True)

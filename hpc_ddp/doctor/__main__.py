@@ -35,9 +35,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
 
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
-        if args.size_mib <= 0 or args.iters < 1:
+        if not args.size_mib > 0 or args.iters < 1:  # (nan is not > 0)
             raise UserError("--size-mib/--iters", f"{args.size_mib}/{args.iters}",
                             "must be positive.", "e.g. --size-mib 8 --iters 5.")
+        if args.timeout_s is not None and not args.timeout_s > 0:
+            raise UserError("--timeout-s", args.timeout_s, "must be a positive number of "
+                            "seconds.", "e.g. --timeout-s 300, or leave it out to wait until "
+                            "the job ends.")
         cfg, run = prepare(args.overrides, "doctor", os.environ, Path.cwd())
         options = DoctorOptions(size_mib=args.size_mib, iters=args.iters,
                                 min_busbw_gbps=args.min_busbw)

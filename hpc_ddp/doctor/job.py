@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir
 
 # Diagnostics are short: a small time limit, and a rank that cannot join fails within a
@@ -48,7 +49,16 @@ def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
     cfg = compose([*DEFAULT_OVERRIDES, f"cluster.job_name=hpc_ddp_{name}", *overrides])
     if cfg.run_dir is None:
         cfg = dataclasses.replace(cfg, run_dir=str(default_run_dir(cwd, name)))
+    if cfg.resume:
+        raise UserError("resume", "true", f"the {name} has no run to continue.",
+                        "drop resume=true (each diagnostic run gets a new folder).")
     cfg = plan.resolve(cfg, environ, cwd)
+    assert cfg.run_dir is not None
+    folder = Path(cfg.run_dir)
+    if folder.is_dir() and any(folder.iterdir()):  # never into a training run, or another
+        raise UserError("run_dir", cfg.run_dir, f"already holds files; the {name} writes only "
+                        "into a new folder, and nothing there is touched.",
+                        f"give a new run_dir, or none (outputs/{name}-<date>_<time> is made).")
     run = plan.check_run_dir(cfg)
     plan.write_run_config(run, cfg, overrides)
     return cfg, run
@@ -65,27 +75,47 @@ def target(cfg: Config) -> Any:
 
 
 def submit_and_wait(cfg: Config, run: RunDir, task: Callable[[], Any], out: TextIO = sys.stdout,
-                    timeout_s: float | None = None, poll_s: float = 0.5) -> Any:
-    """Submit ``task`` on every rank and block until the job ends (or is given up)."""
+                    timeout_s: float | None = None, poll_s: float = 0.5,
+                    on_poll: Callable[[], None] | None = None) -> Any:
+    """Submit ``task`` on every rank and block until the job ends (or is given up);
+    ``on_poll`` runs at every poll and once at the end (to show progress)."""
     launcher = target(cfg)
     job = launcher.submit(cfg, run, task)
     print(f"hpc_ddp: {cfg.cluster.kind} job {job.job_id}: {launcher.describe(cfg)}\n"
           f"  run dir: {run.root}", file=out, flush=True)
-    wait(job, run, out, timeout_s, poll_s)
+    try:
+        wait(job, run, out, timeout_s, poll_s, on_poll)
+    except KeyboardInterrupt:
+        # A diagnostic job has nothing to save: end it now (its processes ignore Ctrl-C).
+        print(f"\ninterrupted: cancelling job {job.job_id}.", file=out, flush=True)
+        job.cancel(check=False)
+        raise
     return job
 
 
-def wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: float) -> bool:
+def wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: float,
+         on_poll: Callable[[], None] | None = None) -> bool:
     """True if the job ended by itself. After a rank reports a failure the others get a grace
     to report theirs, then the job is cancelled (they would wait in a collective otherwise)."""
     from hpc_ddp.follow import FAILURE_GRACE_S, failed_ranks
 
+    poll = on_poll or (lambda: None)
+    try:
+        return _wait(job, run, out, timeout_s, poll_s, poll, FAILURE_GRACE_S, failed_ranks)
+    finally:
+        poll()
+
+
+def _wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: float,
+          poll: Callable[[], None], grace_s: float,
+          failed_ranks: Callable[[RunDir], list[int]]) -> bool:
     started = time.monotonic()
     failure_seen: float | None = None
     while not job.done():
+        poll()
         if failed_ranks(run):
             failure_seen = failure_seen or time.monotonic()
-            if time.monotonic() - failure_seen > FAILURE_GRACE_S:
+            if time.monotonic() - failure_seen > grace_s:
                 job.cancel(check=False)
                 return False
         if timeout_s is not None and time.monotonic() - started > timeout_s:

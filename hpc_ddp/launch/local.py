@@ -7,14 +7,18 @@ multi-node code paths with gloo on loopback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
-from collections.abc import Callable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.device import visible_devices
+from hpc_ddp.procs import pid_alive, start_time
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.task import TrainingTask
 
@@ -45,7 +49,62 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
 
     executor = submitit.LocalExecutor(folder=str(run.submitit))
     executor.update_parameters(**executor_parameters(cfg, os.environ))
-    return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
+    with _terminal_interrupt_ignored():
+        return LocalJobHandle(executor.submit(task or TrainingTask(to_yaml(cfg),
+                                                                    str(run.root))))
+
+
+class LocalJobHandle:
+    """submitit's LocalJob, whose cancel() works on a controller that ignores SIGINT."""
+
+    def __init__(self, job: Any) -> None:
+        self._job = job
+        self.pid = int(job.job_id)  # submitit's local job id is the controller's pid
+        self.started = start_time(self.pid)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._job, name)
+
+    def cancel(self, check: bool = False, grace_s: float = 0.0) -> None:
+        stop(self.pid, self.started, grace_s)
+
+
+@contextlib.contextmanager
+def _terminal_interrupt_ignored() -> Iterator[None]:
+    """Start the job with SIGINT ignored, which its processes inherit (and Python keeps).
+
+    Ctrl-C goes to the terminal's whole process group: submitit's controller would answer it
+    by killing the ranks a second later, with no checkpoint. Ignored there, Ctrl-C reaches
+    only this process, which asks the ranks to stop properly (stop()).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be changed from the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def stop(pid: int, started: int | None, grace_s: float) -> None:
+    """Stop a local job: SIGTERM to its controller, which forwards it to every rank (they
+    agree on a step, checkpoint and exit); whatever still runs after ``grace_s`` is killed."""
+    import psutil
+
+    if not pid_alive(pid, started):
+        return
+    try:
+        controller = psutil.Process(pid)
+        procs = [controller, *controller.children(recursive=True)]
+        controller.terminate()
+    except psutil.NoSuchProcess:
+        return
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 def describe(cfg: Config) -> str:

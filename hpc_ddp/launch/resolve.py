@@ -148,11 +148,11 @@ def check_run_dir(cfg: Config) -> RunDir:
     elif exists and any(run.root.iterdir()):
         raise UserError("run_dir", cfg.run_dir, "already holds files; nothing there is touched.",
                         "pass resume=true to continue that run, or choose a new run_dir.")
-    _check_writable(run.root, cfg.run_dir)
+    check_writable(run.root, cfg.run_dir)
     return run
 
 
-def _check_writable(folder: Path, shown: str) -> None:
+def check_writable(folder: Path, shown: str) -> None:
     """Try for real (root ignores permission bits, read-only mounts do not): make and remove
     an empty probe folder in the run dir, or in its nearest existing parent."""
     import tempfile

@@ -7,13 +7,20 @@ sbatch script is rendered once by ``render`` and the same text is what ``dry_run
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
+import os
 import re
 import shlex
-from collections.abc import Callable
+import shutil
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
+from hpc_ddp.config.validate import check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.task import TrainingTask
@@ -24,6 +31,10 @@ _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:\[\]\-+%@=|&!*()]+$")
 _NAMED = ("partition", "account", "qos", "constraint", "exclude", "nodelist")
 # Environment variable submitit reads (in the tasks) to know which signal means "requeue".
 _SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
+_NO_CLIENT_FIX = ("use cluster=local to run on this machine, or submit from a login node of "
+                  "the Slurm cluster.")
+_NO_CONTROLLER_FIX = ("submit from a login node of the cluster, or point SLURM_CONF at its "
+                      "slurm.conf (export SLURM_CONF=/path/to/slurm.conf), or use cluster=local.")
 
 
 def check_shell_safety(cfg: Config) -> None:
@@ -35,13 +46,7 @@ def check_shell_safety(cfg: Config) -> None:
             raise UserError(f"cluster.{name}", value,
                             "holds characters Slurm names never contain (space, quote, ;, $, "
                             "backtick or newline).", "pass the plain Slurm name.")
-    for key, value in c.sbatch_extra.items():
-        if not re.match(r"^[a-z][a-z0-9-]*$", key):
-            raise UserError(f"cluster.sbatch_extra.{key}", value, "is not an sbatch option name.",
-                            "use the long option without dashes, e.g. mail-type.")
-        if "\n" in str(value) or "\r" in str(value):
-            raise UserError(f"cluster.sbatch_extra.{key}", value, "contains a newline.",
-                            "give a single-line value.")
+    check_sbatch_extra(c)
     for arg in c.srun_args:
         if "\n" in arg:
             raise UserError("cluster.srun_args", arg, "contains a newline.", "one line each.")
@@ -70,7 +75,7 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
             # Requeueable even where the cluster's JobRequeue=0: the job requeues itself on
             # the signal and Slurm requeues it after a node failure.
             "requeue": True,
-            **{k: str(v) for k, v in c.sbatch_extra.items()},
+            **sbatch_extra_flags(c.sbatch_extra),
         },
     }
     for name in _NAMED:
@@ -90,17 +95,45 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
     return params
 
 
+def sbatch_extra_flags(extra: Mapping[str, str]) -> dict[str, Any]:
+    """``cluster.sbatch_extra`` as submitit's additional_parameters: ``true`` writes a bare
+    flag (``hold: true`` -> ``--hold``; ``--hold=True`` is refused by sbatch, since flag
+    options take no value) and ``false`` leaves the option out."""
+    flags: dict[str, Any] = {}
+    for key, value in extra.items():
+        text = str(value)
+        if text.lower() == "false":
+            continue
+        flags[key] = True if text.lower() == "true" else text
+    return flags
+
+
 def _bare_signal(signal: str) -> str:
     return signal[3:] if signal.startswith("SIG") else signal
 
 
-def make_executor(cfg: Config, run: RunDir) -> Any:
+@functools.cache
+def _executor_class() -> Any:
     import submitit
 
-    executor = submitit.SlurmExecutor(folder=str(run.submitit / "%j"),
-                                      max_num_timeout=cfg.cluster.max_restarts,
-                                      python=shlex.quote(cfg.cluster.python)
-                                      if cfg.cluster.python else None)
+    class Executor(submitit.SlurmExecutor):  # type: ignore[misc]
+        """submitit's Slurm executor without its "srun on PATH" test at construction: a dry
+        run needs no Slurm, and ``submit`` checks for sbatch itself (srun runs on the nodes,
+        not where the job is submitted). The script and the submission are submitit's own."""
+
+        @classmethod
+        def affinity(cls) -> int:
+            return 2
+
+    return Executor
+
+
+def make_executor(cfg: Config, run: RunDir) -> Any:
+    """submitit's SlurmExecutor for ``cfg``; builds on a machine without Slurm too."""
+    executor = _executor_class()(folder=str(run.submitit / "%j"),
+                                 max_num_timeout=cfg.cluster.max_restarts,
+                                 python=shlex.quote(cfg.cluster.python)
+                                 if cfg.cluster.python else None)
     executor.update_parameters(**executor_parameters(cfg))
     return executor
 
@@ -113,8 +146,6 @@ def render(cfg: Config, run: RunDir) -> str:
 
 def dry_run(cfg: Config, run: RunDir) -> str:
     """The script, with nothing submitted and no folder left behind."""
-    import shutil
-
     check_shell_safety(cfg)
     existed = run.root.exists()
     try:
@@ -124,25 +155,89 @@ def dry_run(cfg: Config, run: RunDir) -> str:
             shutil.rmtree(run.root, ignore_errors=True)
 
 
-def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> Any:
-    """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob."""
-    check_shell_safety(cfg)
-    executor = make_executor(cfg, run)
-    try:
-        return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
-    except Exception as exc:  # submitit raises FailedJobError with sbatch's stderr inside
-        from submitit.core.utils import FailedJobError
+def check_client(environ: Mapping[str, str]) -> None:
+    """Refuse a Slurm submission where no ``sbatch`` is on PATH, in one line with the fix."""
+    if not shutil.which("sbatch", path=environ.get("PATH", os.defpath)):
+        raise UserError("cluster.kind", "slurm", "no Slurm here: sbatch is not on PATH.",
+                        _NO_CLIENT_FIX)
 
-        if isinstance(exc, FailedJobError):
-            reason = " ".join(str(exc).split())[-400:]
-            raise UserError("cluster", cfg.cluster.partition or "(default partition)",
-                            f"sbatch refused the job: {reason}",
-                            "check partition, account, nodes and GPUs against `sinfo`.") from None
-        raise
+
+def refusal(cfg: Config, exc: BaseException,
+            environ: Mapping[str, str] | None = None) -> UserError | None:
+    """The one-line UserError for a submission that sbatch refused or could not make
+    (None: ``exc`` is not about the submission, let it through).
+
+    When no controller answers ``scontrol ping`` that is the reason, whatever sbatch said;
+    otherwise the message carries sbatch's own key line, not its whole stderr."""
+    from submitit.core.utils import FailedJobError
+
+    from hpc_ddp.launch.resolve import slurm_available
+
+    environ = os.environ if environ is None else environ
+    if isinstance(exc, FileNotFoundError) and "sbatch" in str(exc.filename or exc):
+        return UserError("cluster.kind", "slurm", "no Slurm here: sbatch is not on PATH.",
+                         _NO_CLIENT_FIX)
+    if isinstance(exc, RuntimeError) and 'detect "srun"' in str(exc):
+        # submitit builds a plain SlurmExecutor (which wants srun here) for job arrays.
+        return UserError("cluster.kind", "slurm", "no Slurm here: srun is not on PATH.",
+                         _NO_CLIENT_FIX)
+    if not isinstance(exc, FailedJobError):
+        return None
+    said = sbatch_key_line(str(exc))
+    if not slurm_available(environ):
+        return UserError("cluster.kind", "slurm",
+                         f"no Slurm controller answers (scontrol ping); sbatch said: {said}",
+                         _NO_CONTROLLER_FIX)
+    return UserError("cluster", cfg.cluster.partition or "(default partition)",
+                     f"sbatch refused the job: {said}",
+                     "check partition, account, nodes and GPUs against `sinfo` (and "
+                     "cluster.sbatch_extra, if set); `dry_run=true` prints the script.")
+
+
+def sbatch_key_line(stderr: str, limit: int = 300) -> str:
+    """The line of sbatch's stderr that says why (``Batch job submission failed: ...`` or a
+    fatal error), else its first error line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for marks in (("submission failed", "fatal"), ("error",)):
+        for line in lines:
+            if any(mark in line.lower() for mark in marks):
+                return line[:limit]
+    return (lines[0] if lines else "(no message)")[:limit]
+
+
+@contextlib.contextmanager
+def sbatch_errors(cfg: Config, environ: Mapping[str, str] | None = None) -> Iterator[None]:
+    """Submissions inside turn sbatch's refusals into one-line UserErrors. submitit echoes
+    sbatch's stderr itself; that echo is kept back on a refusal (the message has its key
+    line) and passed on otherwise."""
+    echoed = io.StringIO()
+    refused = False
+    try:
+        with contextlib.redirect_stderr(echoed):
+            yield
+    except Exception as exc:
+        error = refusal(cfg, exc, environ)
+        if error is None:
+            raise
+        refused = True
+        raise error from None
+    finally:
+        if not refused:
+            sys.stderr.write(echoed.getvalue())
+
+
+def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
+           environ: Mapping[str, str] | None = None) -> Any:
+    """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob."""
+    environ = os.environ if environ is None else environ
+    check_shell_safety(cfg)
+    check_client(environ)
+    executor = make_executor(cfg, run)
+    with sbatch_errors(cfg, environ):
+        return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
 
 
 def describe(cfg: Config) -> str:
     tasks = cfg.cluster.tasks_per_node or 1
     gpus = f", {cfg.cluster.gpus_per_node} GPUs/node" if cfg.cluster.gpus_per_node else ""
     return f"{cfg.nodes} node(s) x {tasks} task(s){gpus} = {cfg.nodes * tasks} ranks"
-

@@ -24,7 +24,9 @@ class JobState:
 
     @property
     def finished(self) -> bool:
-        return self.state.split()[0] in TERMINAL
+        # "CANCELLED by 1000" -> CANCELLED; an empty state (a record sacct has not filled
+        # yet) is not an end.
+        return next(iter(self.state.split()), "") in TERMINAL
 
 
 def query(job_id: str, environ: Mapping[str, str] | None = None) -> JobState | None:
@@ -89,4 +91,19 @@ class SlurmJobView:
         return bool(self._last and self._last.finished)
 
     def cancel(self, check: bool = False) -> None:
-        subprocess.run(["scancel", self.job_id], capture_output=True, check=check)
+        """scancel the job; with ``check``, a refusal is a UserError carrying scancel's reason.
+        Without scancel on PATH the job cannot be cancelled from here, which is always said."""
+        from hpc_ddp.errors import UserError
+
+        try:
+            done = subprocess.run(["scancel", self.job_id], capture_output=True, text=True,
+                                  check=False)
+        except FileNotFoundError:
+            raise UserError("job", self.job_id, "cannot be cancelled here: scancel is not on "
+                            "PATH.", f"run `scancel {self.job_id}` on a login node of the "
+                            "cluster.") from None
+        if check and done.returncode != 0:
+            said = next((ln.strip() for ln in done.stderr.splitlines() if ln.strip()), "")
+            raise UserError("job", self.job_id, f"scancel refused: {said or done.returncode}",
+                            "check the id with `squeue -j` / `sacct -j`, and that a Slurm "
+                            "controller answers (`scontrol ping`).")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpc_ddp.errors import UserError
 
@@ -39,9 +40,10 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     for item in parsed:
         key = item.get_key_element()
         if item.is_sweep_override():
-            values = [str(v) for v in item.sweep_string_iterator()]
+            values = _swept_values(item, key)
             if not values:
-                raise UserError(key, item.input_line, "sweeps over no value.", "give values.")
+                raise UserError(key, (item.input_line or "").partition("=")[2],
+                                "sweeps over no value.", "give at least one value.")
             axes.append([(key, v, True) for v in values])
         else:  # kept exactly as typed (its quoting included)
             axes.append([(key, (item.input_line or "").partition("=")[2], False)])
@@ -57,6 +59,32 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
         points.append(Point(index, tuple(f"{k}={v}" for k, v, _ in combo),
                             tuple((k, v.strip("'\"")) for k, v, swept in combo if swept)))
     return points
+
+
+def _swept_values(item: Any, key: str) -> list[str]:
+    """The grid values of one swept override, glob() over the group's options included."""
+    from hydra.core.override_parser.types import Glob, ValueType
+
+    typed = (item.input_line or "").partition("=")[2]
+    if item.value_type == ValueType.INTERVAL_SWEEP:
+        raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
+                        "cannot enumerate.", "list the values, or use range(start,stop,step).")
+    if item.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        options = group_options(key)
+        if not options:
+            raise UserError(key, typed, "glob() picks options of a config group, and "
+                            f"{key} is not one.", "use glob() on a group, e.g. model=glob(res*).")
+        glob: Glob = item.value()
+        return list(glob.filter(options))
+    return [str(v) for v in item.sweep_string_iterator()]
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: conf/<group>/*.yaml (empty when it is no group)."""
+    from hpc_ddp.config.compose import conf_dir
+
+    folder = conf_dir() / group.replace(".", "/")
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 def chunks(count: int, size: int) -> list[range]:

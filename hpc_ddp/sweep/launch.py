@@ -12,7 +12,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -25,6 +27,7 @@ from hpc_ddp.rundir import RunDir, read_json, write_json
 from hpc_ddp.sweep.expand import Point, chunks, expand
 
 MANIFEST = "sweep.json"
+PREFLIGHT = "preflight"
 
 
 def sweep_dir_for(overrides: Sequence[str], cwd: Path) -> Path:
@@ -44,7 +47,8 @@ def plan_points(overrides: Sequence[str], cwd: Path,
     """Expand and check every point before anything is submitted (exit 2 names the point)."""
     points = expand(overrides)
     folder = sweep_dir_for(overrides, cwd)
-    if folder.exists() and any(folder.iterdir()):
+    # A sweep whose preflight failed left only its report: it may be submitted again there.
+    if folder.exists() and any(p.name != PREFLIGHT for p in folder.iterdir()):
         raise UserError("sweep.dir", str(folder), "already holds files; nothing is touched.",
                         "choose a new sweep.dir.")
     from hpc_ddp.config.compose import compose_many
@@ -52,13 +56,17 @@ def plan_points(overrides: Sequence[str], cwd: Path,
     lists = [[*p.overrides, f"run_dir={folder / f'{p.index:03d}'}"] for p in points]
     plans: list[api.Plan] = []
     point = points[0]
+    auto_kind: str | None = None
     try:
         configs = compose_many(lists)
         for current, overrides, cfg in zip(points, lists, configs, strict=True):
             point = current  # named in the error below if planning this point fails
-            if plans:  # resolve cluster=auto once (scontrol ping), not once per point
-                cfg = replace(cfg, cluster=replace(cfg.cluster, kind=plans[0].cfg.cluster.kind))
+            auto = cfg.cluster.kind == "auto"
+            if auto and auto_kind:  # resolve cluster=auto once (scontrol ping), not per point
+                cfg = replace(cfg, cluster=replace(cfg.cluster, kind=auto_kind))
             plans.append(api.plan(overrides, cwd, environ, composed=cfg))
+            if auto:
+                auto_kind = plans[-1].cfg.cluster.kind
     except UserError as exc:
         where = _failing_point(points, lists)
         point = where if where is not None else point
@@ -101,12 +109,29 @@ def max_array_size(environ: Mapping[str, str]) -> int:
 
 
 def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
-           environ: Mapping[str, str] | None = None) -> int:
-    """The multirun command: plan, write the manifest, submit; 0 when every point went out."""
+           environ: Mapping[str, str] | None = None, show_cfg: bool = False) -> int:
+    """The multirun command: plan, write the manifest, submit; 0 when every point went out.
+
+    ``show_cfg`` (--cfg) and ``dry_run=true`` print each point's config or what would be
+    submitted, and ``preflight=true`` runs the doctor once per job shape before anything
+    goes out; none of them submits anything it should not.
+    """
     environ = os.environ if environ is None else environ
     folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ)
-    folder.mkdir(parents=True, exist_ok=True)
+    if show_cfg or plans[0].cfg.dry_run:
+        print(_dry_run(points, plans, folder, environ, show_cfg), file=out)
+        return 0
     kind = plans[0].cfg.cluster.kind
+    if kind == "slurm":
+        from hpc_ddp.launch.slurm import check_client
+
+        check_client(environ)
+    if plans[0].cfg.preflight and not _preflight(plans, folder, out):
+        print(f"error: the preflight checks failed (above); nothing was submitted. Their "
+              f"report is in {folder / PREFLIGHT}; the same sweep.dir may be used again.",
+              file=sys.stderr)
+        return 1
+    folder.mkdir(parents=True, exist_ok=True)
     manifest: dict[str, Any] = {"kind": kind, "created": time.time(), "overrides": list(overrides),
                                 "arrays": [], "points": [
         {"index": p.index, "label": p.label(), "params": dict(p.params),
@@ -117,13 +142,73 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
         write_json(plan.run_dir.root / "hparams.json", dict(point.params))
     write_json(folder / MANIFEST, manifest)
     if kind == "slurm":
-        _submit_arrays(manifest, plans, folder, environ)
-        write_json(folder / MANIFEST, manifest)
+        try:
+            _submit_arrays(manifest, plans, folder, environ)
+        finally:  # what went out before a refusal stays findable by hpc_ddp.status
+            write_json(folder / MANIFEST, manifest)
         print(table(manifest, folder), file=out)
         print(f"{len(points)} points in {len(manifest['arrays'])} job array(s); follow with: "
               f"python -m hpc_ddp.status {folder} --watch", file=out)
         return 0
     return _run_locally(manifest, plans, folder, out)
+
+
+def _groups(plans: list[api.Plan]) -> list[list[int]]:
+    """Point indices grouped by identical Slurm parameters (one array, or more, each)."""
+    from hpc_ddp.launch import slurm
+
+    groups: dict[str, list[int]] = {}
+    for i, plan in enumerate(plans):
+        key = json.dumps(slurm.executor_parameters(plan.cfg), sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
+             environ: Mapping[str, str], show_cfg: bool) -> str:
+    """Each point's config (--cfg), or the sbatch script of every array (dry_run=true)."""
+    from hpc_ddp.config.compose import to_yaml
+
+    if show_cfg:
+        return "\n".join(f"# point {p.index}: {p.label()}\n{to_yaml(plan.cfg)}"
+                         for p, plan in zip(points, plans, strict=True))
+    if plans[0].cfg.cluster.kind != "slurm":
+        lines = [f"would run {len(plans)} points here, {plans[0].cfg.sweep.parallel or 1} at "
+                 f"a time, into {folder}; nothing was started."]
+        lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
+                  for p, plan in zip(points, plans, strict=True)]
+        return "\n".join(lines)
+    from hpc_ddp.launch import slurm
+
+    size = plans[0].cfg.sweep.max_array_size or max_array_size(environ)
+    parallel = plans[0].cfg.sweep.parallel
+    scripts = []
+    existed = folder.exists()
+    try:
+        for members in _groups(plans):
+            for part in chunks(len(members), size):
+                indices = [members[k] for k in part]
+                for i in indices:
+                    slurm.check_shell_safety(plans[i].cfg)
+                executor = slurm.make_executor(plans[members[0]].cfg, RunDir(folder))
+                executor.update_parameters(array_parallelism=parallel or len(indices))
+                executor.parameters["map_count"] = len(indices)  # what submitit's batch sets
+                labels = ", ".join(f"{i}: {points[i].label()}" for i in indices)
+                scripts.append(f"# array of points {labels}\n" + str(
+                    executor._make_submission_file_text(executor._submitit_command_str, "dry")))
+    finally:
+        if not existed:  # submitit's executor makes its folder; a dry run leaves none
+            shutil.rmtree(folder, ignore_errors=True)
+    return "\n".join(scripts) + f"\n# {len(plans)} points in {len(scripts)} job array(s); " \
+        "nothing was submitted."
+
+
+def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
+    """The doctor once per job shape (the first point of each group), before any submission."""
+    from hpc_ddp.doctor import preflight
+
+    firsts = [g[0] for g in _groups(plans)] if plans[0].cfg.cluster.kind == "slurm" else [0]
+    return all([preflight(plans[i].cfg, folder, out) for i in firsts])
 
 
 def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
@@ -134,13 +219,9 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
     from hpc_ddp.launch.resolve import write_run_config
     from hpc_ddp.task import TrainingTask
 
-    groups: dict[str, list[int]] = {}
-    for i, plan in enumerate(plans):
-        key = json.dumps(slurm.executor_parameters(plan.cfg), sort_keys=True, default=str)
-        groups.setdefault(key, []).append(i)
     first = plans[0].cfg
     size = first.sweep.max_array_size or max_array_size(environ)
-    for members in groups.values():
+    for members in _groups(plans):
         cfg = plans[members[0]].cfg
         for part in chunks(len(members), size):
             indices = [members[k] for k in part]
@@ -150,10 +231,17 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
             for i in indices:
                 slurm.check_shell_safety(plans[i].cfg)
                 write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
-            with executor.batch():
-                jobs = [executor.submit(TrainingTask(to_yaml(plans[i].cfg),
-                                                     str(plans[i].run_dir.root)))
-                        for i in indices]
+            try:
+                with slurm.sbatch_errors(cfg, environ), executor.batch():
+                    jobs = [executor.submit(TrainingTask(to_yaml(plans[i].cfg),
+                                                         str(plans[i].run_dir.root)))
+                            for i in indices]
+            except UserError as refused:
+                sent = sum(p["job_id"] is not None for p in manifest["points"])
+                raise UserError(refused.key, refused.value,
+                                f"{refused.problem} ({sent} of {len(plans)} points were "
+                                f"submitted before; {folder / MANIFEST} lists them)",
+                                refused.fix) from None
             manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
             for i, job in zip(indices, jobs, strict=True):
                 manifest["points"][i]["job_id"] = str(job.job_id)
@@ -173,8 +261,36 @@ def _run_locally(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
     parallel = plans[0].cfg.sweep.parallel or 1
     waiting = list(range(len(plans)))
     running: list[tuple[int, api.Run]] = []
+    try:
+        failed = _run_points(manifest, plans, folder, out, parallel, waiting, running)
+    except KeyboardInterrupt:
+        return _interrupted(manifest, running, waiting, out)
+    print(table(manifest, folder), file=out)
+    return 1 if failed else 0
+
+
+def _interrupted(manifest: dict[str, Any], running: list[tuple[int, api.Run]],
+                 waiting: list[int], out: TextIO) -> int:
+    """Ctrl-C in a local sweep: the running points checkpoint and stop (all at once)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    print(f"\ninterrupted: {len(running)} running point(s) save a checkpoint and stop; "
+          f"{len(waiting)} not started...", file=out, flush=True)
+    with ThreadPoolExecutor(max(1, len(running))) as pool:
+        list(pool.map(lambda item: item[1].cancel(grace_s=120.0), running))
+    for i, run in running:
+        print(f"point {i}: stopped; continue with: python -m hpc_ddp.submit "
+              f"run_dir={run.run_dir} resume=true", file=out)
+    return 130
+
+
+def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, out: TextIO,
+                parallel: int, waiting: list[int], running: list[tuple[int, api.Run]]) -> int:
+    """Start and collect points until none is left; the number that failed."""
     failed = 0
+    shown: dict[int, float] = {}  # point -> when its progress was last printed
     while waiting or running:
+        _show_progress(running, shown, out)
         while waiting and len(running) < parallel:
             i = waiting.pop(0)
             run = api.submit(plans[i])
@@ -192,8 +308,21 @@ def _run_locally(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
                 print(f"point {i}: {'done' if ok else 'FAILED'}  eval accuracy "
                       f"{summary.get('eval_accuracy')}", file=out, flush=True)
         time.sleep(0.5)
-    print(table(manifest, folder), file=out)
-    return 1 if failed else 0
+    return failed
+
+
+def _show_progress(running: list[tuple[int, api.Run]], shown: dict[int, float], out: TextIO,
+                   every_s: float = 10.0) -> None:
+    """A line per running point every ``every_s``: its step, loss and speed."""
+    now = time.monotonic()
+    for i, run in running:
+        progress = read_json(run.files.progress)
+        if not progress or now - shown.get(i, 0.0) < every_s:
+            continue
+        shown[i] = now
+        print(f"point {i}: step {progress.get('step')}/{progress.get('total_steps')}  loss "
+              f"{progress.get('loss', float('nan')):.4f}  "
+              f"{progress.get('samples_per_s', 0.0):.0f} samples/s", file=out, flush=True)
 
 
 def table(manifest: dict[str, Any], folder: Path) -> str:

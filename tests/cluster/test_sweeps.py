@@ -119,3 +119,27 @@ def test_requeueing_one_point_leaves_the_others_alone(hpc_ddp: Run, slurm_env: d
                  for p in (first, second)]
     assert [s["restarts"] for s in summaries] == [1, 0]
     assert [s["global_step"] for s in summaries] == [300, 300]
+
+
+def test_sweep_dry_run_prints_the_array_scripts_and_submits_nothing(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    before = subprocess.run(["squeue", "-h", "-o", "%A"], env=slurm_env, capture_output=True,
+                            text=True, check=True).stdout
+    done = hpc_ddp("submit", ["-m", "cluster=slurm", "optim.lr=0.1,0.2,0.3", "dry_run=true",
+                              "sweep.max_array_size=2", "sweep.parallel=1",
+                              f"sweep.dir={sweep}"], env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    scripts = done.stdout.split("# array of points ")[1:]
+    assert len(scripts) == 2  # 3 points, at most 2 per array
+    assert "#SBATCH --array=0-1%1" in scripts[0] and "#SBATCH --array=0-0%1" in scripts[1]
+    assert "nothing was submitted" in done.stdout and not sweep.exists()
+    after = subprocess.run(["squeue", "-h", "-o", "%A"], env=slurm_env, capture_output=True,
+                           text=True, check=True).stdout
+    assert after == before
+    # The scripts are what sbatch would take: it accepts each one without queueing it.
+    script = tmp_path / "array.sh"
+    script.write_text("#!/bin/bash\n" + scripts[0].split("#!/bin/bash\n", 1)[1])
+    test_only = subprocess.run(["sbatch", "--test-only", str(script)], env=slurm_env,
+                               capture_output=True, text=True, check=False)
+    assert test_only.returncode == 0, test_only.stderr

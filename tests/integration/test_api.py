@@ -39,10 +39,18 @@ def test_wait_timeout_and_cancel(tmp_path: Path) -> None:
                           f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(TimeoutError):
         run.wait(timeout=3, progress=False)
-    run.cancel()
+    assert run.cancel() is True  # the ranks agree on a step, checkpoint and stop
     with pytest.raises(hpc_ddp.RunFailed):
         run.wait(timeout=120, progress=False)
-    assert run.state == "FAILED" and run.summary() is None
+    assert run.state == "CANCELLED" and run.summary() is None
+    assert run.cancel() is False  # nothing left to cancel
+    stops = [e for e in run.events() if e["kind"] == "stop"]
+    assert len(stops) == 1 and stops[0]["cause"].startswith("SIGTERM")
+    from hpc_ddp import checkpoint
+
+    latest = checkpoint.latest_path(run.files.checkpoints)
+    assert latest is not None and latest.name == f"step_{stops[0]['step']:09d}.pt"
+    assert hpc_ddp.Run.from_dir(run.run_dir).state == "CANCELLED"
 
 
 def test_check_data_reports_shards() -> None:

@@ -134,7 +134,36 @@ def test_a_dead_rank_fails_the_command_with_its_log(tmp_path: Path) -> None:
     os.kill(json.loads(rank1.read_text())["pid"], signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out
-    assert "failed" in out and "rank 0:" in out and "[rank 0 " in out
+    assert "failed" in out and "rank 0 on " in out and "[rank 0 " in out
+    assert "rank 1 on " in out and "stopped answering" in out  # the dead rank is named
+
+
+def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # A terminal's Ctrl-C: SIGINT to the whole foreground process group.
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", *RESUME_ARGS,
+                             "trainer.max_steps=100000", f"run_dir={run_dir}"], cwd=REPO,
+                            env=command_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while (json.loads((run_dir / "progress.json").read_text()).get("step", 0)
+           if (run_dir / "progress.json").exists() else 0) < 20:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    assert f"Continue with: python -m hpc_ddp.submit run_dir={run_dir} resume=true" in out
+    stops = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "stop"]
+    assert len(stops) == 1 and "Ctrl-C" in stops[0]["cause"]
+    stopped_at = stops[0]["step"]
+    assert _final_state(run_dir)["counters"]["global_step"] == stopped_at  # nothing lost
+    done = hpc_ddp("submit", [f"run_dir={run_dir}", "resume=true", "trainer.max_steps=200"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from_step"] == stopped_at and summary["global_step"] == 200
 
 
 @pytest.mark.parametrize("args, key", [

@@ -40,7 +40,7 @@ def test_overrides_reach_the_typed_config(overrides: list[str], attr: str, value
     (["trainer.batch_size=abc"], "trainer.batch_size=abc", "could not be converted"),
     (["model=foo"], "model=foo", "resnet18, resnet50, tiny_cnn"),
     (["data=foo"], "data=foo", "cifar10, synthetic"),
-    (["data=cifar10"], "data.root=None", "hpc_ddp.data download"),
+    (["data=cifar10"], "data.root=null", "hpc_ddp.data download"),
     (["optim.lr=0"], "optim.lr=0", "positive"),
     (["optim.schedule=poly"], "optim.schedule=poly", "cosine, linear, constant"),
     (["cluster.kind=pbs"], "cluster.kind=pbs", "auto, local, slurm"),

@@ -1,0 +1,83 @@
+"""Before a resume goes out: will the run's checkpoint load under the new config?
+
+A changed model (or an image size the model is built for) or optimizer would fail on every
+rank at load time, after the job waited in the queue, and each requeue the same way. It is
+refused here instead, with the keys that changed, and nothing of the run is rewritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import checkpoint
+from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import RunDir
+
+
+def check_resumable(cfg: Config, run: RunDir) -> None:
+    """Raise UserError when ``cfg`` cannot continue the checkpoint in ``run``."""
+    if not cfg.resume or checkpoint.latest_path(run.checkpoints) is None:
+        return
+    from hpc_ddp.config.compose import from_yaml
+
+    try:
+        before = from_yaml(run.config.read_text())
+    except (OSError, UserError):
+        return  # an unreadable old config: the load itself will tell
+    if _shapes(before) != _shapes(cfg):
+        changed = _changed(before, cfg, ("model", "data.image_size"))
+        raise UserError(changed[0][0] if changed else "model", changed[0][2] if changed else
+                        cfg.model.name, "changes the network, so the run's checkpoint cannot "
+                        "be loaded (it holds " + ", ".join(f"{k}={old}" for k, old, _ in changed)
+                        + ").", "drop that override to continue the run, or start a new "
+                        "run_dir (resume=false) for the new network.")
+    step = _step_of(checkpoint.latest_path(run.checkpoints))
+    if cfg.trainer.max_steps is not None and step is not None and step >= cfg.trainer.max_steps:
+        raise UserError("trainer.max_steps", cfg.trainer.max_steps, f"the run is at step {step} "
+                        "already, so nothing would be trained.",
+                        f"give trainer.max_steps above {step} to train further.")
+    if before.optim.name != cfg.optim.name:
+        raise UserError("optim", cfg.optim.name, f"differs from the checkpoint's optimizer "
+                        f"({before.optim.name}), whose state cannot be loaded into it.",
+                        f"keep optim={before.optim.name} to continue the run, or start a new "
+                        "run_dir.")
+
+
+def _step_of(path: Path | None) -> int | None:
+    """The step in a checkpoint's name (step_000000120.pt)."""
+    digits = path.stem.removeprefix("step_") if path is not None else ""
+    return int(digits) if digits.isdigit() else None
+
+
+def _shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Parameter and buffer shapes of cfg's network, built on the meta device (no memory)."""
+    import torch
+
+    from hpc_ddp.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg.model, cfg.data.image_size)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _changed(before: Config, after: Config, keys: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) of every leaf under ``keys`` that differs."""
+    found = []
+    for key in keys:
+        old, new = _get(before, key), _get(after, key)
+        if dataclasses.is_dataclass(old) and dataclasses.is_dataclass(new):
+            found += [(f"{key}.{f.name}", getattr(old, f.name), getattr(new, f.name))
+                      for f in dataclasses.fields(old) if getattr(old, f.name) !=
+                      getattr(new, f.name)]
+        elif old != new:
+            found.append((key, old, new))
+    return found
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

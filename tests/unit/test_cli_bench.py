@@ -1,0 +1,137 @@
+"""``python -m hpc_ddp.bench``: subcommand typos, option checks, progress while jobs run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.bench import comm
+from hpc_ddp.bench import train as bench_train
+from hpc_ddp.bench.__main__ import main, subcommand
+from hpc_ddp.bench.baseline import main as baseline_main
+from hpc_ddp.errors import UserError
+
+
+@pytest.mark.parametrize("typo, hint", [("comms", "did you mean comm?"), ("trian", "train"),
+                                        ("foo", "comm, train, sweep")])
+def test_a_mistyped_subcommand_lists_the_benchmarks(typo: str, hint: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([typo]) == 2
+    err = capsys.readouterr().err
+    assert f"subcommand={typo}" in err and hint in err and "cannot be parsed" not in err
+
+
+@pytest.mark.parametrize("args, name", [([], "comm"), (["train"], "train"),
+                                        (["cluster=slurm"], "comm"), (["--max-size", "4K"], "comm"),
+                                        (["+x=1"], "comm"), (["~cluster"], "comm")])
+def test_subcommand_defaults_to_comm_for_options_and_overrides(args: list[str],
+                                                                name: str) -> None:
+    assert subcommand(args) == name
+
+
+@pytest.mark.parametrize("module", ["comm", "train"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_timeout_must_be_positive(module: str, value: str, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([module, "--timeout-s", value]) == 2
+    assert "--timeout-s=" in capsys.readouterr().err
+    assert not (tmp_path / "outputs").exists()  # refused before any job
+
+
+def test_comm_budget_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["comm", "--budget-s", "0"]) == 2
+    assert "--budget-s=0.0" in capsys.readouterr().err
+
+
+def row(op: str, nbytes: int) -> dict:  # type: ignore[type-arg]
+    return {"op": op, "bytes": nbytes, "count": nbytes // 4, "iters": 20, "time_us": 12.5,
+            "algbw_gbps": 1.0, "busbw_gbps": 1.5, "correct": True}
+
+
+def test_rows_print_as_rank_0_appends_them(tmp_path: Path) -> None:
+    path = tmp_path / "bench" / "comm.rows.jsonl"
+    out = io.StringIO()
+    printer = comm.RowPrinter(path, out)
+    printer()  # nothing written yet
+    assert out.getvalue() == ""
+    path.parent.mkdir()
+    path.write_text(json.dumps(row("all_reduce", 1024)) + "\n" + '{"op": "all_re')
+    printer()
+    lines = out.getvalue().splitlines()
+    assert lines[0].split()[:2] == ["op", "size"] and len(lines) == 2  # not the partial one
+    path.write_text(json.dumps(row("all_reduce", 1024)) + "\n" +
+                    json.dumps(row("all_gather", 2048)) + "\n")
+    printer()
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[2].startswith("all_gather") and printer.printed == 2
+
+
+def test_streamed_rows_line_up_with_the_table() -> None:
+    result = {"rows": [row("all_reduce", 1024), row("reduce_scatter", 256 * 2**20)],
+              "world_size": 2, "hosts": ["a", "a"], "backend": "gloo", "device": "cpu"}
+    lines = comm.table(result).splitlines()
+    assert lines[1] == comm.row_line(result["rows"][0])
+    assert len({len(line) for line in lines[:3]}) == 1  # fixed widths
+
+
+def test_the_wait_for_a_job_polls_while_it_runs_and_once_after(tmp_path: Path) -> None:
+    from hpc_ddp.doctor.job import wait
+    from hpc_ddp.rundir import RunDir
+
+    class ThreeChecks:  # a job that ends at its third check
+        job_id, checks = "1", 0
+
+        def done(self) -> bool:
+            self.checks += 1
+            return self.checks >= 3
+
+    calls: list[int] = []
+    assert wait(ThreeChecks(), RunDir(tmp_path), io.StringIO(), None, 0.01,
+                on_poll=lambda: calls.append(1))
+    assert len(calls) == 3  # two polls while it ran, one after
+
+
+def test_train_progress_names_each_model_as_it_starts(tmp_path: Path) -> None:
+    out = io.StringIO()
+    progress = bench_train.ModelProgress(tmp_path / "variants", ["null", "tiny_cnn", "resnet18"],
+                                         "2 ranks: ", out)
+    progress()
+    assert out.getvalue() == ""
+    (tmp_path / "variants" / "null-plain").mkdir(parents=True)
+    (tmp_path / "variants" / "null-tuned").mkdir()
+    progress()
+    progress()
+    assert out.getvalue().count("measuring null (1 of 3)") == 1
+    (tmp_path / "variants" / "resnet18-tuned").mkdir()  # tiny_cnn had no trainer folder
+    progress()
+    text = out.getvalue()
+    assert "2 ranks: measuring tiny_cnn (2 of 3)" in text and "resnet18 (3 of 3)" in text
+
+
+@pytest.mark.parametrize("args, flag", [(["--model", "foo"], "--model=foo"),
+                                        (["--batch-size", "0"], "--batch-size=0"),
+                                        (["--world-size", "0"], "--world-size=0"),
+                                        (["--steps", "0"], "--steps=0"),
+                                        (["--device", "gpu"], "--device=gpu")])
+def test_baseline_refuses_bad_options(args: list[str], flag: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert baseline_main(args) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Fix:" in err and "Traceback" not in err
+
+
+def test_sweep_refuses_zero_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", "--rounds", "0"]) == 2
+    assert "--rounds=0" in capsys.readouterr().err
+
+
+def test_check_timeout() -> None:
+    comm.check_timeout(None)
+    comm.check_timeout(1.0)
+    with pytest.raises(UserError):
+        comm.check_timeout(0.0)

@@ -1,0 +1,60 @@
+"""Sweep planning without running anything: --cfg, dry runs, glob(), kinds per point."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp.errors import UserError
+from hpc_ddp.sweep.launch import launch, plan_points
+
+NO_SLURM = {"PATH": "/nonexistent"}
+
+
+def test_cfg_prints_every_point_and_starts_nothing(tmp_path: Path) -> None:
+    out = io.StringIO()
+    sweep = tmp_path / "sweep"
+    assert launch(["optim.lr=0.1,0.2", f"sweep.dir={sweep}"], out, tmp_path, NO_SLURM,
+                  show_cfg=True) == 0
+    text = out.getvalue()
+    assert "# point 0: optim.lr=0.1" in text and "# point 1: optim.lr=0.2" in text
+    assert text.count("\noptim:\n") == 2 and "lr: 0.2" in text
+    assert not sweep.exists()
+
+
+def test_dry_run_lists_the_points_and_starts_nothing(tmp_path: Path) -> None:
+    out = io.StringIO()
+    sweep = tmp_path / "sweep"
+    assert launch(["optim.lr=0.1,0.2", "dry_run=true", f"sweep.dir={sweep}"], out, tmp_path,
+                  NO_SLURM) == 0
+    assert "would run 2 points here" in out.getvalue() and "nothing was started" in out.getvalue()
+    assert not sweep.exists()
+
+
+def test_glob_picks_the_groups_options(tmp_path: Path) -> None:
+    _, points, plans = plan_points(["model=glob(res*)", f"sweep.dir={tmp_path / 's'}"],
+                                   tmp_path, NO_SLURM)
+    assert [p.label() for p in points] == ["model=resnet18", "model=resnet50"]
+    assert [p.cfg.model.name for p in plans] == ["resnet18", "resnet50"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("optim.lr=interval(0,1)", "continuous range"),
+    ("optim.lr=glob(*)", "optim.lr is not one"),
+    ("trainer.seed=range(0,0)", r"^trainer\.seed=range\(0,0\): sweeps over no value"),
+])
+def test_sweeps_a_grid_cannot_hold_are_refused(tmp_path: Path, override: str,
+                                               message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        plan_points([override, f"sweep.dir={tmp_path / 's'}"], tmp_path, NO_SLURM)
+
+
+def test_each_point_keeps_the_cluster_it_asked_for(tmp_path: Path) -> None:
+    # cluster=auto resolves once; an explicit kind is never overwritten by point 0's.
+    with pytest.raises(UserError, match="cluster=local/slurm: differs between sweep points"):
+        plan_points(["cluster=local,slurm", f"sweep.dir={tmp_path / 's'}"], tmp_path, NO_SLURM)
+    _, _, plans = plan_points(["optim.lr=0.1,0.2", f"sweep.dir={tmp_path / 't'}"], tmp_path,
+                              NO_SLURM)
+    assert {p.cfg.cluster.kind for p in plans} == {"local"}
