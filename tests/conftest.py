@@ -32,3 +32,15 @@ def hpc_ddp() -> Callable[..., subprocess.CompletedProcess[str]]:
                               cwd=cwd or REPO, env=command_env(env), check=False)
 
     return run
+
+
+def compose_refusal(overrides: list[str]) -> str:
+    """The one-line message compose() refuses ``overrides`` with (fails if it accepts them)."""
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        compose(overrides)
+    message = info.value.message
+    assert "\n" not in message and "Fix:" in message, message
+    return message

@@ -8,14 +8,7 @@ import pytest
 
 from hpc_ddp.config.compose import compose, compose_many
 from hpc_ddp.errors import UserError
-
-
-def _message(overrides: list[str]) -> str:
-    with pytest.raises(UserError) as info:
-        compose(overrides)
-    message = info.value.message
-    assert "\n" not in message and "Fix:" in message, message
-    return message
+from tests.conftest import compose_refusal
 
 
 @pytest.mark.parametrize("overrides, start, words", [
@@ -57,18 +50,18 @@ def _message(overrides: list[str]) -> str:
     (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]:", "'optim.betas=[0.9,0.999]'"),
 ])
 def test_refused_overrides_say_the_fix(overrides: list[str], start: str, words: str) -> None:
-    message = _message(overrides)
+    message = compose_refusal(overrides)
     assert message.startswith(start), message
     assert words in message, message
 
 
 def test_no_quote_advice_for_a_bad_key() -> None:
-    assert "quote the value" not in _message(["+nccl.env.1BAD=x"])
+    assert "quote the value" not in compose_refusal(["+nccl.env.1BAD=x"])
 
 
 def test_sweep_advice_quotes_only_string_keys() -> None:
-    assert "quote" not in _message(["optim.lr=0.1,0.01"])
-    assert "cluster.partition='a,b'" in _message(["cluster.partition=a,b"])
+    assert "quote" not in compose_refusal(["optim.lr=0.1,0.01"])
+    assert "cluster.partition='a,b'" in compose_refusal(["cluster.partition=a,b"])
 
 
 def test_the_suggested_list_syntax_works() -> None:

@@ -14,14 +14,7 @@ from hpc_ddp.launch import slurm
 from hpc_ddp.launch.resolve import resolve
 from hpc_ddp.launch.slurm_state import JobState, SlurmJobView
 from hpc_ddp.rundir import RunDir
-
-
-def _refused(overrides: list[str]) -> str:
-    with pytest.raises(UserError) as info:
-        compose(overrides)
-    message = info.value.message
-    assert "\n" not in message and "Fix:" in message, message
-    return message
+from tests.conftest import compose_refusal
 
 
 @pytest.mark.parametrize("entry, fix", [
@@ -48,16 +41,16 @@ def _refused(overrides: list[str]) -> str:
     ("parsable=true", "drop it"),
 ])
 def test_sbatch_extra_cannot_replace_what_hpc_ddp_sets(entry: str, fix: str) -> None:
-    message = _refused([f"+cluster.sbatch_extra.{entry}", "nodes=4"])
+    message = compose_refusal([f"+cluster.sbatch_extra.{entry}", "nodes=4"])
     key = entry.partition("=")[0]
     assert message.startswith(f"cluster.sbatch_extra.{key}="), message
     assert "itself" in message and fix in message, message
 
 
 def test_sbatch_extra_spelling_and_conflicts() -> None:
-    dashes = _refused(["+cluster.sbatch_extra.mail_type=END"])
+    dashes = compose_refusal(["+cluster.sbatch_extra.mail_type=END"])
     assert "+cluster.sbatch_extra.mail-type=END" in dashes
-    assert "cluster.mem_gb" in _refused(["+cluster.sbatch_extra.mem-per-cpu=2G",
+    assert "cluster.mem_gb" in compose_refusal(["+cluster.sbatch_extra.mem-per-cpu=2G",
                                          "cluster.mem_gb=4"])
     # Allowed: other options, a mode of --exclusive the boolean cannot express.
     cfg = compose(["+cluster.sbatch_extra.mail-type=END", "+cluster.sbatch_extra.exclusive=user",
@@ -85,7 +78,7 @@ def test_sbatch_extra_true_is_a_bare_flag(tmp_path: Path) -> None:
     ("CONT", "job control"),
 ])
 def test_signal_must_be_one_the_ranks_can_catch(signal: str, words: str) -> None:
-    message = _refused([f"cluster.signal={signal}"])
+    message = compose_refusal([f"cluster.signal={signal}"])
     assert message.startswith(f"cluster.signal={signal}:") and words in message, message
 
 
@@ -100,7 +93,7 @@ def test_signal_names_slurm_and_python_know(signal: str) -> None:
     (["cluster.time_min=1", "cluster.signal_delay_s=60"], "e.g. cluster.signal_delay_s=15"),
 ])
 def test_signal_delay_fits_slurm_and_the_time_limit(overrides: list[str], words: str) -> None:
-    message = _refused(overrides)
+    message = compose_refusal(overrides)
     assert message.startswith("cluster.signal_delay_s=") and words in message, message
 
 
@@ -114,7 +107,7 @@ def test_signal_delay_just_inside_the_limits() -> None:
     (["cluster.partition="], "cluster.partition=: is empty"),
 ])
 def test_values_slurm_would_misread(overrides: list[str], start: str) -> None:
-    assert _refused(overrides).startswith(start)
+    assert compose_refusal(overrides).startswith(start)
 
 
 # --- a machine without Slurm, or with a client but no controller --------------------------
