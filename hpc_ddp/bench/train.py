@@ -80,7 +80,7 @@ class TrainOptions:
     # least min_rounds and at most rounds.
     rounds: int = 15
     min_rounds: int = 3
-    budget_s: float = 30.0
+    budget_s: float = 45.0
     # Seconds of the baseline's steps per window; each window runs that many steps.
     window_s: float = 1.0
     min_steps: int = 1

@@ -179,6 +179,12 @@ def _plan(runners: list[Any], options: TrainOptions, device: Any) -> tuple[int, 
     steps = max(options.min_steps, round(options.window_s / max(per_step[0], 1e-6)))
     fit = int(options.budget_s / max(sum(per_step) * steps, 1e-6))
     rounds = min(options.rounds, max(options.min_rounds, fit))
+    # A whole number of rotations where --rounds allows one: every contender is timed in
+    # every position of a round equally often (what runs just before a contender can slow
+    # it: caches, the allocator).
+    n = len(runners)
+    if rounds >= n:
+        rounds = min(-(-rounds // n) * n, options.rounds // n * n)
     agreed = torch.tensor([steps, rounds], dtype=torch.int64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN)
     return int(agreed[0]), int(agreed[1])

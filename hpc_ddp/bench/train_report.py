@@ -168,9 +168,10 @@ def table(result: dict[str, Any]) -> str:
                      f"({o['tiny_cnn_step_ms']:.2f} ms)")
         out.append(line)
     for t in result["targets"]:
-        value = f"{t['value']:.2f}" + ("%" if "overhead" in t["what"] else "x")
+        # Three decimals on ratios: 0.997x and 1.003x both round to "1.00x", one verdict not.
+        value = (f"{t['value']:.2f}%" if "overhead" in t["what"] else f"{t['value']:.3f}x")
         if "p25" in t:
-            value += f" (p25-p75 {t['p25']:.2f}-{t['p75']:.2f})"
+            value += f" (p25-p75 {t['p25']:.3f}-{t['p75']:.3f})"
         out.append(f"target {t['what']}: {value}, target {t['target']}: {t['verdict']}")
     startup = result.get("startup")
     if startup:
