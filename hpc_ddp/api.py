@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -53,8 +54,6 @@ def compose(overrides: Sequence[str] | str = ()) -> Config:
 def _as_list(overrides: Sequence[str] | str) -> list[str]:
     """A list of overrides; one string is split as a shell would ("model=x trainer.seed=1")."""
     if isinstance(overrides, str):
-        import shlex
-
         return shlex.split(overrides)
     return list(overrides)
 
@@ -79,8 +78,25 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     _resolve.check_inputs(cfg)
     _resolve.check_local_gpus(cfg, environ)
     run_dir = _resolve.check_run_dir(cfg)
+    if cfg.resume:
+        _check_not_running(run_dir)
     check_resumable(cfg, run_dir)
     return Plan(cfg, merged, run_dir)
+
+
+def _check_not_running(run: RunDir) -> None:
+    """A resume while the run's job still runs would train twice into the same files."""
+    record = read_json(run.root / JOB_FILE)
+    if not record:
+        return
+    current = Run(run.root, record)
+    if not current.done():
+        from hpc_ddp.errors import UserError
+
+        raise UserError("run_dir", str(run.root), f"its {current.kind} job {current.job_id} is "
+                        "still running; a second one would train into the same files.",
+                        "wait for it to end, or stop it first: python -m hpc_ddp.status "
+                        f"{shlex.quote(str(run.root))} --cancel (it checkpoints), then resume.")
 
 
 def target(cfg: Config) -> Any:

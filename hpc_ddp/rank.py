@@ -131,7 +131,8 @@ def _choose_device(cfg: Config, env: DistEnv,
                    "a CPU-only torch build or a driver that does not match. Fix the "
                    "environment on that node")
             raise DeviceError(  # the error file and the log name the rank and the host
-                (f"Slurm allocated a GPU ({allocated})" if allocated else
+                (f"Slurm allocated a GPU ({allocated})" if slurm_gpus(environ) else
+                 f"this task was given a GPU ({allocated})" if allocated else
                  "trainer.device=cuda was asked for")
                 + f" but torch {torch.__version__} sees no CUDA device (torch.version.cuda="
                 f"{torch.version.cuda}): {why}, or choose trainer.device=cpu explicitly.")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ class RunDir:
     @property
     def overrides(self) -> Path:
         return self.root / "overrides.yaml"
+
+    @property
+    def hparams(self) -> Path:
+        # A sweep point's swept values, written before the point starts.
+        return self.root / "hparams.json"
 
     @property
     def logs(self) -> Path:
@@ -71,6 +77,11 @@ class RunDir:
 
     def rank_error(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.error"
+
+
+def resume_command(root: Path | str) -> str:
+    """The command that continues the run in ``root``, quoted for a shell."""
+    return f"python -m hpc_ddp.submit {shlex.quote(f'run_dir={root}')} resume=true"
 
 
 def default_root(base: Path, now: _dt.datetime | None = None, job_id: str | None = None) -> Path:

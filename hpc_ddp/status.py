@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
-from hpc_ddp.rundir import read_json
+from hpc_ddp.rundir import read_json, resume_command
 
 # Folders the other commands make, which status cannot follow: (the file that marks one,
 # the name its config.yaml gives the job, what it is, where its results are).
@@ -234,8 +234,8 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
         if not job:
             continue
         if Run(run_dir, job).cancel():
-            print(f"cancelled {label} (job {job['job_id']}); continue it with: python -m "
-                  f"hpc_ddp.submit run_dir={run_dir} resume=true", file=out)
+            print(f"cancelled {label} (job {job['job_id']}); continue it with: "
+                  f"{resume_command(run_dir)}", file=out)
         else:
             print(f"{label} (job {job['job_id']}) had ended already; nothing to cancel",
                   file=out)

@@ -16,18 +16,43 @@ layer over the Python API (hpc_ddp.plan / hpc_ddp.submit, docs/api.md).
 from __future__ import annotations
 
 import os
+import shlex
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
-# What a shell reports for a command ended by Ctrl-C (128 + SIGINT).
-INTERRUPTED_EXIT_CODE = 130
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP to this command: handled like Ctrl-C (the exit code says which)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def handle_stop_signals() -> None:
+    """Ctrl-C, a `kill`, a closed terminal all end a followed run the same way: a local run
+    checkpoints and stops, a Slurm job goes on. SIGINT gets Python's own handler even when
+    it was ignored at start (`cmd &` in a script), where Python installs none."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_stopped)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the command, not a call from Python: signals are ours to handle
+        handle_stop_signals()
     if any(a in ("-h", "--help") for a in args):
         print(__doc__, file=out)
         return 0
@@ -79,37 +104,43 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
     print(f"hpc_ddp: {cfg.cluster.kind} job {run.job_id}: {launcher.describe(cfg)}\n"
           f"  run dir:     {run_dir.root}\n"
           f"  rank-0 log:  {run_dir.rank_log(0)}\n"
-          f"  tensorboard: tensorboard --logdir {run_dir.tb}", file=out, flush=True)
+          f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}", file=out,
+          flush=True)
     if cfg.cluster.kind == "slurm":
         print(f"  follow:      squeue -j {run.job_id}   (sacct -j {run.job_id} once it ends; "
               f"python -m hpc_ddp.submit ... wait=true follows it)", file=out, flush=True)
     if not cfg.wait:
-        print(f"  status:      python -m hpc_ddp.status {run_dir.root}", file=out, flush=True)
+        print(f"  status:      python -m hpc_ddp.status {shlex.quote(str(run_dir.root))}",
+              file=out, flush=True)
         return 0
     try:
         run.wait(out=out)
     except api.RunFailed:
         return 1  # follow() has printed the failing rank's lines
-    except KeyboardInterrupt:
-        return interrupted(run, out)
+    except KeyboardInterrupt as exc:
+        return interrupted(run, out, exc)
     return 0
 
 
-def interrupted(run: Any, out: TextIO) -> int:
-    """Ctrl-C while following: a Slurm job goes on; a local run checkpoints and stops."""
-    resume = f"python -m hpc_ddp.submit run_dir={run.run_dir} resume=true"
+def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
+    """Ctrl-C (or SIGTERM/SIGHUP) while following: a Slurm job goes on; a local run
+    checkpoints and stops. Exit code 128 + the signal, as a shell reports it."""
+    code = 128 + (exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
+    where = shlex.quote(str(run.run_dir))
     if run.kind == "slurm":
         print(f"\nstopped following; job {run.job_id} goes on (python -m hpc_ddp.status "
-              f"{run.run_dir}; scancel {run.job_id} stops it).", file=out, flush=True)
-        return INTERRUPTED_EXIT_CODE
+              f"{where}; scancel {run.job_id} stops it).", file=out, flush=True)
+        return code
     print("\ninterrupted: the ranks save a checkpoint and stop (Ctrl-C again stops them at "
           "once, losing the steps since the last checkpoint)...", file=out, flush=True)
     try:
         run.cancel(grace_s=120.0)
     except KeyboardInterrupt:
         run.cancel(grace_s=0.0)
-    print(f"stopped. Continue with: {resume}", file=out, flush=True)
-    return INTERRUPTED_EXIT_CODE
+    from hpc_ddp.rundir import resume_command
+
+    print(f"stopped. Continue with: {resume_command(run.run_dir)}", file=out, flush=True)
+    return code
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.distenv import DistEnv, detect
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank import Rank, RunStopped, joined
-from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
 from hpc_ddp.stopping import StopRequest, StopTraining
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
     for shared in summary["gpu_collisions"]:
         log.warning("ranks %s share GPU %s on %s", shared["ranks"], shared["gpu"], shared["host"])
     write_json(run_dir.summary, summary)
-    hparams = read_json(run_dir.root / "hparams.json")  # written for sweep points
+    hparams = read_json(run_dir.hparams)  # written for sweep points
     if isinstance(hparams, dict) and hparams:
         from hpc_ddp.metrics import write_hparams
 
@@ -103,7 +103,7 @@ def _after_stop(stopped: StopTraining, stop: StopRequest, cfg: Config, rank: Ran
     cause = stopping.cause_of(stopped.code, left, cfg.cluster.signal_delay_s, job is not None)
     record = {"attempt": rank.env.restart, "step": stopped.step, "cause": cause,
               "signals": [name for name, _ in stop.received]}
-    resume_hint = f"python -m hpc_ddp.submit run_dir={run_dir.root} resume=true"
+    resume_hint = resume_command(run_dir.root)
     if job is None:
         events.append(run_dir.root, {"kind": "stop", **record})
         raise RunStopped(f"stopped at step {stopped.step} ({cause}); the checkpoint is saved. "

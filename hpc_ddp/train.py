@@ -43,6 +43,7 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from hpc_ddp.config.compose import compose
+    from hpc_ddp.device import DeviceError
     from hpc_ddp.distenv import LaunchError, detect
     from hpc_ddp.launch.resolve import check_inputs, write_run_config
     from hpc_ddp.rundir import RunDir, default_root
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UserError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_EXIT_CODE
+    except DeviceError as exc:  # this node's environment, not the command: one line, exit 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     if summary is not None:
         print(f"hpc_ddp: done, step {summary['global_step']}, eval accuracy "
               f"{summary['eval_accuracy']:.4f}, run dir {run_dir.root}")

@@ -259,6 +259,10 @@ class Trainer:
                     stopping.TERM else "requeue signal", self.global_step)
         if self.checkpoint_step != self.global_step:
             self.save_checkpoint()
+        # progress.json says where the run stands: the stop step (its checkpoint), which may
+        # lie after the last logged step.
+        self.metrics.write_progress(self.global_step, self.epoch,
+                                    {"loss": self.last_train_loss, "stopped": 1.0})
         raise stopping.StopTraining(code, self.global_step)
 
     def _start_reduction(self, log_now: bool, stop_code: int | None) -> None:

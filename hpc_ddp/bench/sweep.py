@@ -64,9 +64,9 @@ def _timed_raw_sbatch(points: int, partition: str | None) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.sweep", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--points", type=int, default=200)
+    parser.add_argument("--points", type=int, default=200, help="points per way to submit")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("overrides", nargs="*", help="extra overrides for every point")

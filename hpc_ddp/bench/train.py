@@ -141,7 +141,7 @@ def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hpc_ddp.bench.train", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m hpc_ddp.bench train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(MODELS),
                    help="comma list of null, tiny_cnn, resnet18, resnet50")

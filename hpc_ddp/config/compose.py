@@ -265,7 +265,8 @@ def _parse_error(item: str, exc: Exception, parser: Any) -> UserError:
     key, eq, value = item[len(prefix):].partition("=")
     if not eq and not prefix.startswith("~"):
         return UserError("override", item, "cannot be parsed (no =).",
-                         "write key=value, e.g. optim.lr=0.01.")
+                         "write key=value, e.g. optim.lr=0.01; a value with spaces is one "
+                         "argument, quoted whole: 'cluster.setup=[module load cuda]'.")
     try:
         parser.parse_overrides([f"{prefix}{key}=x"])
     except OverrideParseException:

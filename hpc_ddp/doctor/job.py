@@ -53,6 +53,7 @@ def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
         raise UserError("resume", "true", f"the {name} has no run to continue.",
                         "drop resume=true (each diagnostic run gets a new folder).")
     cfg = plan.resolve(cfg, environ, cwd)
+    plan.check_local_gpus(cfg, environ)  # a config mistake, not a bad node
     assert cfg.run_dir is not None
     folder = Path(cfg.run_dir)
     if folder.is_dir() and any(folder.iterdir()):  # never into a training run, or another

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hpc_ddp.config.schema import Config
@@ -112,9 +112,18 @@ def check_inputs(cfg: Config) -> None:
         check_root(cfg.data.root)
 
 
-def check_local_gpus(cfg: Config, environ: Mapping[str, str]) -> None:
+def cuda_device_count() -> int:
+    """The CUDA devices torch can use from this process (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_local_gpus(cfg: Config, environ: Mapping[str, str],
+                     device_count: Callable[[], int] = cuda_device_count) -> None:
     """A local run's GPUs: submitit shows the ranks only the cluster.gpus_per_node it hands
-    out (CUDA_VISIBLE_DEVICES is empty with 0), and only what this shell was given exists."""
+    out (CUDA_VISIBLE_DEVICES is empty with 0), only what this shell was given exists, and
+    only what torch can use here trains (``device_count`` is asked only then)."""
     if cfg.cluster.kind != "local":
         return
     wanted = cfg.cluster.gpus_per_node * cfg.nodes
@@ -129,6 +138,12 @@ def check_local_gpus(cfg: Config, environ: Mapping[str, str]) -> None:
                         f"(CUDA_VISIBLE_DEVICES={','.join(given) or ''}) and the run needs "
                         f"{wanted}.", f"use cluster.gpus_per_node={len(given) // cfg.nodes} "
                         "or fewer, or run where more GPUs are visible.")
+    if wanted and cfg.trainer.device != "cpu" and (found := device_count()) < wanted:
+        raise UserError("cluster.gpus_per_node", cfg.cluster.gpus_per_node,
+                        f"the run needs {wanted} GPU(s) and torch finds {found} CUDA device(s) "
+                        "on this machine.", "use cluster.gpus_per_node=0 (CPU ranks with gloo)"
+                        + (f" or {found // cfg.nodes} or fewer" if found // cfg.nodes else "")
+                        + ", or run on a machine with GPUs (cluster=slurm).")
 
 
 def check_run_dir(cfg: Config) -> RunDir:
@@ -145,7 +160,8 @@ def check_run_dir(cfg: Config) -> RunDir:
         if not run.config.is_file():
             raise UserError("run_dir", cfg.run_dir, "holds no run to resume.",
                             "check the path, or drop resume=true to start a new run.")
-    elif exists and any(run.root.iterdir()):
+    # A sweep point that never started holds only its hparams.json: it may be run by hand.
+    elif exists and any(p != run.hparams for p in run.root.iterdir()):
         raise UserError("run_dir", cfg.run_dir, "already holds files; nothing there is touched.",
                         "pass resume=true to continue that run, or choose a new run_dir.")
     check_writable(run.root, cfg.run_dir)

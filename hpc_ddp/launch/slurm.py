@@ -186,10 +186,11 @@ def refusal(cfg: Config, exc: BaseException,
     said = sbatch_key_line(str(exc))
     if not slurm_available(environ):
         return UserError("cluster.kind", "slurm",
-                         f"no Slurm controller answers (scontrol ping); sbatch said: {said}",
+                         f"no Slurm controller answers (scontrol ping); sbatch said: "
+                         f"{said.rstrip('.')}.",
                          _NO_CONTROLLER_FIX)
     return UserError("cluster", cfg.cluster.partition or "(default partition)",
-                     f"sbatch refused the job: {said}",
+                     f"sbatch refused the job: {said.rstrip('.')}.",
                      "check partition, account, nodes and GPUs against `sinfo` (and "
                      "cluster.sbatch_extra, if set); `dry_run=true` prints the script.")
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from typing import Any, TextIO
 
 from hpc_ddp import api
 from hpc_ddp.errors import UserError
-from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
 from hpc_ddp.sweep.expand import Point, chunks, expand
 
 MANIFEST = "sweep.json"
@@ -131,6 +133,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
               f"report is in {folder / PREFLIGHT}; the same sweep.dir may be used again.",
               file=sys.stderr)
         return 1
+    created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     manifest: dict[str, Any] = {"kind": kind, "created": time.time(), "overrides": list(overrides),
                                 "arrays": [], "points": [
@@ -139,13 +142,18 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
         for p, plan in zip(points, plans, strict=True)]}
     for point, plan in zip(points, plans, strict=True):
         plan.run_dir.root.mkdir(parents=True, exist_ok=True)
-        write_json(plan.run_dir.root / "hparams.json", dict(point.params))
+        write_json(plan.run_dir.hparams, dict(point.params))
     write_json(folder / MANIFEST, manifest)
     if kind == "slurm":
         try:
             _submit_arrays(manifest, plans, folder, environ)
-        finally:  # what went out before a refusal stays findable by hpc_ddp.status
-            write_json(folder / MANIFEST, manifest)
+        except BaseException:
+            if created and all(p["job_id"] is None for p in manifest["points"]):
+                shutil.rmtree(folder, ignore_errors=True)  # nothing went out: leave nothing
+            else:  # what went out before a refusal stays findable by hpc_ddp.status
+                write_json(folder / MANIFEST, manifest)
+            raise
+        write_json(folder / MANIFEST, manifest)
         print(table(manifest, folder), file=out)
         print(f"{len(points)} points in {len(manifest['arrays'])} job array(s); follow with: "
               f"python -m hpc_ddp.status {folder} --watch", file=out)
@@ -238,9 +246,9 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
                             for i in indices]
             except UserError as refused:
                 sent = sum(p["job_id"] is not None for p in manifest["points"])
-                raise UserError(refused.key, refused.value,
-                                f"{refused.problem} ({sent} of {len(plans)} points were "
-                                f"submitted before; {folder / MANIFEST} lists them)",
+                done = (f"{sent} of {len(plans)} points were submitted before; "
+                        f"{folder / MANIFEST} lists them" if sent else "nothing was submitted")
+                raise UserError(refused.key, refused.value, f"{refused.problem} ({done})",
                                 refused.fix) from None
             manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
             for i, job in zip(indices, jobs, strict=True):
@@ -263,15 +271,17 @@ def _run_locally(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
     running: list[tuple[int, api.Run]] = []
     try:
         failed = _run_points(manifest, plans, folder, out, parallel, waiting, running)
-    except KeyboardInterrupt:
-        return _interrupted(manifest, running, waiting, out)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (hpc_ddp.submit.Stopped)
+        _interrupted(manifest, running, waiting, out)
+        return 128 + int(getattr(exc, "signum", signal.SIGINT))
     print(table(manifest, folder), file=out)
     return 1 if failed else 0
 
 
 def _interrupted(manifest: dict[str, Any], running: list[tuple[int, api.Run]],
-                 waiting: list[int], out: TextIO) -> int:
-    """Ctrl-C in a local sweep: the running points checkpoint and stop (all at once)."""
+                 waiting: list[int], out: TextIO) -> None:
+    """Ctrl-C in a local sweep: the running points checkpoint and stop (all at once); the
+    commands that continue them and run the others are printed."""
     from concurrent.futures import ThreadPoolExecutor
 
     print(f"\ninterrupted: {len(running)} running point(s) save a checkpoint and stop; "
@@ -279,9 +289,13 @@ def _interrupted(manifest: dict[str, Any], running: list[tuple[int, api.Run]],
     with ThreadPoolExecutor(max(1, len(running))) as pool:
         list(pool.map(lambda item: item[1].cancel(grace_s=120.0), running))
     for i, run in running:
-        print(f"point {i}: stopped; continue with: python -m hpc_ddp.submit "
-              f"run_dir={run.run_dir} resume=true", file=out)
-    return 130
+        print(f"point {i}: stopped; continue it with: {resume_command(run.run_dir)}", file=out)
+    for i in waiting:
+        point = manifest["points"][i]
+        given = " ".join(shlex.quote(o) for o in point["overrides"]
+                         if not o.startswith("sweep."))
+        print(f"point {i}: not started; run it with: python -m hpc_ddp.submit {given} "
+              f"{shlex.quote('run_dir=' + point['run_dir'])}", file=out)
 
 
 def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, out: TextIO,

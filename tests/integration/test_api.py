@@ -39,6 +39,8 @@ def test_wait_timeout_and_cancel(tmp_path: Path) -> None:
                           f"run_dir={tmp_path / 'run'}"])
     with pytest.raises(TimeoutError):
         run.wait(timeout=3, progress=False)
+    with pytest.raises(hpc_ddp.UserError, match="is still running"):  # no second job in it
+        hpc_ddp.plan([f"run_dir={run.run_dir}", "resume=true"])
     assert run.cancel() is True  # the ranks agree on a step, checkpoint and stop
     with pytest.raises(hpc_ddp.RunFailed):
         run.wait(timeout=120, progress=False)

@@ -138,9 +138,12 @@ def test_a_dead_rank_fails_the_command_with_its_log(tmp_path: Path) -> None:
     assert "rank 1 on " in out and "stopped answering" in out  # the dead rank is named
 
 
-def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Path,
+                                                     signum: int) -> None:
     run_dir = tmp_path / "run"
-    # A terminal's Ctrl-C: SIGINT to the whole foreground process group.
+    # A terminal's Ctrl-C: SIGINT to the whole foreground process group; a `kill`: SIGTERM
+    # to the command alone.
     proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", *RESUME_ARGS,
                              "trainer.max_steps=100000", f"run_dir={run_dir}"], cwd=REPO,
                             env=command_env(), stdout=subprocess.PIPE,
@@ -150,9 +153,12 @@ def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Pat
            if (run_dir / "progress.json").exists() else 0) < 20:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGINT)
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signum)
     out, _ = proc.communicate(timeout=180)
-    assert proc.returncode == 130, out
+    assert proc.returncode == 128 + signum, out
     assert "Traceback" not in out
     assert f"Continue with: python -m hpc_ddp.submit run_dir={run_dir} resume=true" in out
     stops = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
@@ -160,6 +166,7 @@ def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Pat
     assert len(stops) == 1 and "Ctrl-C" in stops[0]["cause"]
     stopped_at = stops[0]["step"]
     assert _final_state(run_dir)["counters"]["global_step"] == stopped_at  # nothing lost
+    assert json.loads((run_dir / "progress.json").read_text())["step"] == stopped_at
     done = hpc_ddp("submit", [f"run_dir={run_dir}", "resume=true", "trainer.max_steps=200"])
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())

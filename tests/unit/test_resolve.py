@@ -85,9 +85,19 @@ def test_local_gpus_follow_what_this_shell_was_given(tmp_path: Path) -> None:
     assert params["gpus_per_node"] == 2 and params["visible_gpus"] == (4, 6, 7)
     by_uuid = executor_parameters(cfg, {"CUDA_VISIBLE_DEVICES": "GPU-a1,GPU-b2,GPU-c3"})
     assert by_uuid["setup"] == ["export CUDA_VISIBLE_DEVICES=GPU-a1,GPU-b2"]
-    check_local_gpus(cfg, {"CUDA_VISIBLE_DEVICES": "4,6"})
+    check_local_gpus(cfg, {"CUDA_VISIBLE_DEVICES": "4,6"}, lambda: 2)
     with pytest.raises(UserError, match=r"given 1 GPU\(s\) \(CUDA_VISIBLE_DEVICES=4\)"):
-        check_local_gpus(cfg, {"CUDA_VISIBLE_DEVICES": "4"})
+        check_local_gpus(cfg, {"CUDA_VISIBLE_DEVICES": "4"}, lambda: 1)
+
+
+def test_local_gpus_torch_cannot_use_are_refused_before_launch(tmp_path: Path) -> None:
+    cfg = resolve(compose(["cluster=local", "cluster.gpus_per_node=1"]), NO_SLURM, tmp_path)
+    with pytest.raises(UserError, match=r"needs 1 GPU\(s\) and torch finds 0 CUDA"):
+        check_local_gpus(cfg, {}, lambda: 0)
+    check_local_gpus(cfg, {}, lambda: 1)
+    cpu = resolve(compose(["cluster=local", "cluster.gpus_per_node=1", "trainer.device=cpu"]),
+                  NO_SLURM, tmp_path)
+    check_local_gpus(cpu, {}, lambda: 0)  # CPU compute asked for: the GPUs are not used
 
 
 def test_cuda_on_a_local_run_without_gpus_is_refused(tmp_path: Path) -> None:
@@ -96,3 +106,13 @@ def test_cuda_on_a_local_run_without_gpus_is_refused(tmp_path: Path) -> None:
         check_local_gpus(cfg, {})
     slurm = resolve(compose(["cluster=slurm", "trainer.device=cuda"]), NO_SLURM, tmp_path)
     check_local_gpus(slurm, {})  # Slurm nodes may show their GPUs without GRES
+
+
+def test_a_sweep_point_that_never_started_may_be_run_by_hand(tmp_path: Path) -> None:
+    point = tmp_path / "sweep" / "001"
+    point.mkdir(parents=True)
+    (point / "hparams.json").write_text('{"optim.lr": "0.2"}')
+    check_run_dir(compose(["cluster=local", f"run_dir={point}"]))
+    (point / "config.yaml").write_text("nodes: 1\n")
+    with pytest.raises(UserError, match="already holds files"):
+        check_run_dir(compose(["cluster=local", f"run_dir={point}"]))

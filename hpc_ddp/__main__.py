@@ -1,0 +1,26 @@
+"""``python -m hpc_ddp``: the commands there are (each has --help)."""
+
+from __future__ import annotations
+
+import sys
+
+COMMANDS = """hpc_ddp: DDP training from a Hydra config to a (multi-node) Slurm job.
+
+  python -m hpc_ddp.submit [key=value ...]       submit a run (local without Slurm); -m: a sweep
+  python -m hpc_ddp.status <run_dir|sweep_dir>   states, steps, losses; --watch, --cancel, --plot
+  python -m hpc_ddp.train [key=value ...]        one rank's entry, under srun (jobs/*.sbatch)
+  python -m hpc_ddp.doctor [key=value ...]       check the nodes of a job before training
+  python -m hpc_ddp.bench comm|train|sweep       communication, training and submission figures
+  python -m hpc_ddp.data download cifar10 root=DIR   fetch a data set once, before training
+  python -m hpc_ddp.testcluster up|down|status   a real Slurm cluster on this machine (root)
+
+Docs: docs/quickstart.md; every key: docs/configuration.md."""
+
+
+def main() -> int:
+    print(COMMANDS)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
