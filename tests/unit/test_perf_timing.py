@@ -95,7 +95,7 @@ def test_ratios_are_per_round_and_overhead_is_exact_minus_baseline() -> None:
     for column in ("samples/s", "/rank", "x baseline", "data", "fwd+bwd", "comm", "optim",
                    "peak MB"):
         assert column in text
-    assert "framework overhead" in text and "target tiny_cnn 2 ranks tuned: 2.00x" in text
+    assert "framework overhead" in text and "target tiny_cnn 2 ranks tuned: 2.000x" in text
     met = {t["what"]: t["met"] for t in result["targets"]}
     assert met == {"tiny_cnn 2 ranks exact": True, "tiny_cnn 2 ranks tuned": True,
                    "overhead per step, 2 ranks": True}
