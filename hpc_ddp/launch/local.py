@@ -97,7 +97,10 @@ def stop(pid: int, started: int | None, grace_s: float) -> None:
     try:
         controller = psutil.Process(pid)
         procs = [controller, *controller.children(recursive=True)]
-        controller.terminate()
+        # With a setup line the pid is the shell's (submitit runs `bash -c "setup && ..."`),
+        # which would not pass SIGTERM on: the submitit controller under it gets it too.
+        for proc in [controller, *(p for p in controller.children() if _is_controller(p))]:
+            proc.terminate()
     except psutil.NoSuchProcess:
         return
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
@@ -105,6 +108,15 @@ def stop(pid: int, started: int | None, grace_s: float) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(alive, timeout=10)
+
+
+def _is_controller(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return "submitit.local._local" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
 
 
 def describe(cfg: Config) -> str:
