@@ -230,6 +230,9 @@ def _check_override(override: Any) -> None:
     key, item = override.key_or_group, str(override.input_line)
     if not key:
         raise UserError("override", item, "has no key.", "write key=value, e.g. optim.lr=0.01.")
+    if key.split(".")[0] == "hydra":  # composed, not run as a Hydra app: nothing reads them
+        raise UserError("override", item, "hydra.* settings have no effect here.",
+                        "use run_dir=, sweep.dir= and -m, which hpc_ddp reads itself.")
     hint = _schema_type(key)
     if override.is_sweep_override():
         value = item.partition("=")[2]

@@ -41,6 +41,9 @@ from tests.conftest import compose_refusal
     (["dry_run=maybe"], "dry_run=maybe:", "dry_run=true or dry_run=false"),
     # OmegaConf reads any integer as a boolean: dry_run=2 was a dry run.
     (["dry_run=2"], "dry_run=2: is a boolean", "dry_run=true or dry_run=false"),
+    # Not a Hydra app: hydra.* would be accepted and silently do nothing.
+    (["hydra.run.dir=/tmp/x"], "override=hydra.run.dir=/tmp/x: hydra.* settings have no "
+     "effect here", "use run_dir="),
     (["resume=-1"], "resume=-1: is a boolean", "resume=true"),
     (["=3"], "override==3: has no key", "key=value"),
     (["optim.lr=inf"], "optim.lr=inf: is not a finite number", "optim.lr=0.05"),
