@@ -26,14 +26,13 @@ from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rundir import read_json, resume_command
 
-# Folders the other commands make, which status cannot follow: (the file that marks one,
-# the name its config.yaml gives the job, what it is, where its results are).
-OTHER_KINDS = (("doctor.json", "hpc_ddp_doctor", "a doctor run (python -m hpc_ddp.doctor)",
-                "doctor.json"),
+# Folders the other commands make, which status cannot follow: (their results file, which
+# also marks one once written, the name their config.yaml gives the job, what it is).
+OTHER_KINDS = (("doctor.json", "hpc_ddp_doctor", "a doctor run (python -m hpc_ddp.doctor)"),
                ("bench/comm.json", "hpc_ddp_bench-comm",
-                "a benchmark run (python -m hpc_ddp.bench comm)", "bench/comm.json"),
+                "a benchmark run (python -m hpc_ddp.bench comm)"),
                ("bench/train.json", "hpc_ddp_bench-train",
-                "a benchmark run (python -m hpc_ddp.bench train)", "bench/train.json"))
+                "a benchmark run (python -m hpc_ddp.bench train)"))
 
 
 def runs_of(path: Path) -> tuple[list[tuple[str, Path]], dict[str, Any] | None]:
@@ -76,8 +75,8 @@ def other_kind(path: Path) -> tuple[str, str] | None:
                                             "cluster.job_name", default=""))
         except Exception:  # an unreadable config.yaml: not this function's to report
             job_name = ""
-    for marker, name, what, results in OTHER_KINDS:
-        if (path / marker).is_file() or job_name == name:
+    for results, name, what in OTHER_KINDS:
+        if (path / results).is_file() or job_name == name:
             return what, results
     return None
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rank import RankProgram
 from hpc_ddp.rundir import RunDir, read_json, write_json
@@ -302,10 +303,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ops", default=",".join(OPS), help="comma list of " + ", ".join(OPS))
     p.add_argument("--tcp-seconds", type=float, default=CommOptions.tcp_seconds,
                    help="raw TCP stream length (0: skip)")
-    p.add_argument("--timeout-s", type=float, default=None,
-                   help="give up (and cancel the job) after this many seconds")
-    p.add_argument("--no-plot", action="store_true", help="skip bench/comm.png")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
+    add_job_arguments(p, plot=str(PLOT))
     return p
 
 
@@ -326,13 +324,6 @@ def options_from(args: argparse.Namespace) -> CommOptions:
     check_timeout(args.timeout_s)
     return CommOptions(args.min_size, args.max_size, args.factor, args.iters,
                        max(args.warmup, 1), args.budget_s, ops, args.tcp_seconds)
-
-
-def check_timeout(timeout_s: float | None) -> None:
-    """--timeout-s, when given, is a positive number of seconds (0 would give up at once)."""
-    if timeout_s is not None and not timeout_s > 0:
-        raise UserError("--timeout-s", timeout_s, "must be a positive number of seconds.",
-                        "e.g. --timeout-s 600, or leave it out to wait until the job ends.")
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rundir import read_json, write_json
 
@@ -169,10 +170,7 @@ def parser() -> argparse.ArgumentParser:
                    help="comma list of total ranks, one job each (default: the config's)")
     p.add_argument("--startup", action="store_true",
                    help="on Slurm: also time submit-to-first-step against a bare srun")
-    p.add_argument("--timeout-s", type=float, default=None,
-                   help="give up (and cancel the job) after this many seconds, per world size")
-    p.add_argument("--no-plot", action="store_true", help="skip bench/train.png")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
+    add_job_arguments(p, plot=str(PLOT), per=", per world size")
     return p
 
 
@@ -195,7 +193,6 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
                         f"{args.rounds}/{args.min_rounds}/{args.budget_s}/{args.window_s}/"
                         f"{args.min_steps}/{args.warmup_steps}", "must be positive.",
                         "e.g. --rounds 15 --budget-s 30 --window-s 1.")
-    from hpc_ddp.bench.comm import check_timeout
 
     check_timeout(args.timeout_s)
     variants = variants_from(args.settings, args.variant, args.ablate)

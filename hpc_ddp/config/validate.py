@@ -26,6 +26,8 @@ DATA_CLASSES = 10
 CIFAR_SIDE = 32
 DEVICES = ("auto", "cpu", "cuda")
 GPU_BINDINGS = ("per_node", "per_task")
+# The cluster keys that are Slurm names, passed to sbatch as --<name>=<value>.
+SLURM_NAMED = ("partition", "account", "qos", "constraint", "exclude", "nodelist")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 # The names sbatch --signal knows (with or without SIG; Slurm's sig_name2num table,
 # https://github.com/SchedMD/slurm/blob/master/src/common/proc_args.c); the ranks install
@@ -141,7 +143,7 @@ def _validate_cluster(cfg: Config) -> None:
         # node's memory" (https://slurm.schedmd.com/sbatch.html#OPT_mem).
         raise UserError("cluster.mem_gb", c.mem_gb, "must be positive (at least 1 MB).",
                         "give GB per node, e.g. cluster.mem_gb=32, or null for the default.")
-    for name in ("partition", "account", "qos", "constraint", "exclude", "nodelist"):
+    for name in SLURM_NAMED:
         if getattr(c, name) == "":
             raise UserError(f"cluster.{name}", "", "is empty.",
                             f"give a value, or cluster.{name}=null for Slurm's default.")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 
@@ -22,9 +23,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=5, help="timed all-reduces (default 5)")
     p.add_argument("--min-busbw", type=float, default=None, metavar="GBPS",
                    help="fail when the all-reduce bus bandwidth is below this (GB/s)")
-    p.add_argument("--timeout-s", type=float, default=None,
-                   help="give up (and cancel the job) after this many seconds")
-    p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
+    add_job_arguments(p)
     return p
 
 
@@ -38,10 +37,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         if not args.size_mib > 0 or args.iters < 1:  # (nan is not > 0)
             raise UserError("--size-mib/--iters", f"{args.size_mib}/{args.iters}",
                             "must be positive.", "e.g. --size-mib 8 --iters 5.")
-        if args.timeout_s is not None and not args.timeout_s > 0:
-            raise UserError("--timeout-s", args.timeout_s, "must be a positive number of "
-                            "seconds.", "e.g. --timeout-s 300, or leave it out to wait until "
-                            "the job ends.")
+        check_timeout(args.timeout_s)
         cfg, run = prepare(args.overrides, "doctor", os.environ, Path.cwd())
         options = DoctorOptions(size_mib=args.size_mib, iters=args.iters,
                                 min_busbw_gbps=args.min_busbw)

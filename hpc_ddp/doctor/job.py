@@ -6,6 +6,7 @@ Slurm submission (``hpc_ddp.launch``), only with another task and a short time l
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime as _dt
 import re
@@ -33,6 +34,24 @@ _ERROR_LINE = re.compile(r"^rank (\d+) on (\S+?): (.*)$")
 def stamp(now: _dt.datetime | None = None) -> str:
     """<date>_<time> to the millisecond, as the run dirs submit makes."""
     return (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S-%f")[:-3]
+
+
+def add_job_arguments(p: argparse.ArgumentParser, plot: str | None = None,
+                      per: str = "") -> None:
+    """The options every diagnostic job's command shares: --timeout-s, --no-plot (when it
+    draws ``plot``), and the Hydra overrides."""
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help=f"give up (and cancel the job) after this many seconds{per}")
+    if plot is not None:
+        p.add_argument("--no-plot", action="store_true", help=f"skip {plot}")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, the same as for submit")
+
+
+def check_timeout(timeout_s: float | None) -> None:
+    """--timeout-s, when given, is a positive number of seconds (0 would give up at once)."""
+    if timeout_s is not None and not timeout_s > 0:
+        raise UserError("--timeout-s", timeout_s, "must be a positive number of seconds.",
+                        "e.g. --timeout-s 600, or leave it out to wait until the job ends.")
 
 
 def default_run_dir(cwd: Path, name: str, now: _dt.datetime | None = None) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
-from hpc_ddp.config.validate import check_sbatch_extra
+from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.task import TrainingTask
@@ -28,7 +28,6 @@ from hpc_ddp.task import TrainingTask
 # Slurm names and hostlists: letters, digits and the punctuation Slurm uses in them. Anything
 # else (spaces, quotes, ;, $, backticks, newlines) is refused rather than passed to a shell.
 _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:\[\]\-+%@=|&!*()]+$")
-_NAMED = ("partition", "account", "qos", "constraint", "exclude", "nodelist")
 # Environment variable submitit reads (in the tasks) to know which signal means "requeue".
 _SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
 _NO_CLIENT_FIX = ("use cluster=local to run on this machine, or submit from a login node of "
@@ -40,7 +39,7 @@ _NO_CONTROLLER_FIX = ("submit from a login node of the cluster, or point SLURM_C
 def check_shell_safety(cfg: Config) -> None:
     """Refuse values that would not reach sbatch as plain data (named in the message)."""
     c = cfg.cluster
-    for name in _NAMED:
+    for name in SLURM_NAMED:
         value = getattr(c, name)
         if value is not None and not _SLURM_WORD.match(value):
             raise UserError(f"cluster.{name}", value,
@@ -78,7 +77,7 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
             **sbatch_extra_flags(c.sbatch_extra),
         },
     }
-    for name in _NAMED:
+    for name in SLURM_NAMED:
         if getattr(c, name):
             params[name] = getattr(c, name)
     if c.exclusive:
@@ -158,8 +157,12 @@ def dry_run(cfg: Config, run: RunDir) -> str:
 def check_client(environ: Mapping[str, str]) -> None:
     """Refuse a Slurm submission where no ``sbatch`` is on PATH, in one line with the fix."""
     if not shutil.which("sbatch", path=environ.get("PATH", os.defpath)):
-        raise UserError("cluster.kind", "slurm", "no Slurm here: sbatch is not on PATH.",
-                        _NO_CLIENT_FIX)
+        raise _no_client("sbatch")
+
+
+def _no_client(tool: str) -> UserError:
+    return UserError("cluster.kind", "slurm", f"no Slurm here: {tool} is not on PATH.",
+                     _NO_CLIENT_FIX)
 
 
 def refusal(cfg: Config, exc: BaseException,
@@ -175,12 +178,10 @@ def refusal(cfg: Config, exc: BaseException,
 
     environ = os.environ if environ is None else environ
     if isinstance(exc, FileNotFoundError) and "sbatch" in str(exc.filename or exc):
-        return UserError("cluster.kind", "slurm", "no Slurm here: sbatch is not on PATH.",
-                         _NO_CLIENT_FIX)
+        return _no_client("sbatch")
     if isinstance(exc, RuntimeError) and 'detect "srun"' in str(exc):
         # submitit builds a plain SlurmExecutor (which wants srun here) for job arrays.
-        return UserError("cluster.kind", "slurm", "no Slurm here: srun is not on PATH.",
-                         _NO_CLIENT_FIX)
+        return _no_client("srun")
     if not isinstance(exc, FailedJobError):
         return None
     said = sbatch_key_line(str(exc))

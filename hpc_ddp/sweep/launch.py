@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -172,6 +172,25 @@ def _groups(plans: list[api.Plan]) -> list[list[int]]:
     return list(groups.values())
 
 
+def _arrays(plans: list[api.Plan], folder: Path,
+            environ: Mapping[str, str]) -> Iterator[tuple[list[int], Any]]:
+    """Each job array as it would be submitted: its points (grouped by Slurm parameters,
+    split to fit MaxArraySize) and submitit's executor for it, after the shell-safety checks.
+    submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/."""
+    from hpc_ddp.launch import slurm
+
+    size = plans[0].cfg.sweep.max_array_size or max_array_size(environ)
+    parallel = plans[0].cfg.sweep.parallel
+    for members in _groups(plans):
+        for part in chunks(len(members), size):
+            indices = [members[k] for k in part]
+            for i in indices:
+                slurm.check_shell_safety(plans[i].cfg)
+            executor = slurm.make_executor(plans[members[0]].cfg, RunDir(folder))
+            executor.update_parameters(array_parallelism=parallel or len(indices))
+            yield indices, executor
+
+
 def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
              environ: Mapping[str, str], show_cfg: bool) -> str:
     """Each point's config (--cfg), or the sbatch script of every array (dry_run=true)."""
@@ -186,24 +205,14 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
         lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
                   for p, plan in zip(points, plans, strict=True)]
         return "\n".join(lines)
-    from hpc_ddp.launch import slurm
-
-    size = plans[0].cfg.sweep.max_array_size or max_array_size(environ)
-    parallel = plans[0].cfg.sweep.parallel
     scripts = []
     existed = folder.exists()
     try:
-        for members in _groups(plans):
-            for part in chunks(len(members), size):
-                indices = [members[k] for k in part]
-                for i in indices:
-                    slurm.check_shell_safety(plans[i].cfg)
-                executor = slurm.make_executor(plans[members[0]].cfg, RunDir(folder))
-                executor.update_parameters(array_parallelism=parallel or len(indices))
-                executor.parameters["map_count"] = len(indices)  # what submitit's batch sets
-                labels = ", ".join(f"{i}: {points[i].label()}" for i in indices)
-                scripts.append(f"# array of points {labels}\n" + str(
-                    executor._make_submission_file_text(executor._submitit_command_str, "dry")))
+        for indices, executor in _arrays(plans, folder, environ):
+            executor.parameters["map_count"] = len(indices)  # what submitit's batch sets
+            labels = ", ".join(f"{i}: {points[i].label()}" for i in indices)
+            scripts.append(f"# array of points {labels}\n" + str(
+                executor._make_submission_file_text(executor._submitit_command_str, "dry")))
     finally:
         if not existed:  # submitit's executor makes its folder; a dry run leaves none
             shutil.rmtree(folder, ignore_errors=True)
@@ -227,39 +236,28 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
     from hpc_ddp.launch.resolve import write_run_config
     from hpc_ddp.task import TrainingTask
 
-    first = plans[0].cfg
-    size = first.sweep.max_array_size or max_array_size(environ)
-    for members in _groups(plans):
-        cfg = plans[members[0]].cfg
-        for part in chunks(len(members), size):
-            indices = [members[k] for k in part]
-            # submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/.
-            executor = slurm.make_executor(cfg, RunDir(folder))
-            executor.update_parameters(array_parallelism=first.sweep.parallel or len(indices))
-            for i in indices:
-                slurm.check_shell_safety(plans[i].cfg)
-                write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
-            try:
-                with slurm.sbatch_errors(cfg, environ), executor.batch():
-                    jobs = [executor.submit(TrainingTask(to_yaml(plans[i].cfg),
-                                                         str(plans[i].run_dir.root)))
-                            for i in indices]
-            except UserError as refused:
-                sent = sum(p["job_id"] is not None for p in manifest["points"])
-                done = (f"{sent} of {len(plans)} points were submitted before; "
-                        f"{folder / MANIFEST} lists them" if sent else "nothing was submitted")
-                raise UserError(refused.key, refused.value, f"{refused.problem} ({done})",
-                                refused.fix) from None
-            manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
-            for i, job in zip(indices, jobs, strict=True):
-                manifest["points"][i]["job_id"] = str(job.job_id)
-                _write_job(plans[i], "slurm", str(job.job_id))
+    for indices, executor in _arrays(plans, folder, environ):
+        for i in indices:
+            write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
+        try:
+            with slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
+                jobs = [executor.submit(TrainingTask(to_yaml(plans[i].cfg),
+                                                     str(plans[i].run_dir.root)))
+                        for i in indices]
+        except UserError as refused:
+            sent = sum(p["job_id"] is not None for p in manifest["points"])
+            done = (f"{sent} of {len(plans)} points were submitted before; "
+                    f"{folder / MANIFEST} lists them" if sent else "nothing was submitted")
+            raise UserError(refused.key, refused.value, f"{refused.problem} ({done})",
+                            refused.fix) from None
+        manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
+        for i, job in zip(indices, jobs, strict=True):
+            manifest["points"][i]["job_id"] = str(job.job_id)
+            _write_job(plans[i], "slurm", str(job.job_id))
 
 
-def _write_job(plan: api.Plan, kind: str, job_id: str, pid: int | None = None) -> None:
+def _write_job(plan: api.Plan, kind: str, job_id: str) -> None:
     record: dict[str, Any] = {"kind": kind, "job_id": job_id, "submitted": time.time()}
-    if pid is not None:
-        record["controller_pid"] = pid
     write_json(plan.run_dir.root / api.JOB_FILE, {**record, "history": [record]})
 
 

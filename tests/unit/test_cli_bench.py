@@ -12,6 +12,7 @@ from hpc_ddp.bench import comm
 from hpc_ddp.bench import train as bench_train
 from hpc_ddp.bench.__main__ import main, subcommand
 from hpc_ddp.bench.baseline import main as baseline_main
+from hpc_ddp.doctor.job import check_timeout
 from hpc_ddp.errors import UserError
 
 
@@ -131,7 +132,7 @@ def test_sweep_refuses_zero_rounds(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_check_timeout() -> None:
-    comm.check_timeout(None)
-    comm.check_timeout(1.0)
+    check_timeout(None)
+    check_timeout(1.0)
     with pytest.raises(UserError):
-        comm.check_timeout(0.0)
+        check_timeout(0.0)
