@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -229,3 +231,31 @@ def test_hostlist_matches_scontrol(slurm_cluster: TestCluster, slurm_env: dict[s
     truth = subprocess.run(["scontrol", "show", "hostnames", nodelist], env=slurm_env,
                            capture_output=True, text=True, check=True).stdout.split()
     assert expand(nodelist) == truth
+
+
+def test_ctrl_c_stops_following_and_the_job_goes_on(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", "cluster=slurm", "nodes=2",
+                             "trainer.max_steps=100000", *SMALL, "wait=true",
+                             f"run_dir={run_dir}"], cwd=REPO, env=slurm_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "progress.json").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    job = job_id_of(out)
+    try:
+        assert proc.returncode == 130, out
+        assert f"stopped following; job {job} goes on" in out and "Traceback" not in out
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=slurm_env,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        assert state == "RUNNING"
+        # A resume now would start a second job into the same files: refused.
+        again = hpc_ddp("submit", [f"run_dir={run_dir}", "resume=true"], env=slurm_env)
+        assert again.returncode == 2 and f"slurm job {job} is still running" in again.stderr
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, check=False)
