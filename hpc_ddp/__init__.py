@@ -18,8 +18,17 @@ __version__ = "0.1.0"
 # Re-exported lazily (PEP 562), so `import hpc_ddp` stays instant.
 _API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api", "submit": "hpc_ddp.api",
         "Run": "hpc_ddp.api", "RunFailed": "hpc_ddp.api", "Plan": "hpc_ddp.api",
-        "UserError": "hpc_ddp.errors", "check_data": "hpc_ddp.datacheck"}
-__all__ = [*_API, "__version__"]
+        "UserError": "hpc_ddp.errors", "check_data": "hpc_ddp.datacheck",
+        # On every rank: the context of your own training (docs/your-code.md).
+        "Context": "hpc_ddp.rank.context", "REQUEUE_EXIT_CODE": "hpc_ddp.rank.context"}
+__all__ = [*_API, "__version__", "context"]
+
+
+def context() -> Any:
+    """This rank's :class:`Context`, in a function entry or a script hpc_ddp started."""
+    from hpc_ddp.rank.context import current
+
+    return current()
 
 
 def __getattr__(name: str) -> Any:

@@ -19,7 +19,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,13 +42,44 @@ class Plan:
     cfg: Config
     overrides: list[str]
     run_dir: RunDir
+    # A function entry no node could import by name (a notebook's): pickled into the run
+    # dir at submission (hpc_ddp.rank.entry.from_pickle runs it).
+    entry_callable: Any = None
 
 
-def compose(overrides: Sequence[str] | str = ()) -> Config:
-    """The checked config for these overrides (same grammar and errors as the CLI)."""
+def compose(overrides: Sequence[str] | str = (), config_dir: Path | str | None = None) -> Config:
+    """The checked config for these overrides (same grammar and errors as the CLI);
+    ``config_dir``: your config folder, searched before hpc_ddp's conf/."""
     from hpc_ddp.config.compose import compose as _compose
 
-    return _compose(_as_list(overrides))
+    return _compose(_as_list(overrides), config_dir)
+
+
+def program_overrides(entry: str | Callable[..., Any] | None = None,
+                      config_dir: Path | str | None = None) -> tuple[list[str], Any]:
+    """Overrides for the API's ``entry`` and ``config_dir`` arguments, and the callable to
+    pickle (a function no node could import by name, such as a notebook's)."""
+    from hpc_ddp.config.compose import quoted
+
+    extra: list[str] = []
+    pickled = None
+    if config_dir is not None:
+        extra.append(f"config_dir={quoted(str(Path(config_dir).expanduser().absolute()))}")
+    if callable(entry):
+        from hpc_ddp.rank.entry import PICKLED_ENTRY
+        from hpc_ddp.targets import TargetError, locate
+
+        name = f"{getattr(entry, '__module__', '')}:{getattr(entry, '__qualname__', '')}"
+        try:
+            importable = "<" not in name and not name.startswith("__main__:") and (
+                locate(name, "entry") is entry)
+        except TargetError:
+            importable = False
+        extra.append(f"entry={name if importable else PICKLED_ENTRY}")
+        pickled = None if importable else entry
+    elif entry is not None:
+        extra.append(f"entry={entry}")
+    return extra, pickled
 
 
 def _as_list(overrides: Sequence[str] | str) -> list[str]:
@@ -59,29 +90,42 @@ def _as_list(overrides: Sequence[str] | str) -> list[str]:
 
 
 def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
-         environ: Mapping[str, str] | None = None, composed: Config | None = None) -> Plan:
-    """Compose, merge a resumed run's overrides, resolve the target, check inputs and run dir.
+         environ: Mapping[str, str] | None = None, composed: Config | None = None, *,
+         config_dir: Path | str | None = None, entry: str | Callable[..., Any] | None = None,
+         script_args: Sequence[str] | None = None, check: bool = True) -> Plan:
+    """Compose, merge a resumed run's overrides, resolve the target, check inputs, your code
+    and the run dir.
 
     ``composed``: the config of ``overrides`` when the caller composed it already (a sweep
-    composes all its points at once). Raises UserError on bad input; touches no existing run.
+    composes all its points at once). ``config_dir``: your config folder; ``entry``: your
+    function ("pkg.module:main", or the function itself); ``script_args``: a script's
+    arguments (None: none, or on a resume the run's own); ``check`` false: leave your code
+    unchecked (--cfg shows a config whose `_target_` fails). Raises UserError on bad input;
+    touches no existing run.
     """
     from hpc_ddp.config.compose import check_overrides
     from hpc_ddp.launch import resolve as _resolve
+    from hpc_ddp.launch.check_code import check_code
     from hpc_ddp.launch.resume_check import check_resumable
 
-    given = _as_list(overrides)
+    extra, pickled = program_overrides(entry, config_dir)
+    given = _as_list(overrides) + extra
     if composed is None:  # resume=2 must be refused as such, not read as resume=true here
         check_overrides(given)
     merged = _resolve.merge_resume_overrides(given)
     environ = os.environ if environ is None else environ
-    cfg = _resolve.resolve(composed or compose(merged), environ, cwd or Path.cwd())
-    _resolve.check_inputs(cfg)
+    cwd = cwd or Path.cwd()
+    cfg = _resolve.resolve(composed or compose(merged), environ, cwd)
+    cfg = _resolve.with_script_args(cfg, script_args)
+    if check:
+        _resolve.check_inputs(cfg)
+        check_code(cfg, cwd)
     _resolve.check_local_gpus(cfg, environ)
     run_dir = _resolve.check_run_dir(cfg)
     if cfg.resume:
         _check_not_running(run_dir)
     check_resumable(cfg, run_dir)
-    return Plan(cfg, merged, run_dir)
+    return Plan(cfg, merged, run_dir, pickled)
 
 
 def _check_not_running(run: RunDir) -> None:
@@ -110,13 +154,23 @@ def target(cfg: Config) -> Any:
     return local
 
 
-def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None) -> Run:
-    """Submit a run (local or Slurm, as the config says) and return its handle at once."""
+def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, *,
+           config_dir: Path | str | None = None, entry: str | Callable[..., Any] | None = None,
+           script_args: Sequence[str] | None = None) -> Run:
+    """Submit a run (local or Slurm, as the config says) and return its handle at once.
+
+    ``entry``: your own function run on every rank with a Context ("pkg.module:main" or the
+    function; one defined in a notebook is pickled into the run dir); ``config_dir``: your
+    config folder; ``script_args``: the arguments of a ``script=`` (docs/your-code.md).
+    """
     from hpc_ddp.launch.resolve import write_run_config
 
-    chosen = overrides if isinstance(overrides, Plan) else plan(overrides, cwd)
+    chosen = overrides if isinstance(overrides, Plan) else plan(
+        overrides, cwd, config_dir=config_dir, entry=entry, script_args=script_args)
     with _undone_on_failure(chosen.run_dir):
         write_run_config(chosen.run_dir, chosen.cfg, chosen.overrides)
+        if chosen.entry_callable is not None:
+            _pickle_entry(chosen.run_dir, chosen.entry_callable)
         job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
     record = {"kind": chosen.cfg.cluster.kind, "job_id": str(job.job_id),
               "submitted": time.time()}
@@ -126,6 +180,15 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None) 
     history = (read_json(chosen.run_dir.root / JOB_FILE) or {}).get("history", [])
     write_json(chosen.run_dir.root / JOB_FILE, {**record, "history": [*history, record]})
     return Run(chosen.run_dir.root, record, job)
+
+
+def _pickle_entry(run: RunDir, fn: Callable[..., Any]) -> None:
+    import cloudpickle
+
+    from hpc_ddp.rank.entry import PICKLED
+
+    with open(run.root / PICKLED, "wb") as handle:
+        cloudpickle.dump(fn, handle)
 
 
 @contextlib.contextmanager
@@ -283,7 +346,7 @@ class Run:
         return data if isinstance(data, dict) else None
 
     def log_tail(self, lines: int = 20, rank: int = 0) -> str:
-        from hpc_ddp.ranklog import tail
+        from hpc_ddp.rank.ranklog import tail
 
         return tail(self.files.rank_log(rank), lines)
 

@@ -6,7 +6,9 @@
 
 It builds rank 0's data set and loader exactly as the trainer does (hpc_ddp.data.loaders),
 and every rank's sampler over that data set (the trainer's sampler, with the trainer's
-arguments), without starting any process.
+arguments), without starting any process. Every data kind works: the built-in ones, a
+`_target_` factory's map-style data sets, and an iterable data set (which shards itself, so
+its shards are read rank by rank instead of drawn from a sampler).
 """
 
 from __future__ import annotations
@@ -26,26 +28,38 @@ from hpc_ddp.errors import UserError
 class DataReport:
     world_size: int
     dataset_size: int
-    # Sample indices per rank for the first epoch checked (rank -> list).
+    # Sample indices per rank for the first epoch checked (rank -> list); for an iterable
+    # data set, the number of samples each rank's shard yields (rank -> [count]).
     indices: dict[int, list[int]]
     disjoint: bool
     covers_dataset: bool
     # Padding DistributedSampler adds so every rank gets the same count.
     padded: int
     reshuffled_by_set_epoch: bool
+    # Shapes and dtypes of the first batch's tensors: "images"/"labels" for the built-in
+    # image data, "input"/"target" for other (input, target) pairs, else by position/key.
     batch_shapes: dict[str, tuple[int, ...]]
     batch_dtypes: dict[str, str]
     samples_per_s: float
     problems: list[str] = field(default_factory=list)
+    # "map-style" (hpc_ddp's sampler shards it) or "iterable" (it shards itself).
+    kind: str = "map-style"
+    num_classes: int | None = None
+    eval_size: int | None = None
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def __str__(self) -> str:
+        per_rank = (len(self.indices[0]) if self.kind == "map-style" else
+                     ", ".join(str(v[0]) for v in self.indices.values()))
         rows = [
-            ("world size", self.world_size), ("dataset size", self.dataset_size),
-            ("samples per rank", len(self.indices[0])), ("padding", self.padded),
+            ("world size", self.world_size), ("data", self.kind),
+            ("dataset size", self.dataset_size),
+            ("eval size", "none" if self.eval_size is None else self.eval_size),
+            ("classes", self.num_classes or "not said"),
+            ("samples per rank", per_rank), ("padding", self.padded),
             ("shards disjoint", self.disjoint), ("shards cover the data", self.covers_dataset),
             ("set_epoch reshuffles", self.reshuffled_by_set_epoch),
             ("batch", ", ".join(f"{k} {v} {self.batch_dtypes[k]}"
@@ -74,9 +88,12 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
     # The data set is the same on every rank: build it once (building it per rank made a
     # large world_size take minutes), and each rank's sampler over it as build_loaders does.
     first = build_loaders(cfg.data, t.batch_size, 0, world_size, t.seed)
-    dataset = first.train.dataset
-    indices = {}
+    sets = first.sets
     progress = _Progress(world_size)
+    if first.sampler is None:
+        return _iterable_report(cfg, first, world_size, epoch, batches, progress)
+    dataset = sets.train
+    indices = {}
     for rank in range(world_size):
         sampler = first.sampler if rank == 0 else ResumableDistributedSampler(
             dataset, world_size, rank, t.seed)
@@ -97,9 +114,40 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
         problems.append("some samples are never seen")
     if next_epoch == indices[0]:
         problems.append("set_epoch does not change the order: every epoch would be the same")
-    shapes, dtypes, speed = _time_loader(first.train, first.sampler, epoch, batches)
+    shapes, dtypes, speed, _ = _time_loader(first, epoch, batches)
     return DataReport(world_size, size, indices, disjoint, covers, padded,
-                      next_epoch != indices[0], shapes, dtypes, speed, problems)
+                      next_epoch != indices[0], shapes, dtypes, speed, problems,
+                      num_classes=sets.num_classes, eval_size=_size(sets.eval))
+
+
+def _iterable_report(cfg: Config, first: Any, world_size: int, epoch: int, batches: int,
+                     progress: _Progress) -> DataReport:
+    """An IterableDataset shards itself: build each rank's and count what it yields."""
+    from hpc_ddp.data.sets import build_datasets
+
+    t = cfg.trainer
+    counts: dict[int, list[int]] = {}
+    problems = []
+    for rank in range(world_size):
+        sets = first.sets if rank == 0 else build_datasets(cfg.data, t.seed, rank, world_size)
+        yielded = sum(1 for _ in sets.train)
+        counts[rank] = [yielded]
+        if yielded != len(sets.train):
+            problems.append(f"rank {rank}'s shard yields {yielded} samples but its __len__ "
+                            f"says {len(sets.train)}")
+        progress.update(rank + 1)
+    if len({c[0] for c in counts.values()}) > 1:
+        problems.append("ranks get different numbers of samples: they would run different "
+                        "numbers of steps and hang in a collective")
+    shapes, dtypes, speed, _ = _time_loader(first, epoch, batches)
+    total = sum(c[0] for c in counts.values())
+    return DataReport(world_size, total, counts, True, True, 0, False, shapes, dtypes, speed,
+                      problems, kind="iterable", num_classes=first.sets.num_classes,
+                      eval_size=_size(first.sets.eval))
+
+
+def _size(dataset: Any) -> int | None:
+    return None if dataset is None else len(dataset)
 
 
 class _Progress:
@@ -120,19 +168,40 @@ class _Progress:
                   flush=True)
 
 
-def _time_loader(loader: Any, sampler: Any, epoch: int,
-                 batches: int) -> tuple[dict[str, tuple[int, ...]], dict[str, str], float]:
-    sampler.set_position(epoch, 0)
+def _time_loader(loaders: Any, epoch: int, batches: int
+                 ) -> tuple[dict[str, tuple[int, ...]], dict[str, str], float, int]:
+    from hpc_ddp.trainer.objectives import batch_size
+
+    loaders.set_position(epoch, 0)
     shapes: dict[str, tuple[int, ...]] = {}
     dtypes: dict[str, str] = {}
     seen = 0
     started = time.perf_counter()
-    for n, (images, labels) in enumerate(loader):
+    image_data = loaders.sets.stats is not None
+    for n, batch in enumerate(loaders.train):
         if n == 0:
-            shapes = {"images": tuple(images.shape), "labels": tuple(labels.shape)}
-            dtypes = {"images": str(images.dtype), "labels": str(labels.dtype)}
-        seen += int(labels.shape[0])
+            for name, tensor in _leaves(batch, ("images", "labels") if image_data else
+                                        ("input", "target")):
+                shapes[name], dtypes[name] = tuple(tensor.shape), str(tensor.dtype)
+        seen += batch_size(batch)
         if n + 1 >= batches:
             break
     elapsed = max(time.perf_counter() - started, 1e-9)
-    return shapes, dtypes, seen / elapsed
+    return shapes, dtypes, seen / elapsed, seen
+
+
+def _leaves(batch: Any, pair: tuple[str, str], prefix: str = "") -> list[tuple[str, Any]]:
+    """(name, tensor) of every tensor in a batch: a pair is named ``pair``."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return [(prefix or "batch", batch)]
+    if isinstance(batch, dict):
+        items = [(str(k), v) for k, v in batch.items()]
+    elif isinstance(batch, list | tuple):
+        names = pair if len(batch) == 2 and not prefix else [str(i) for i in range(len(batch))]
+        items = list(zip(names, batch, strict=True))
+    else:
+        return []
+    return [leaf for key, value in items
+            for leaf in _leaves(value, pair, f"{prefix}.{key}" if prefix else key)]

@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from hpc_ddp.diagnose import LOCAL_MARK
-from hpc_ddp.ranklog import tail
+from hpc_ddp.rank.diagnose import LOCAL_MARK
+from hpc_ddp.rank.ranklog import tail
 from hpc_ddp.rundir import RunDir, read_json
 
 POLL_S = 0.5
@@ -65,20 +65,38 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
 
 
 def results_table(summary: dict[str, Any]) -> str:
+    """The summary as a table: what every run has, the built-in trainer's figures, and the
+    numbers a user's program returned (rows without a value are left out)."""
     def fmt(value: Any) -> str:
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
+    speed = summary.get("samples_per_s")
     rows = [("world size", summary.get("world_size")), ("hosts", ", ".join(
-        summary.get("nodes", []))), ("steps", summary.get("global_step")),
+        summary.get("nodes", []))), ("program", summary.get("program")),
+            ("steps", summary.get("global_step")),
             ("epochs completed", summary.get("epochs_completed")),
             ("final train loss", summary.get("final_train_loss")),
             ("eval loss", summary.get("eval_loss")),
             ("eval accuracy", summary.get("eval_accuracy")),
-            ("samples/s", f"{summary.get('samples_per_s') or 0.0:.1f}"),
+            *[(f"eval {k}", v) for k, v in (summary.get("eval_metrics") or {}).items()
+              if k not in ("loss", "accuracy")],
+            *[(str(k), v) for k, v in (summary.get("result") or {}).items()
+              if isinstance(v, int | float | str) and not isinstance(v, bool)][:12],
+            ("samples/s", f"{speed:.1f}" if isinstance(speed, int | float) else None),
             ("resumed from step", summary.get("resumed_from_step")),
             ("restarts", summary.get("restarts"))]
+    rows = [(name, v) for name, v in rows if v is not None and v != ""]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line for the end of a rank-0 log or an srun's output."""
+    figures = [f"step {summary.get('global_step')}"]
+    for key in ("eval_loss", "eval_accuracy"):
+        if isinstance(summary.get(key), float):
+            figures.append(f"{key.replace('_', ' ')} {summary[key]:.4f}")
+    return ", ".join(figures)
 
 
 def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:
@@ -105,6 +123,26 @@ def failure_report(run: RunDir, job: Any) -> str:
     return "\n".join(lines)
 
 
+# progress.json keys that are not a scalar to show.
+_PROGRESS_KEYS = ("step", "total_steps", "epoch", "time", "stopped")
+
+
+def progress_text(progress: dict[str, Any]) -> str:
+    """"loss 0.1234  5000 samples/s  epoch 1" for the built-in trainer; a user's own
+    logged scalars (up to four) otherwise."""
+    parts = []
+    if isinstance(progress.get("loss"), int | float):
+        parts.append(f"loss {progress['loss']:.4f}")
+    if isinstance(progress.get("samples_per_s"), int | float):
+        parts.append(f"{progress['samples_per_s']:.0f} samples/s")
+    others = [(k, v) for k, v in progress.items() if k not in _PROGRESS_KEYS
+              and k not in ("loss", "samples_per_s", "lr") and isinstance(v, int | float)]
+    parts += [f"{k} {v:.4g}" for k, v in others[:4]]
+    if progress.get("epoch") is not None:
+        parts.append(f"epoch {progress['epoch']}")
+    return "  ".join(parts)
+
+
 class _Reporter:
     def __init__(self, out: TextIO, since: float) -> None:
         self.out = out
@@ -126,16 +164,14 @@ class _Reporter:
         if progress.get("time", self.since) < self.since:
             return
         self.last_step = progress["step"]
-        text = (f"loss {progress.get('loss', float('nan')):.4f}  "
-                f"{progress.get('samples_per_s', 0.0):.0f} samples/s  "
-                f"epoch {progress.get('epoch')}")
+        text = progress_text(progress)
+        total = progress.get("total_steps") or None
+        counter = f"step {progress['step']}" + (f"/{total}" if total else "")
         if self.bar is not None:
-            self.bar.update(self.task, completed=progress["step"],
-                            total=progress.get("total_steps"), description=text,
-                            counter=f"step {progress['step']}/{progress.get('total_steps')}")
+            self.bar.update(self.task, completed=progress["step"], total=total,
+                            description=text, counter=counter)
         else:
-            print(f"step {progress['step']}/{progress.get('total_steps')}  {text}",
-                  file=self.out, flush=True)
+            print(f"{counter}  {text}", file=self.out, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

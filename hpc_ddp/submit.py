@@ -7,10 +7,15 @@
     python -m hpc_ddp.submit cluster=slurm nodes=4 preflight=true # doctor first, then train
     python -m hpc_ddp.submit --cfg                              # print the resolved config
     python -m hpc_ddp.submit -m optim.lr=0.1,0.01 model=tiny_cnn,resnet18   # a sweep
+    python -m hpc_ddp.submit --config-dir conf model=mynet      # your config folder first
+    python -m hpc_ddp.submit entry=my_pkg.train:main nodes=4    # your loop, with a context
+    python -m hpc_ddp.submit script=train.py nodes=4 -- --epochs 3   # your torchrun script
 
-Overrides use Hydra's grammar over the groups in conf/ (docs/configuration.md). Bad input
-exits with code 2 and one line naming the key, the value and the fix. This command is a thin
-layer over the Python API (hpc_ddp.plan / hpc_ddp.submit, docs/api.md).
+Overrides use Hydra's grammar over the groups in conf/ (docs/configuration.md).
+--config-dir DIR (or -cd DIR) searches DIR before hpc_ddp's conf/; everything after `--` is
+passed to script= unchanged (docs/your-code.md). Bad input exits with code 2 and one line
+naming the key, the value and the fix. This command is a thin layer over the Python API
+(hpc_ddp.plan / hpc_ddp.submit, docs/api.md).
 """
 
 from __future__ import annotations
@@ -56,19 +61,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__, file=out)
         return 0
-    show_cfg = "--cfg" in args
-    multirun = "-m" in args or "--multirun" in args
-    overrides = [a for a in args if a not in ("--cfg", "-m", "--multirun")]
-    unknown = [a for a in overrides if a.startswith("-")]
     try:
+        args, script_args = split_script_args(args)
+        args = take_config_dir(args)
+        show_cfg = "--cfg" in args
+        multirun = "-m" in args or "--multirun" in args
+        overrides = [a for a in args if a not in ("--cfg", "-m", "--multirun")]
+        unknown = [a for a in overrides if a.startswith("-")]
         if unknown:
             raise UserError("option", unknown[0], "is not an option of this command.",
                             "pass key=value overrides; see --help.")
         if multirun:
             from hpc_ddp.sweep.launch import launch
 
-            return launch(overrides, out, show_cfg=show_cfg)
-        return _submit(overrides, show_cfg, out)
+            return launch(overrides, out, show_cfg=show_cfg, script_args=script_args)
+        return _submit(overrides, show_cfg, out, script_args)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
@@ -77,12 +84,46 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return 0
 
 
-def _submit(overrides: list[str], show_cfg: bool, out: TextIO) -> int:
+def split_script_args(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """(the command's own arguments, a script's arguments after ``--``; None without ``--``)."""
+    args = list(args)
+    if "--" not in args:
+        return args, None
+    cut = args.index("--")
+    return args[:cut], args[cut + 1:]
+
+
+def take_config_dir(args: Sequence[str]) -> list[str]:
+    """``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` (Hydra's spelling) as the
+    override ``config_dir=<absolute DIR>``, which the run saves (a resume finds it again)."""
+    from pathlib import Path
+
+    from hpc_ddp.config.compose import quoted
+
+    kept: list[str] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        name, eq, value = arg.partition("=")
+        if name not in ("--config-dir", "-cd"):
+            kept.append(arg)
+            continue
+        if not eq:
+            if not rest or rest[0].startswith("-"):
+                raise UserError("option", name, "needs a folder.",
+                                f"write {name} DIR, e.g. {name} conf.")
+            value = rest.pop(0)
+        kept.append(f"config_dir={quoted(str(Path(value).expanduser().absolute()))}")
+    return kept
+
+
+def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
+            script_args: list[str] | None = None) -> int:
     from hpc_ddp import api
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.config.nccl_schema import nccl_warnings
 
-    chosen = api.plan(overrides)
+    chosen = api.plan(overrides, script_args=script_args, check=not show_cfg)
     cfg, run_dir = chosen.cfg, chosen.run_dir
     if show_cfg:
         print(to_yaml(cfg), file=out, end="")

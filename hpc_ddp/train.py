@@ -1,7 +1,9 @@
 """The per-task entry: ``srun python -m hpc_ddp.train [key=value ...]`` (see jobs/train.sbatch).
 
-Every task composes the same config from the same overrides, derives its rank from Slurm
-(or torchrun), and runs the same code a ``python -m hpc_ddp.submit`` job runs. Without
+Every task composes the same config from the same overrides (``--config-dir DIR`` or
+$HPC_DDP_CONFIG_DIR for your config folder; after ``--``, a script's arguments), derives its
+rank from Slurm (or torchrun), and runs the same code a ``python -m hpc_ddp.submit`` job runs:
+the built-in trainer, your ``entry=`` function or your ``script=``. Without
 run_dir, the run goes to outputs/job-<SLURM_JOB_ID> under the submission folder, the same for
 every task; a requeued job finds its checkpoints there and resumes.
 """
@@ -43,18 +45,28 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from hpc_ddp.config.compose import compose
-    from hpc_ddp.device import DeviceError
-    from hpc_ddp.distenv import LaunchError, detect
-    from hpc_ddp.launch.resolve import check_inputs, write_run_config
+    from hpc_ddp.launch.resolve import (
+        absolute_script,
+        check_inputs,
+        with_script_args,
+        write_run_config,
+    )
+    from hpc_ddp.rank.device import DeviceError
+    from hpc_ddp.rank.distenv import LaunchError, detect
+    from hpc_ddp.rank.task import resume_cause, run
     from hpc_ddp.rundir import RunDir, default_root
-    from hpc_ddp.task import resume_cause, run
+    from hpc_ddp.submit import split_script_args, take_config_dir
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
+    if any(a in ("-h", "--help") for a in args[:args.index("--") if "--" in args else None]):
         print(__doc__)
         return 0
     try:
+        args, script_args = split_script_args(args)
+        args = take_config_dir(args)
         cfg = compose(args)
+        cfg = dataclasses.replace(cfg, script=absolute_script(cfg.script, Path.cwd()))
+        cfg = with_script_args(cfg, script_args)
         env = detect(os.environ, cfg.cluster.tasks_per_node)
         job = os.environ.get("SLURM_JOB_ID")
         root = Path(cfg.run_dir) if cfg.run_dir else default_root(Path.cwd() / "outputs",
@@ -74,8 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if summary is not None:
-        print(f"hpc_ddp: done, step {summary['global_step']}, eval accuracy "
-              f"{summary['eval_accuracy']:.4f}, run dir {run_dir.root}")
+        from hpc_ddp.follow import summary_line
+
+        print(f"hpc_ddp: done, {summary_line(summary)}, run dir {run_dir.root}")
     return 0
 
 

@@ -3,9 +3,9 @@ measures hpc_ddp's trainer against.
 
 It is the loop of PyTorch's DDP tutorial, as a user writes it: DistributedDataParallel, a
 DistributedSampler, a default DataLoader over a TensorDataset, fp32, and
-``zero_grad(); loss.backward(); optimizer.step()``. Nothing from hpc_ddp's trainer; only the
-network (``hpc_ddp.models``) and the bytes of the data set are shared, so both train the same
-model on the same data.
+``zero_grad(); loss.backward(); optimizer.step()``. Nothing from hpc_ddp's trainer; only
+the network (``hpc_ddp.trainer.models``) and the bytes of the data set are shared, so both
+train the same model on the same data.
 
 Run it on its own, side by side with the suite's baseline figure:
 
@@ -57,13 +57,13 @@ def build(model_cfg: ModelConfig, data_cfg: DataConfig, optim_cfg: OptimConfig,
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-    from hpc_ddp.data.loaders import build_datasets
-    from hpc_ddp.models import build_model
+    from hpc_ddp.data.sets import build_datasets
+    from hpc_ddp.trainer.models import build_model
 
     torch.manual_seed(seed)
     model = build_model(model_cfg, data_cfg.image_size).to(device)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    train_set, _ = build_datasets(data_cfg, seed)
+    train_set = build_datasets(data_cfg, seed).train
     dataset = TensorDataset(train_set.images, train_set.labels)
     sampler: Any = DistributedSampler(dataset, num_replicas=dist.get_world_size(),
                                       rank=dist.get_rank(), shuffle=True, seed=seed)
@@ -122,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     p.add_argument("--keep-freed-memory", action="store_true",
                    help="CPU: glibc keeps freed memory (as the suite's process does when the "
-                   "trainer's keep_freed_memory is on; hpc_ddp/cpu_memory.py)")
+                   "trainer's keep_freed_memory is on; hpc_ddp/trainer/cpu_memory.py)")
     return p
 
 
@@ -172,14 +172,14 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int,
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.loop_timing import StepTimer
+    from hpc_ddp.trainer.loop_timing import StepTimer
 
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     device = torch.device("cpu")
     if cuda:
         # The textbook says cuda:local_rank; that is wrong under --gpus-per-task (each task
         # sees only its own GPU, as index 0), so the GPU is chosen as hpc_ddp's ranks choose.
-        from hpc_ddp.device import DeviceError, select
+        from hpc_ddp.rank.device import DeviceError, select
 
         try:
             choice = select(os.environ, local_rank, local_world, torch.cuda.device_count())
@@ -193,7 +193,7 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int,
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(local_world, 1))
     torch.set_num_threads(threads)
     if args.keep_freed_memory and not cuda:
-        from hpc_ddp.cpu_memory import keep_freed_memory
+        from hpc_ddp.trainer.cpu_memory import keep_freed_memory
 
         keep_freed_memory()
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.loop_timing import PHASES
+from hpc_ddp.trainer.loop_timing import PHASES
 
 LABELS = {"data": "data wait", "compute": "forward+backward", "comm": "communication wait",
           "optimizer": "optimizer", "other": "other"}

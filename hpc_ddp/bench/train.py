@@ -15,7 +15,7 @@ rounds of timed windows, the order rotating every round, so a machine's changing
 on all of them alike; a figure is the median over rounds, a ratio the median of the per-round
 ratios against the baseline's window of the same round. A window's time is its slowest
 rank's. Each step is split into data wait, forward+backward, communication wait, optimizer
-and the rest (``hpc_ddp/loop_timing.py``). With the ``null`` model (it does almost nothing)
+and the rest (``hpc_ddp/trainer/loop_timing.py``). With the ``null`` model (it does almost nothing)
 the difference between ``exact`` and the baseline is the framework's per-step overhead.
 Checkpoints and evaluations are off in the timed windows (the baseline has neither).
 A line is printed as each model's measurement starts. Writes bench/train.json and
@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     from hpc_ddp.bench.train_report import combine, table
     from hpc_ddp.config.compose import compose, to_yaml
     from hpc_ddp.doctor import job
-    from hpc_ddp.rank import RankProgram
+    from hpc_ddp.rank.join import RankProgram
 
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     user = [o for o in args.overrides if not o.startswith("run_dir=")]

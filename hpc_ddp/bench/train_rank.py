@@ -23,9 +23,9 @@ from hpc_ddp.bench.train import (
     with_overrides,
 )
 from hpc_ddp.config.schema import Config
-from hpc_ddp.cpu_memory import keep_freed_memory
-from hpc_ddp.loop_timing import StepTimer
 from hpc_ddp.rundir import RunDir, write_json
+from hpc_ddp.trainer.cpu_memory import keep_freed_memory
+from hpc_ddp.trainer.loop_timing import StepTimer
 
 # The trainers' schedules and the baseline's cosine span this many steps: a benchmark never
 # reaches the end of either.
@@ -50,7 +50,7 @@ class BaselineRunner:
                          "ddp": "defaults"}
 
     def run(self, steps: int) -> None:
-        from hpc_ddp.ddp_setup import apply_process_settings
+        from hpc_ddp.trainer.ddp_setup import apply_process_settings
 
         apply_process_settings(False, False)  # torch's defaults: what a plain script runs with
         for _ in range(steps):
@@ -65,8 +65,8 @@ class TrainerRunner:
     """hpc_ddp's Trainer with one setting, driven through Trainer.train_steps."""
 
     def __init__(self, name: str, cfg: Config, rank: Any, run_dir: RunDir) -> None:
-        from hpc_ddp import stopping
-        from hpc_ddp.trainer import Trainer
+        from hpc_ddp.rank import stopping
+        from hpc_ddp.trainer.loop import Trainer
 
         self.name = name
         folder = RunDir(run_dir.root / "variants" / f"{cfg.model.name}-{name}")
@@ -80,7 +80,7 @@ class TrainerRunner:
         self.settings = self.trainer.tuning.as_dict()
 
     def run(self, steps: int) -> None:
-        from hpc_ddp.ddp_setup import apply_process_settings
+        from hpc_ddp.trainer.ddp_setup import apply_process_settings
 
         tune = self.trainer.tuning
         apply_process_settings(tune.deterministic, tune.cudnn_benchmark,
@@ -98,7 +98,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.rank import joined
+    from hpc_ddp.rank.join import joined
 
     with joined(cfg, run_dir, environ) as rank:
         # Process-wide and not undone: set before any contender exists, so all of them, the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from hpc_ddp.loop_timing import PHASES
+from hpc_ddp.trainer.loop_timing import PHASES
 
 BASELINE = "baseline"
 # Targets of issue 7 on CPU: exact settings at least as fast as the hand-written loop, the

@@ -8,7 +8,11 @@ refused while the config is composed, before anything starts. Ranges and cross-f
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpc_ddp.config.nccl_schema import NcclConfig
 
@@ -61,33 +65,49 @@ class ClusterConfig:
     python: str | None = None
 
 
+# A "part" (model, data, loss, optim, scheduler, metrics) is either one of hpc_ddp's own,
+# chosen by `name` with the typed keys below, or built by a `_target_` (Hydra's convention,
+# https://hydra.cc/docs/advanced/instantiate_objects/overview/): the YAML node then holds
+# `_target_` and the callable's keyword arguments; here they are `target` and `kwargs`
+# (config/parts.py converts between the two shapes). docs/your-code.md has examples.
+
+
 @dataclass
 class ModelConfig:
-    # tiny_cnn | resnet18 | resnet50
-    name: str = "tiny_cnn"
-    # Must match the data's classes (10 for both data sets).
-    num_classes: int = 10
+    # tiny_cnn | resnet18 | resnet50; None when a `_target_` builds the model
+    # (conf/model/torchvision.yaml and timm.yaml are such targets, and so is your own).
+    name: str | None = "tiny_cnn"
+    # Classes the network predicts; None: the data's (checked against the data's when both say).
+    num_classes: int | None = None
+    # `_target_`: import path of a callable returning an nn.Module; `kwargs`: its arguments.
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class DataConfig:
-    # synthetic | cifar10
-    name: str = "synthetic"
-    # Folder holding cifar-10-batches-py/ (cifar10 only). Ranks never download.
+    # synthetic | cifar10 | image_folder; None when a `_target_` builds the data sets.
+    name: str | None = "synthetic"
+    # cifar10: the folder holding cifar-10-batches-py/. image_folder: the folder holding the
+    # train and eval splits, each one folder per class (ImageNet's layout). Ranks never download.
     root: str | None = None
+    # image_folder: the split folders under root.
+    train_split: str = "train"
+    eval_split: str = "val"
     # Check CIFAR-10's files against torchvision's MD5 sums when loading (cifar10 only).
     verify_checksum: bool = True
-    # Image side in pixels: synthetic images are made at this size; cifar10 is always 32.
-    # Up to 64 the ResNets get a 3x3 stride-1 stem and no max-pool (the usual CIFAR
-    # adaptation); larger images keep the ImageNet stem.
+    # Image side in pixels: synthetic images are made at this size, image_folder crops to it;
+    # cifar10 is always 32. Up to 64 the built-in ResNets get a 3x3 stride-1 stem and no
+    # max-pool (the usual CIFAR adaptation); larger images keep the ImageNet stem.
     image_size: int = 32
     # Synthetic set sizes (cifar10 has its fixed 50000/10000).
     train_size: int = 4096
     eval_size: int = 1024
     # Noise level of the synthetic images (higher: harder).
     noise: float = 2.5
-    # Random crop (pad 4) and horizontal flip on training batches, drawn from a checkpointed
-    # generator so a resumed run sees the same augmentations.
+    # Training augmentation. synthetic/cifar10: random crop (pad 4) and horizontal flip per
+    # batch, drawn from a checkpointed generator (a resumed run sees the same ones);
+    # image_folder: random resized crop and flip per image (the usual ImageNet recipe).
     augment: bool = False
     # DataLoader worker processes per rank. None (auto): 0 on CPU, where a batch is one slice
     # of in-memory tensors and a worker only competes with the model for the task's cores
@@ -105,22 +125,59 @@ class DataConfig:
     persistent_workers: bool = True
     # Batches each worker prepares ahead (only with num_workers > 0). None: torch's default, 2.
     prefetch_factor: int | None = None
+    # `_target_`: a callable returning (train, eval) data sets, a dict with "train" and "eval",
+    # or one with `.train`/`.eval`; `kwargs`: its arguments. The loader keys above stay ours.
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LossConfig:
+    # cross_entropy, or None when a `_target_` builds the criterion: a module class
+    # (torch.nn.MSELoss) or a function (`_partial_: true`), called as loss(outputs, targets).
+    name: str | None = "cross_entropy"
+    # cross_entropy's label smoothing (torch.nn.functional.cross_entropy).
+    label_smoothing: float = 0.0
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class OptimConfig:
-    # sgd | adamw
-    name: str = "sgd"
+    # sgd | adamw; None when a `_target_` builds the optimizer (called with the model's
+    # parameters: torch.optim.RMSprop, or your own with `_partial_: true`).
+    name: str | None = "sgd"
     lr: float = 0.05
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 5e-4
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    # LR schedule over the optimizer steps: cosine | linear | constant, after a linear warm-up.
-    schedule: str = "cosine"
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SchedulerConfig:
+    # LR schedule over the optimizer steps, after a linear warm-up: cosine | linear | constant;
+    # None when a `_target_` builds it (called with the optimizer, stepped once per optimizer
+    # step, e.g. torch.optim.lr_scheduler.StepLR with step_size in steps).
+    name: str | None = "cosine"
     warmup_steps: int = 5
-    # Final LR as a fraction of lr (cosine and linear).
+    # Final LR as a fraction of the optimizer's lr (cosine and linear).
     min_lr_ratio: float = 0.0
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MetricsConfig:
+    # What evaluation reports besides the loss. auto: accuracy where the outputs are class
+    # scores [N, C] and the targets class indices [N], else nothing; accuracy; none. Or a
+    # `_target_`: a callable(outputs, targets) -> {name: value} of batch means, which the
+    # trainer weights by batch size, sums over batches and ranks, and logs as eval/<name>.
+    name: str | None = "auto"
+    target: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -184,7 +241,7 @@ class TrainerConfig:
     # same results, since no kernel reads memory it did not write, without a memset per
     # tensor per step.
     fill_uninitialized_memory: bool = False
-    # On CPU, keep freed memory in the process (glibc mallopt, hpc_ddp/cpu_memory.py) rather
+    # On CPU, keep freed memory in the process (glibc mallopt, hpc_ddp/trainer/cpu_memory.py) rather
     # than returning it to the kernel and faulting it back in every step; the resident memory
     # then stays at its peak. Process-wide, set when the trainer starts.
     keep_freed_memory: bool = True
@@ -213,23 +270,71 @@ class Config:
     dry_run: bool = False
     # Run the doctor's checks on the requested nodes first; submit only if they pass.
     preflight: bool = False
+    # What runs on every rank instead of the built-in trainer (docs/your-code.md); at most one.
+    # entry: "my_pkg.train:main", a function called with a hpc_ddp.Context after the rank
+    # joined the job. script: a torchrun-style script run unchanged ("train.py", or
+    # "-m my_pkg.train" for a module), with the torchrun variables set; script_args: its
+    # arguments (on the command line: everything after `--`).
+    entry: str | None = None
+    script: str | None = None
+    script_args: list[str] = field(default_factory=list)
+    # Your config folder, searched before hpc_ddp's conf/ (--config-dir on the command line,
+    # $HPC_DDP_CONFIG_DIR for sbatch wrappers): your own options of any group, or a
+    # config.yaml of your own.
+    config_dir: str | None = None
+    # Build every `_target_` part on the submit host before submitting (the model on the meta
+    # device, the data sets for real) so that a bad one is refused there. false: leave it to
+    # the ranks (for data sets too large to open on a login node).
+    check_targets: bool = True
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    # Your own keys (conf/app/<option>.yaml, or app.<key>=... on the command line), free-form;
+    # a function entry reads them as ctx.app.
+    app: dict[str, Any] = field(default_factory=dict)
 
 
-__all__ = ["ClusterConfig", "Config", "DataConfig", "ModelConfig", "NcclConfig",
-           "OptimConfig", "SweepConfig", "TrainerConfig", "register_schemas"]
+__all__ = ["ClusterConfig", "Config", "DataConfig", "LossConfig", "MetricsConfig",
+           "ModelConfig", "NcclConfig", "OptimConfig", "SchedulerConfig", "SweepConfig",
+           "TrainerConfig", "register_schemas"]
 
-GROUPS: tuple[str, ...] = ("cluster", "model", "data", "optim", "trainer", "nccl")
+GROUPS: tuple[str, ...] = ("cluster", "model", "data", "loss", "optim", "scheduler", "metrics",
+                           "trainer", "nccl", "app")
+# The groups a `_target_` may build (config/parts.py), with their schemas.
+PARTS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "loss": LossConfig,
+                          "optim": OptimConfig, "scheduler": SchedulerConfig,
+                          "metrics": MetricsConfig}
+# Free-form groups: any key may be set (app.<key>=... needs no +).
+FREE_FORM = ("app",)
 
 
 def register_schemas() -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent; called before composing)."""
+    """Register the schema Hydra composes into (idempotent; called before composing).
+
+    It is :class:`Config` with the parts and ``app`` left untyped, so a `_target_` node may
+    carry any keyword argument; config/parts.py checks and types them right after.
+    """
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="hpc_ddp_schema", node=Config)
+    ConfigStore.instance().store(name="hpc_ddp_schema", node=compose_schema())
+
+
+@functools.cache
+def compose_schema() -> type:
+    """:class:`Config` with the part groups and ``app`` typed ``Any`` (made once)."""
+    hints = typing.get_type_hints(Config)
+    loose: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(Config):
+        if f.name in PARTS or f.name in FREE_FORM:
+            loose.append((f.name, Any, field(default=None)))
+        else:
+            loose.append((f.name, hints[f.name], field(default=f.default,
+                                                      default_factory=f.default_factory)))
+    return dataclasses.make_dataclass("ComposedConfig", loose)

@@ -17,9 +17,11 @@ from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.errors import UserError, shown
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50")
-DATASETS = ("synthetic", "cifar10")
+DATASETS = ("synthetic", "cifar10", "image_folder")
+LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "linear", "constant")
+METRICS = ("auto", "accuracy", "none")
 CLUSTER_KINDS = ("auto", "local", "slurm")
 # Both data sets have 10 classes; CIFAR-10 images are 32x32.
 DATA_CLASSES = 10
@@ -100,15 +102,69 @@ def validate(cfg: Config) -> Config:
     _finite(cfg, Config(), "")
     _at_least("nodes", cfg.nodes, 1, "set nodes=1 or more.")
     _validate_cluster(cfg)
-    _choice("model.name", cfg.model.name, MODELS)
-    if cfg.model.num_classes != DATA_CLASSES:
-        raise UserError("model.num_classes", cfg.model.num_classes,
-                        f"the {cfg.data.name} data has {DATA_CLASSES} classes.",
-                        f"set model.num_classes={DATA_CLASSES}.")
+    _validate_parts(cfg)
     _validate_data(cfg)
     _validate_optim(cfg)
     _validate_trainer(cfg)
+    validate_entry(cfg)
     validate_nccl(cfg.nccl)
+    return cfg
+
+
+def _validate_parts(cfg: Config) -> None:
+    """Built-in parts name one of ours; `_target_` parts are checked where they are built
+    (launch/targets.py on the submit host, the ranks again)."""
+    for part, allowed in (("model", MODELS), ("data", DATASETS), ("loss", LOSSES),
+                          ("optim", OPTIMIZERS), ("scheduler", SCHEDULES),
+                          ("metrics", METRICS)):
+        node = getattr(cfg, part)
+        if node.target is None:
+            if node.name is None:
+                raise UserError(f"{part}.name", "null", f"a built-in {part} needs a name.",
+                                f"use one of {', '.join(allowed)}, or give {part}._target_.")
+            _choice(f"{part}.name", node.name, allowed)
+    classes = cfg.model.num_classes
+    if cfg.model.target is None and classes is not None and cfg.data.target is None and (
+            cfg.data.name in ("synthetic", "cifar10") and classes != DATA_CLASSES):
+        raise UserError("model.num_classes", classes,
+                        f"the {cfg.data.name} data has {DATA_CLASSES} classes.",
+                        f"set model.num_classes={DATA_CLASSES} (or null: the data's).")
+    _at_least("model.num_classes", classes, 1, "give the classes to predict, or null.")
+    s = cfg.scheduler
+    _at_least("scheduler.warmup_steps", s.warmup_steps, 0)
+    if not 0 <= s.min_lr_ratio <= 1:
+        raise UserError("scheduler.min_lr_ratio", s.min_lr_ratio, "must lie in [0, 1].",
+                        "use a fraction of optim.lr, e.g. scheduler.min_lr_ratio=0.1.")
+    _at_least("loss.label_smoothing", cfg.loss.label_smoothing, 0)
+
+
+# An entry function: "pkg.module:function" (the form of Python's entry points).
+_ENTRY = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def validate_entry(cfg: Config) -> Config:
+    """entry/script: at most one, well formed (whether they import is checked at launch)."""
+    if cfg.entry is not None and cfg.script is not None:
+        raise UserError("script", cfg.script, f"and entry={cfg.entry} are both set; a run has "
+                        "one program.", "keep one: entry=pkg.module:function or script=train.py.")
+    if cfg.entry is not None and not _ENTRY.match(cfg.entry):
+        raise UserError("entry", cfg.entry, "is not module:function.",
+                        "write the import path, a colon, and the function: "
+                        "entry=my_pkg.train:main.")
+    if cfg.script is not None:
+        module = cfg.script.removeprefix("-m").strip() if cfg.script.startswith("-m") else None
+        if not cfg.script.strip() or module == "" or (
+                module is not None and not re.match(r"^[A-Za-z_][\w.]*$", module)):
+            raise UserError("script", cfg.script, "is neither a script path nor -m <module>.",
+                            "write script=train.py, or 'script=-m my_pkg.train' (quoted: it "
+                            "holds a space).")
+        if cfg.cluster.gpus_per_node and cfg.cluster.gpu_binding == "per_task":
+            raise UserError("cluster.gpu_binding", "per_task", "gives each task one GPU as "
+                            "device 0, but a torchrun-style script uses cuda:LOCAL_RANK.",
+                            "use cluster.gpu_binding=per_node (the default) with a script.")
+    if cfg.script_args and cfg.script is None:
+        raise UserError("script_args", cfg.script_args, "are arguments for a script, and no "
+                        "script is set.", "add script=<path>, or drop the arguments after --.")
     return cfg
 
 
@@ -235,7 +291,6 @@ def check_sbatch_extra(c: ClusterConfig) -> None:
 
 def _validate_data(cfg: Config) -> None:
     d = cfg.data
-    _choice("data.name", d.name, DATASETS)
     _at_least("data.train_size", d.train_size, 1)
     _at_least("data.eval_size", d.eval_size, 1)
     _at_least("data.noise", d.noise, 0)
@@ -245,6 +300,10 @@ def _validate_data(cfg: Config) -> None:
     if d.name == "cifar10" and d.image_size != CIFAR_SIDE:
         raise UserError("data.image_size", d.image_size, "CIFAR-10 images are 32x32.",
                         "drop data.image_size (it applies to synthetic data only).")
+    if d.name == "image_folder" and not d.root:
+        raise UserError("data.root", shown(d.root), "image_folder needs the folder that holds "
+                        f"{d.train_split}/ and {d.eval_split}/ (one folder per class in each).",
+                        "pass data.root=/path/to/imagenet-style/folder.")
     if d.name == "cifar10" and not d.root:
         raise UserError(
             "data.root",
@@ -257,16 +316,12 @@ def _validate_data(cfg: Config) -> None:
 
 def _validate_optim(cfg: Config) -> None:
     o = cfg.optim
-    _choice("optim.name", o.name, OPTIMIZERS)
-    _choice("optim.schedule", o.schedule, SCHEDULES)
+    if o.target is not None:
+        return  # its arguments are the callable's (checked where it is built)
     if not o.lr > 0:
         raise UserError("optim.lr", o.lr, "must be positive.", "use e.g. optim.lr=0.05.")
     _at_least("optim.weight_decay", o.weight_decay, 0)
     _at_least("optim.momentum", o.momentum, 0)
-    _at_least("optim.warmup_steps", o.warmup_steps, 0)
-    if not 0 <= o.min_lr_ratio <= 1:
-        raise UserError("optim.min_lr_ratio", o.min_lr_ratio, "must lie in [0, 1].",
-                        "use a fraction of optim.lr, e.g. optim.min_lr_ratio=0.1.")
     if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
         raise UserError("optim.betas", o.betas, "needs two values in [0, 1).",
                         "use e.g. 'optim.betas=[0.9,0.999]'.")

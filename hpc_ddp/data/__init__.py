@@ -1,1 +1,2 @@
-"""Datasets (synthetic, cifar10), the resumable distributed sampler and the loaders."""
+"""Data sets (synthetic, cifar10, image_folder, a user's factory), the resumable distributed
+sampler and the loaders."""

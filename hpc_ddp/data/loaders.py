@@ -8,11 +8,13 @@ sampler runs in the main process and workers only slice the tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from hpc_ddp.config.schema import DataConfig
 from hpc_ddp.data.sampler import ResumableDistributedSampler, eval_shard
+from hpc_ddp.data.sets import DataSets, build_datasets
 from hpc_ddp.data.tensor_dataset import BatchedSampler, ImageTensorDataset
 
 # Workers beyond this feed no GPU faster: a batch is a slice of memory, not a decoded file.
@@ -22,11 +24,27 @@ MAX_AUTO_WORKERS = 4
 @dataclass
 class Loaders:
     train: Any
-    eval: Any
-    sampler: ResumableDistributedSampler
-    train_size: int
-    eval_size: int
+    eval: Any | None
+    # The train set's sampler (None for an iterable data set, which shards itself).
+    sampler: ResumableDistributedSampler | None
+    sets: DataSets
     settings: LoaderSettings | None = None
+
+    @property
+    def train_size(self) -> int:
+        return len(self.sets.train)
+
+    def set_position(self, epoch: int, start: int) -> None:
+        """Next pass over the train set: epoch ``epoch`` from this rank's ``start``-th sample.
+        (An iterable data set is told the epoch if it takes it; the trainer skips into it.)"""
+        if self.sampler is not None:
+            self.sampler.set_position(epoch, start)
+        elif hasattr(self.sets.train, "set_epoch"):
+            self.sets.train.set_epoch(epoch)
+
+    def samples_per_epoch(self) -> int:
+        """This rank's train samples per epoch (equal on every rank)."""
+        return self.sampler.num_samples if self.sampler is not None else len(self.sets.train)
 
 
 @dataclass(frozen=True)
@@ -55,47 +73,62 @@ def loader_settings(cfg: DataConfig, device_type: str, cpus_per_task: int) -> Lo
                           batched=cfg.batched)
 
 
-def build_datasets(cfg: DataConfig, seed: int) -> tuple[ImageTensorDataset, ImageTensorDataset]:
-    if cfg.name == "synthetic":
-        from hpc_ddp.data.synthetic import make_split
-
-        return (make_split(seed, cfg.train_size, cfg.noise, 0, cfg.image_size),
-                make_split(seed, cfg.eval_size, cfg.noise, 1, cfg.image_size))
-    from hpc_ddp.data.cifar10 import load_split
-
-    assert cfg.root is not None  # validate() guarantees it
-    return (load_split(cfg.root, True, cfg.verify_checksum),
-            load_split(cfg.root, False, cfg.verify_checksum))
-
-
 def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int,
-                  device_type: str = "cpu", cpus_per_task: int = 1) -> Loaders:
+                  device_type: str = "cpu", cpus_per_task: int = 1,
+                  sets: DataSets | None = None) -> Loaders:
+    """This rank's train and eval loaders (``sets``: the data sets, when already built)."""
     import torch
     from torch.utils.data import DataLoader, Subset
 
     settings = loader_settings(cfg, device_type, cpus_per_task)
-    train_set, eval_set = build_datasets(cfg, seed)
-    sampler = ResumableDistributedSampler(train_set, world_size, rank, seed)
+    sets = sets or build_datasets(cfg, seed, rank, world_size)
+    train_set, eval_set = sets.train, sets.eval
     # A generator of its own: creating a loader iterator then leaves the global RNG alone,
     # so a run resumed mid-epoch draws the same random numbers as an uninterrupted one.
     loader_gen = torch.Generator().manual_seed(seed + 1_000 * rank)
+    if sets.iterable:
+        return _iterable_loaders(sets, batch_size, settings, loader_gen)
+    # The batched path needs a data set that gives a whole batch for a list of indices.
+    batched = settings.batched and isinstance(train_set, ImageTensorDataset) and (
+        eval_set is None or isinstance(eval_set, ImageTensorDataset))
+    settings = dataclasses.replace(settings, batched=batched)
+    sampler = ResumableDistributedSampler(train_set, world_size, rank, seed)
     common: dict[str, Any] = dict(num_workers=settings.num_workers,
                                   pin_memory=settings.pin_memory,
                                   persistent_workers=settings.persistent_workers)
     if settings.prefetch_factor is not None:
         common["prefetch_factor"] = settings.prefetch_factor
-    shard = eval_shard(len(eval_set), rank, world_size)
+    shard = eval_shard(len(eval_set), rank, world_size) if eval_set is not None else []
     train: Any
-    evaluation: Any
+    evaluation: Any = None
     if settings.batched:
         # batch_size=None: the data set receives each list of indices and returns the batch.
         train = DataLoader(train_set, sampler=BatchedSampler(sampler, batch_size),  # type: ignore[arg-type]
                            batch_size=None, generator=loader_gen, **common)
-        evaluation = DataLoader(eval_set, sampler=BatchedSampler(shard, batch_size),  # type: ignore[arg-type]
-                                batch_size=None, **common)
+        if eval_set is not None:
+            evaluation = DataLoader(eval_set, sampler=BatchedSampler(shard, batch_size),  # type: ignore[arg-type]
+                                    batch_size=None, **common)
     else:  # the textbook path: one __getitem__ per sample, then default_collate
         train = DataLoader(train_set, sampler=sampler, generator=loader_gen,  # type: ignore[arg-type]
                            batch_size=batch_size, **common)
-        evaluation = DataLoader(Subset(eval_set, shard), batch_size=batch_size,  # type: ignore[arg-type]
-                                shuffle=False, **common)
-    return Loaders(train, evaluation, sampler, len(train_set), len(eval_set), settings)
+        if eval_set is not None:
+            evaluation = DataLoader(Subset(eval_set, shard), batch_size=batch_size,  # type: ignore[arg-type]
+                                    shuffle=False, **common)
+    return Loaders(train, evaluation, sampler, sets, settings)
+
+
+def _iterable_loaders(sets: DataSets, batch_size: int, settings: LoaderSettings,
+                      loader_gen: Any) -> Loaders:
+    """An IterableDataset shards itself per rank (and per worker, if it uses workers)."""
+    from torch.utils.data import DataLoader
+
+    common: dict[str, Any] = dict(num_workers=settings.num_workers,
+                                  pin_memory=settings.pin_memory,
+                                  persistent_workers=settings.persistent_workers,
+                                  batch_size=batch_size)
+    if settings.prefetch_factor is not None:
+        common["prefetch_factor"] = settings.prefetch_factor
+    settings = dataclasses.replace(settings, batched=False)
+    evaluation = DataLoader(sets.eval, **common) if sets.eval is not None else None
+    return Loaders(DataLoader(sets.train, generator=loader_gen, **common), evaluation, None,
+                   sets, settings)

@@ -17,10 +17,10 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
-from hpc_ddp.device import visible_devices
 from hpc_ddp.procs import pid_alive, start_time
+from hpc_ddp.rank.device import visible_devices
+from hpc_ddp.rank.task import TrainingTask
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.task import TrainingTask
 
 
 def executor_parameters(cfg: Config, environ: Mapping[str, str]) -> dict[str, Any]:

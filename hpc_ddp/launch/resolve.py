@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hpc_ddp.config.schema import Config
-from hpc_ddp.device import visible_devices
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank.device import visible_devices
 from hpc_ddp.rundir import RunDir, default_root
 
 OVERRIDES_FILE = "overrides.yaml"
@@ -51,7 +51,32 @@ def resolve(cfg: Config, environ: Mapping[str, str], cwd: Path) -> Config:
     run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
     wait = cfg.wait if cfg.wait is not None else kind == "local"
     return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),
-                               wait=wait)
+                               wait=wait, script=absolute_script(cfg.script, cwd))
+
+
+def absolute_script(script: str | None, cwd: Path) -> str | None:
+    """A script path made absolute (the ranks and a later resume may start elsewhere); a
+    module (``-m pkg.train``) as it is."""
+    if script is None or script.startswith("-m"):
+        return script
+    return str((cwd / Path(script).expanduser()).absolute())
+
+
+def with_script_args(cfg: Config, script_args: Sequence[str] | None) -> Config:
+    """The script's arguments: those given, else on a resume the run's own (they are not
+    overrides, so overrides.yaml does not hold them)."""
+    from hpc_ddp.config.validate import validate_entry
+
+    if script_args is None and cfg.resume and cfg.run_dir:
+        saved = Path(cfg.run_dir) / "config.yaml"
+        if saved.is_file():
+            import yaml
+
+            old = (yaml.safe_load(saved.read_text()) or {}).get("script_args") or []
+            script_args = [str(a) for a in old] if cfg.script else None
+    if script_args is None:
+        return cfg
+    return validate_entry(dataclasses.replace(cfg, script_args=list(script_args)))
 
 
 def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
@@ -73,12 +98,21 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     return previous + list(overrides)
 
 
-def saved_overrides(overrides: Sequence[str]) -> list[str]:
+def saved_overrides(overrides: Sequence[str], cfg: Config | None = None) -> list[str]:
     """What overrides.yaml keeps: everything but the per-command switches, and of overrides
-    of the same key only the last (a run resumed ten times keeps one ``optim.lr=``)."""
+    of the same key only the last (a run resumed ten times keeps one ``optim.lr=``); paths
+    as ``cfg`` resolved them (absolute), so a resume from another folder finds them."""
+    from hpc_ddp.config.compose import quoted
+
     kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
     last = {o.partition("=")[0]: i for i, o in enumerate(kept)}
-    return [o for i, o in enumerate(kept) if last[o.partition("=")[0]] == i]
+    kept = [o for i, o in enumerate(kept) if last[o.partition("=")[0]] == i]
+    if cfg is None:
+        return kept
+    resolved = {"config_dir": cfg.config_dir, "script": cfg.script}
+    return [f"{o.partition('=')[0]}={quoted(str(resolved[key]))}"
+            if (key := o.partition("=")[0].lstrip("+")) in resolved and resolved[key] else o
+            for o in kept]
 
 
 def _as_bool(value: object) -> bool:
@@ -193,4 +227,5 @@ def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> None
 
     run.root.mkdir(parents=True, exist_ok=True)
     run.config.write_text(to_yaml(cfg))
-    run.overrides.write_text(OmegaConf.to_yaml(OmegaConf.create(saved_overrides(overrides))))
+    run.overrides.write_text(OmegaConf.to_yaml(OmegaConf.create(saved_overrides(overrides,
+                                                                               cfg))))

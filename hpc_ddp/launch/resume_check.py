@@ -11,9 +11,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import checkpoint
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank import checkpoint
 from hpc_ddp.rundir import RunDir
 
 
@@ -27,7 +27,10 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
         before = from_yaml(run.config.read_text())
     except (OSError, UserError):
         return  # an unreadable old config: the load itself will tell
-    if _shapes(before) != _shapes(cfg):
+    if cfg.entry is not None or cfg.script is not None:
+        return  # the user's own program checkpoints its own state
+    shapes = _shapes(before), _shapes(cfg)
+    if None not in shapes and shapes[0] != shapes[1]:
         changed = _changed(before, cfg, ("model", "data.image_size"))
         raise UserError(changed[0][0] if changed else "model", changed[0][2] if changed else
                         cfg.model.name, "changes the network, so the run's checkpoint cannot "
@@ -39,11 +42,16 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
         raise UserError("trainer.max_steps", cfg.trainer.max_steps, f"the run is at step {step} "
                         "already, so nothing would be trained.",
                         f"give trainer.max_steps above {step} to train further.")
-    if before.optim.name != cfg.optim.name:
-        raise UserError("optim", cfg.optim.name, f"differs from the checkpoint's optimizer "
-                        f"({before.optim.name}), whose state cannot be loaded into it.",
-                        f"keep optim={before.optim.name} to continue the run, or start a new "
+    old, new = _optimizer(before), _optimizer(cfg)
+    if old != new:
+        raise UserError("optim", new, f"differs from the checkpoint's optimizer ({old}), "
+                        "whose state cannot be loaded into it.",
+                        f"keep the optimizer ({old}) to continue the run, or start a new "
                         "run_dir.")
+
+
+def _optimizer(cfg: Config) -> str:
+    return cfg.optim.name or f"_target_={cfg.optim.target}"
 
 
 def _step_of(path: Path | None) -> int | None:
@@ -52,14 +60,19 @@ def _step_of(path: Path | None) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def _shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
-    """Parameter and buffer shapes of cfg's network, built on the meta device (no memory)."""
+def _shapes(cfg: Config) -> dict[str, tuple[int, ...]] | None:
+    """Parameter and buffer shapes of cfg's network, built on the meta device (no memory);
+    None when it cannot be built there (a `_target_` model that needs real tensors)."""
     import torch
 
-    from hpc_ddp.models import build_model
+    from hpc_ddp.trainer.models import build_model
 
-    with torch.device("meta"):
-        model = build_model(cfg.model, cfg.data.image_size)
+    classes = cfg.model.num_classes if cfg.model.target is None else None
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg.model, cfg.data.image_size, classes)
+    except Exception:  # the load itself will say what does not fit
+        return None
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 

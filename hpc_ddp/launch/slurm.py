@@ -22,8 +22,8 @@ from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank.task import TrainingTask
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.task import TrainingTask
 
 # Slurm names and hostlists: letters, digits and the punctuation Slurm uses in them. Anything
 # else (spaces, quotes, ;, $, backticks, newlines) is refused rather than passed to a shell.

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpc_ddp.config.messages import group_options
 from hpc_ddp.errors import UserError
 
 
@@ -33,14 +34,14 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as exc:
-        from hpc_ddp.config.compose import _user_error
+        from hpc_ddp.config.messages import _user_error
 
         raise _user_error(exc, overrides) from None
     axes: list[list[tuple[str, str, bool]]] = []
     for item in parsed:
         key = item.get_key_element()
         if item.is_sweep_override():
-            values = _swept_values(item, key)
+            values = _swept_values(item, key, overrides)
             if not values:
                 raise UserError(key, (item.input_line or "").partition("=")[2],
                                 "sweeps over no value.", "give at least one value.")
@@ -61,7 +62,7 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     return points
 
 
-def _swept_values(item: Any, key: str) -> list[str]:
+def _swept_values(item: Any, key: str, overrides: Sequence[str]) -> list[str]:
     """The grid values of one swept override, glob() over the group's options included."""
     from hydra.core.override_parser.types import Glob, ValueType
 
@@ -70,21 +71,15 @@ def _swept_values(item: Any, key: str) -> list[str]:
         raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
                         "cannot enumerate.", "list the values, or use range(start,stop,step).")
     if item.value_type == ValueType.GLOB_CHOICE_SWEEP:
-        options = group_options(key)
+        from hpc_ddp.config.compose import search_folders, user_config_dir
+
+        options = group_options(key, search_folders(user_config_dir(overrides)))
         if not options:
             raise UserError(key, typed, "glob() picks options of a config group, and "
                             f"{key} is not one.", "use glob() on a group, e.g. model=glob(res*).")
         glob: Glob = item.value()
         return list(glob.filter(options))
     return [str(v) for v in item.sweep_string_iterator()]
-
-
-def group_options(group: str) -> list[str]:
-    """The options of a config group: conf/<group>/*.yaml (empty when it is no group)."""
-    from hpc_ddp.config.compose import conf_dir
-
-    folder = conf_dir() / group.replace(".", "/")
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
 def chunks(count: int, size: int) -> list[range]:

@@ -44,8 +44,9 @@ def sweep_dir_for(overrides: Sequence[str], cwd: Path) -> Path:
     return (cwd / "multirun" / stamp).absolute()
 
 
-def plan_points(overrides: Sequence[str], cwd: Path,
-                environ: Mapping[str, str]) -> tuple[Path, list[Point], list[api.Plan]]:
+def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
+                script_args: Sequence[str] | None = None
+                ) -> tuple[Path, list[Point], list[api.Plan]]:
     """Expand and check every point before anything is submitted (exit 2 names the point)."""
     points = expand(overrides)
     folder = sweep_dir_for(overrides, cwd)
@@ -66,7 +67,8 @@ def plan_points(overrides: Sequence[str], cwd: Path,
             auto = cfg.cluster.kind == "auto"
             if auto and auto_kind:  # resolve cluster=auto once (scontrol ping), not per point
                 cfg = replace(cfg, cluster=replace(cfg.cluster, kind=auto_kind))
-            plans.append(api.plan(overrides, cwd, environ, composed=cfg))
+            plans.append(api.plan(overrides, cwd, environ, composed=cfg,
+                                  script_args=script_args))
             if auto:
                 auto_kind = plans[-1].cfg.cluster.kind
     except UserError as exc:
@@ -111,7 +113,8 @@ def max_array_size(environ: Mapping[str, str]) -> int:
 
 
 def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
-           environ: Mapping[str, str] | None = None, show_cfg: bool = False) -> int:
+           environ: Mapping[str, str] | None = None, show_cfg: bool = False,
+           script_args: Sequence[str] | None = None) -> int:
     """The multirun command: plan, write the manifest, submit; 0 when every point went out.
 
     ``show_cfg`` (--cfg) and ``dry_run=true`` print each point's config or what would be
@@ -119,7 +122,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     goes out; none of them submits anything it should not.
     """
     environ = os.environ if environ is None else environ
-    folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ)
+    folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ, script_args)
     if show_cfg or plans[0].cfg.dry_run:
         print(_dry_run(points, plans, folder, environ, show_cfg), file=out)
         return 0
@@ -234,7 +237,7 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.launch import slurm
     from hpc_ddp.launch.resolve import write_run_config
-    from hpc_ddp.task import TrainingTask
+    from hpc_ddp.rank.task import TrainingTask
 
     for indices, executor in _arrays(plans, folder, environ):
         for i in indices:

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 import torch
 
-from hpc_ddp import checkpoint, events
+from hpc_ddp import events
 from hpc_ddp.hostlist import expand
+from hpc_ddp.rank import checkpoint
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
 
 pytestmark = pytest.mark.cluster

@@ -40,9 +40,9 @@ def nccl_group() -> Iterator[torch.device]:
 
 def _trainer(overrides: list[str], folder: Path, device: torch.device) -> Any:
     from hpc_ddp.config.compose import compose
-    from hpc_ddp.distenv import DistEnv
+    from hpc_ddp.rank.distenv import DistEnv
     from hpc_ddp.rundir import RunDir
-    from hpc_ddp.trainer import Trainer
+    from hpc_ddp.trainer.loop import Trainer
 
     env = DistEnv(rank=0, local_rank=0, world_size=1, node_rank=0, num_nodes=1,
                   local_world_size=1, source="single", job_id="gpu-test")
@@ -138,7 +138,7 @@ def test_step_timer_uses_cuda_events(nccl_group: torch.device) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hpc_ddp.loop_timing import StepTimer
+    from hpc_ddp.trainer.loop_timing import StepTimer
 
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.ReLU(),
                               torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),

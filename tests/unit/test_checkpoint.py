@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_ddp import checkpoint
+from hpc_ddp.rank import checkpoint
 
 
 def test_save_points_latest_and_keeps_k(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_no_checkpoint_is_none(tmp_path: Path) -> None:
 # and before os.replace: the moment a non-atomic writer would lose everything.
 _KILLED_BEFORE_REPLACE = textwrap.dedent("""
     import os, signal, sys, torch
-    from hpc_ddp import checkpoint
+    from hpc_ddp.rank import checkpoint
     folder = sys.argv[1]
     from pathlib import Path
     checkpoint.save({"step": 1}, Path(folder), 1, keep=3)
@@ -58,7 +58,7 @@ def test_killed_between_temp_file_and_replace_keeps_previous(tmp_path: Path) -> 
 _SAVE_FOREVER = textwrap.dedent("""
     import sys, torch
     from pathlib import Path
-    from hpc_ddp import checkpoint
+    from hpc_ddp.rank import checkpoint
     folder = Path(sys.argv[1])
     state = {"w": torch.randn(256, 1024)}  # 1 MiB: writes take long enough to be hit
     step = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.distenv import LaunchError, detect
+from hpc_ddp.rank.distenv import LaunchError, detect
 
 SLURM_STEP = {
     "SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",

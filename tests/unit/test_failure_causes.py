@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_ddp.diagnose import LOCAL_MARK, is_comm_failure, own_error, peer_error, worth_requeue
 from hpc_ddp.procs import pid_alive, start_time
+from hpc_ddp.rank.diagnose import LOCAL_MARK, is_comm_failure, own_error, peer_error, worth_requeue
 
 GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
                             "Timed out waiting 20000ms for recv operation to complete")

@@ -49,7 +49,8 @@ from tests.conftest import compose_refusal
     (["optim.lr=inf"], "optim.lr=inf: is not a finite number", "optim.lr=0.05"),
     (["cluster.mem_gb=nan"], "cluster.mem_gb=nan: is not a finite number", "cluster.mem_gb=null"),
     (["data=cifar10"], "data.root=null:", "data.root=/path"),
-    (["optim.min_lr_ratio=2"], "optim.min_lr_ratio=2.0:", "optim.min_lr_ratio=0.1"),
+    (["scheduler.min_lr_ratio=2"], "scheduler.min_lr_ratio=2.0:",
+     "scheduler.min_lr_ratio=0.1"),
     (["optim.betas=[0.9,1.5]"], "optim.betas=[0.9, 1.5]:", "'optim.betas=[0.9,0.999]'"),
 ])
 def test_refused_overrides_say_the_fix(overrides: list[str], start: str, words: str) -> None:
@@ -106,8 +107,10 @@ def test_conf_dir_needs_a_config_yaml(monkeypatch: pytest.MonkeyPatch, tmp_path:
     with pytest.raises(UserError, match=r"HPC_DDP_CONF=.*: has no config.yaml"):
         compose([])
     monkeypatch.delenv("HPC_DDP_CONF")
-    with pytest.raises(UserError, match=r"^config_dir=.*: has no config.yaml"):
-        compose([], config_dir=tmp_path)
+    # A user's config folder needs none: hpc_ddp's config.yaml is found behind it.
+    assert compose([], config_dir=tmp_path).model.name == "tiny_cnn"
+    with pytest.raises(UserError, match=r"^config_dir=.*nope: does not exist"):
+        compose([f"config_dir={tmp_path / 'nope'}"])
 
 
 def test_group_options_come_from_the_folder_in_use(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hpc_ddp.config.schema import OptimConfig
-from hpc_ddp.optim import build_optimizer, load_optimizer_state
+from hpc_ddp.trainer.optim import build_optimizer, load_optimizer_state
 
 
 def _trained(foreach: bool) -> torch.optim.Optimizer:

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpc_ddp.augment import flip_and_crop, normalize
 from hpc_ddp.config.schema import DataConfig
 from hpc_ddp.data.loaders import build_loaders, loader_settings
 from hpc_ddp.data.tensor_dataset import MEAN, STD, ImageTensorDataset
+from hpc_ddp.trainer.augment import flip_and_crop, normalize
 
 
 def _batches(loader: object) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpc_ddp import cpu_memory
 from hpc_ddp.bench.startup import _first_step_time, measure_startup, srun_command
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import ModelConfig
-from hpc_ddp.ddp_setup import _channels_last_gradients
-from hpc_ddp.models import build_model
+from hpc_ddp.trainer import cpu_memory
+from hpc_ddp.trainer.ddp_setup import _channels_last_gradients
+from hpc_ddp.trainer.models import build_model
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

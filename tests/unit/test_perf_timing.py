@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hpc_ddp.bench import train as bench
 from hpc_ddp.bench.train_report import combine, overhead_of, rows_of, table
 from hpc_ddp.errors import UserError
-from hpc_ddp.loop_timing import StepTimer, Window
+from hpc_ddp.trainer.loop_timing import StepTimer, Window
 
 
 class SlowLoader:

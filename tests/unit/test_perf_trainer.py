@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hpc_ddp import ddp_setup
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import Config
-from hpc_ddp.distenv import DistEnv
+from hpc_ddp.rank.distenv import DistEnv
 from hpc_ddp.rundir import RunDir
+from hpc_ddp.trainer import ddp_setup
+from hpc_ddp.trainer.models import builtin_model
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, node_rank=0, num_nodes=1,
               local_world_size=1, source="single", job_id="test")
@@ -32,7 +33,7 @@ def group() -> Iterator[None]:
 
 
 def _trainer(overrides: list[str], folder: Path) -> Any:
-    from hpc_ddp.trainer import Trainer
+    from hpc_ddp.trainer.loop import Trainer
 
     return Trainer(compose([*SMALL, *overrides]), ENV, RunDir(folder), torch.device("cpu"))
 
@@ -101,16 +102,19 @@ def _cfg(*overrides: str) -> Config:
 def test_auto_settings(monkeypatch: pytest.MonkeyPatch, overrides: tuple[str, ...], device: str,
                        native: bool, expected: tuple[str, bool, bool]) -> None:
     monkeypatch.setattr(ddp_setup, "cpu_has_native_bf16", lambda: native)
-    tune = ddp_setup.tuning(_cfg(*overrides), torch.device(device))
+    tune = ddp_setup.tuning(_cfg(*overrides), torch.device(device),
+                            builtin_model("tiny_cnn", 10, 32))
     assert (tune.precision, tune.channels_last, tune.fused_optimizer) == expected
 
 
 def test_channels_last_only_for_conv_nets() -> None:
-    import dataclasses
-
     cfg = _cfg("trainer.channels_last=true")
-    null = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="null"))
-    assert not ddp_setup.tuning(null, torch.device("cpu")).channels_last
+    null = builtin_model("null", 10, 32)  # no convolution
+    assert not ddp_setup.tuning(cfg, torch.device("cpu"), null).channels_last
+    mlp = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    assert not ddp_setup.tuning(cfg, torch.device("cpu"), mlp).channels_last
+    assert ddp_setup.tuning(cfg, torch.device("cpu"), builtin_model("resnet18", 10, 32)
+                            ).channels_last
     assert ddp_setup.autocast_dtype("fp32") is None
     assert ddp_setup.autocast_dtype("bf16") == torch.bfloat16
 
@@ -125,8 +129,8 @@ def test_static_graph_with_accumulation_is_refused() -> None:
 @pytest.mark.parametrize("log_interval", [4, 3])
 def test_an_agreed_stop_checkpoints_and_raises(group: None, tmp_path: Path,
                                                log_interval: int) -> None:
-    from hpc_ddp import checkpoint, stopping
-    from hpc_ddp.trainer import Trainer
+    from hpc_ddp.rank import checkpoint, stopping
+    from hpc_ddp.trainer.loop import Trainer
 
     cfg = compose([*SMALL, "trainer.stop_check_interval=4",
                    f"trainer.log_interval={log_interval}"])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.config.schema import NcclConfig, OptimConfig
-from hpc_ddp.nccl import mask, planned_changes, recorded_env
-from hpc_ddp.optim import lr_factor
+from hpc_ddp.config.schema import NcclConfig, SchedulerConfig
+from hpc_ddp.rank.nccl import mask, planned_changes, recorded_env
+from hpc_ddp.trainer.optim import lr_factor
 
 
 def test_warmup_then_cosine_to_min() -> None:
-    cfg = OptimConfig(warmup_steps=4, schedule="cosine", min_lr_ratio=0.1)
+    cfg = SchedulerConfig(warmup_steps=4, name="cosine", min_lr_ratio=0.1)
     factors = [lr_factor(s, 20, cfg) for s in range(20)]
     assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in zip(factors[4:], factors[5:], strict=False))
@@ -18,8 +18,8 @@ def test_warmup_then_cosine_to_min() -> None:
 
 
 def test_linear_and_constant() -> None:
-    assert lr_factor(10, 20, OptimConfig(warmup_steps=0, schedule="linear")) == pytest.approx(0.5)
-    assert lr_factor(15, 20, OptimConfig(warmup_steps=0, schedule="constant")) == 1.0
+    assert lr_factor(10, 20, SchedulerConfig(warmup_steps=0, name="linear")) == pytest.approx(0.5)
+    assert lr_factor(15, 20, SchedulerConfig(warmup_steps=0, name="constant")) == 1.0
 
 
 def test_profile_overrides_exports_and_leaves_the_rest() -> None:

@@ -21,8 +21,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp import nodeinfo
 from hpc_ddp.config.nccl_schema import NCCL_DOCS, NcclConfig, nccl_warnings, wanted_env
+from hpc_ddp.rank import nodeinfo
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,8 @@ def apply(cfg: NcclConfig, environ: MutableMapping[str, str],
 def _interface_towards_master(environ: Mapping[str, str]) -> str | None:
     """The interface the kernel routes rank 0's address through, when the environment names
     rank 0 (MASTER_ADDR, or the first host of the Slurm job)."""
-    from hpc_ddp import hostlist, netif
+    from hpc_ddp import hostlist
+    from hpc_ddp.rank import netif
 
     master = environ.get("MASTER_ADDR")
     if not master and environ.get("SLURM_JOB_NODELIST"):

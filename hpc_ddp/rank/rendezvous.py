@@ -20,7 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.distenv import DistEnv
+from hpc_ddp.rank.distenv import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +69,11 @@ def wait_for_endpoint(path: Path, timeout_s: float, env: DistEnv) -> Endpoint:
 
 
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
-            collective_timeout_s: float) -> Any:
-    """Form the store every rank shares; returns a torch.distributed Store.
+            collective_timeout_s: float, record: dict[str, Any] | None = None
+            ) -> tuple[Any, Endpoint]:
+    """Form the store every rank shares; returns it (a torch.distributed TCPStore) and its
+    address. ``record``: this rank's placement (host, GPU), which rank 0 can read back with
+    :func:`placements` (the summary's rank -> node -> GPU map).
 
     Raises RendezvousError naming the ranks (and their expected hosts) that never arrived.
     """
@@ -92,8 +95,8 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
             published = wait_for_endpoint(path, timeout_s, env)
             endpoint = Endpoint(env.master_addr or published.addr, published.port)
         store = _client_store(env, endpoint, timeout_s, collective_timeout_s)
-    _check_in(store, env, host, timeout_s)
-    return store
+    _check_in(store, env, json.dumps(record or {"host": host}), timeout_s)
+    return store, endpoint
 
 
 def _master_addr(env: DistEnv, host: str) -> str:
@@ -134,11 +137,11 @@ def _wait_reachable(env: DistEnv, endpoint: Endpoint, deadline: float, timeout_s
     )
 
 
-def _check_in(store: Any, env: DistEnv, host: str, timeout_s: float) -> None:
+def _check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
     """Every rank announces itself; rank 0 names the ranks that never came."""
     from datetime import timedelta as _td
 
-    store.set(f"hpc_ddp/arrived/{env.rank}", host)
+    store.set(f"hpc_ddp/arrived/{env.rank}", record)
     store.add("hpc_ddp/arrived", 1)
     # Rank 0 waits a little longer than the others try, so a rank that cannot reach it has
     # written its own reason (the address it tried) before rank 0 fails the job.
@@ -162,3 +165,19 @@ def _missing_message(store: Any, env: DistEnv, timeout_s: float) -> str:
         f"{timeout_s:.0f}s: rank(s) {shown}. Their logs (logs/rank<N>.log) say why; a rank "
         "that cannot reach rank 0 reports the address it tried."
     )
+
+
+def placements(store: Any, world_size: int) -> list[dict[str, Any]]:
+    """Every rank's check-in record, in rank order (for rank 0's summary: one read of the
+    store per rank by rank 0 alone, nothing on the other ranks)."""
+    keys = [f"hpc_ddp/arrived/{r}" for r in range(world_size)]
+    values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k)
+                                                                          for k in keys]
+    found = []
+    for rank, raw in enumerate(values):
+        try:
+            record = json.loads(bytes(raw).decode())
+        except (ValueError, UnicodeDecodeError):
+            record = {"host": bytes(raw).decode(errors="replace")}
+        found.append({"rank": rank, **record})
+    return found

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_ddp import stopping
+from hpc_ddp.rank import stopping
 
 
 @dataclass

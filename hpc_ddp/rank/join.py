@@ -18,10 +18,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp import nccl, netif, ranklog, rendezvous
 from hpc_ddp.config.schema import Config
-from hpc_ddp.device import DeviceError, gpu_allocated, select, slurm_gpus
-from hpc_ddp.distenv import DistEnv, detect
+from hpc_ddp.rank import nccl, netif, ranklog, rendezvous
+from hpc_ddp.rank.device import DeviceError, gpu_allocated, select, slurm_gpus
+from hpc_ddp.rank.distenv import DistEnv, detect
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
@@ -66,11 +66,32 @@ class Rank:
     store: Any = None
     # The GPU this rank was given (device.select), as recorded in ranks/rank<N>.json.
     gpu: dict[str, Any] | None = None
+    # Where the store listens (rank 0's address and port): MASTER_ADDR/MASTER_PORT for code
+    # that reads the torchrun variables.
+    endpoint: rendezvous.Endpoint | None = None
+
+    def torchrun_env(self) -> dict[str, str]:
+        """The variables torchrun gives its workers, for this rank (a function entry's
+        process gets them; a script's process gets them as its environment)."""
+        env = self.env
+        values = {"RANK": env.rank, "LOCAL_RANK": env.local_rank,
+                  "WORLD_SIZE": env.world_size, "LOCAL_WORLD_SIZE": env.local_world_size,
+                  "GROUP_RANK": env.node_rank, "NODE_RANK": env.node_rank,
+                  "ROLE_RANK": env.rank, "ROLE_WORLD_SIZE": env.world_size,
+                  "TORCHELASTIC_RESTART_COUNT": env.restart, "TORCHELASTIC_RUN_ID": env.job_id}
+        if self.endpoint is not None:
+            values.update(MASTER_ADDR=self.endpoint.addr, MASTER_PORT=self.endpoint.port)
+        return {k: str(v) for k, v in values.items()}
 
 
 @contextmanager
-def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> Iterator[Rank]:
-    """Set this process up as one rank of the job; yields once the process group exists."""
+def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
+           group: bool = True) -> Iterator[Rank]:
+    """Set this process up as one rank of the job; yields once the process group exists.
+
+    ``group`` false: stop at the store (a script's supervisor: the script makes the process
+    group itself, and this process never touches the GPU).
+    """
     import torch.distributed as dist
 
     env = detect(environ, cfg.cluster.tasks_per_node)
@@ -83,17 +104,19 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> I
             # cuBLAS is deterministic only with a fixed workspace, read when its first handle
             # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).
             environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        device, gpu = _choose_device(cfg, env, environ)
+        device, gpu = _choose_device(cfg, env, environ, use=group)
         backend = "nccl" if device.type == "cuda" else "gloo"
         _prepare_torch(cfg, env, environ, backend)
-        store = rendezvous.connect(env, run_dir.rendezvous, host,
-                                   cfg.trainer.rendezvous_timeout_s,
-                                   cfg.trainer.collective_timeout_s)
-        dist.init_process_group(backend, store=store, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
-                                device_id=device if device.type == "cuda" else None)
+        store, endpoint = rendezvous.connect(
+            env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
+            cfg.trainer.collective_timeout_s, {"host": host, **gpu})
+        if group:
+            dist.init_process_group(backend, store=store, rank=env.rank,
+                                    world_size=env.world_size,
+                                    timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
+                                    device_id=device if device.type == "cuda" else None)
         _record_rank(run_dir, env, host, gpu, environ, changes)
-        yield Rank(env, host, device, changes, store, gpu)
+        yield Rank(env, host, device, changes, store, gpu, endpoint)
     except BaseException as exc:
         _record_failure(run_dir, env, host, exc)
         raise
@@ -110,9 +133,10 @@ def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
     return int(slurm) if slurm.isdigit() and int(slurm) > 0 else cfg.cluster.cpus_per_task
 
 
-def _choose_device(cfg: Config, env: DistEnv,
-                   environ: MutableMapping[str, str]) -> tuple[Any, dict[str, Any]]:
-    """The torch device and the record of the GPU this rank was given (rank -> node -> GPU)."""
+def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
+                   use: bool = True) -> tuple[Any, dict[str, Any]]:
+    """The torch device and the record of the GPU this rank was given (rank -> node -> GPU).
+    ``use`` false: choose and record, but leave CUDA alone (no context is made here)."""
     import torch
 
     allocated = slurm_gpus(environ) or (
@@ -138,8 +162,11 @@ def _choose_device(cfg: Config, env: DistEnv,
                 f"{torch.version.cuda}): {why}, or choose trainer.device=cpu explicitly.")
         choice = select(environ, env.local_rank, env.local_world_size, torch.cuda.device_count())
         assert choice is not None  # has_cuda: at least one device
-        torch.cuda.set_device(choice.index)
         device = torch.device("cuda", choice.index)
+        record.update(choice.as_dict(), compute="cuda")
+        if not use:
+            return device, record
+        torch.cuda.set_device(choice.index)
         props = torch.cuda.get_device_properties(device)
         record.update(choice.as_dict(), compute="cuda", name=props.name,
                       uuid=str(getattr(props, "uuid", "")),

@@ -17,7 +17,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -29,31 +29,53 @@ NONE, TERM, REQUEUE = 0, 1, 2
 class StopTraining(Exception):
     """Raised by the trainer after the agreed stop's checkpoint; carries the signal's code."""
 
-    def __init__(self, code: int, step: int) -> None:
+    def __init__(self, code: int, step: int | None) -> None:
         super().__init__(f"stopped at step {step} on {'SIGTERM' if code == TERM else 'requeue'}")
         self.code = code
         self.step = step
 
 
 class StopRequest:
-    """The flag the signal handlers set (handlers must do nothing else)."""
+    """The flag the signal handlers set (handlers do nothing else, besides passing the signal
+    on where asked: to a script's process, or to the handler a script installed before)."""
 
     def __init__(self) -> None:
         self.code = NONE
         self.received: list[tuple[str, float]] = []
+        self._chained: dict[int, Any] = {}
+        self._forward: Callable[[int], None] | None = None
 
-    def install(self, requeue_signal: str) -> None:
-        name = requeue_signal if requeue_signal.startswith("SIG") else f"SIG{requeue_signal}"
-        signal.signal(getattr(signal, name), self._on_requeue)
-        signal.signal(signal.SIGTERM, self._on_term)
+    def install(self, requeue_signal: str, chain: bool = False,
+                forward: Callable[[int], None] | None = None) -> None:
+        """Handle the requeue signal and SIGTERM. ``chain``: also call the Python handlers
+        installed before (a script's own); ``forward``: pass each signal on to it too."""
+        self._forward = forward
+        for signum, handler in ((signal_number(requeue_signal), self._on_requeue),
+                                (signal.SIGTERM, self._on_term)):
+            previous = signal.signal(signum, handler)
+            if chain and callable(previous):
+                self._chained[signum] = previous
 
     def _on_requeue(self, signum: int, frame: Any) -> None:
         self.code = max(self.code, REQUEUE)
         self.received.append((signal.Signals(signum).name, time.time()))
+        self._pass_on(signum, frame)
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.code = max(self.code, TERM)
         self.received.append(("SIGTERM", time.time()))
+        self._pass_on(signum, frame)
+
+    def _pass_on(self, signum: int, frame: Any) -> None:
+        if self._forward is not None:
+            self._forward(signum)
+        if signum in self._chained:
+            self._chained[signum](signum, frame)
+
+
+def signal_number(name: str) -> int:
+    """USR2 or SIGUSR2 -> the signal's number."""
+    return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
 
 
 def agree(code: int, device: Any) -> int:

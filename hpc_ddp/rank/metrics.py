@@ -13,7 +13,7 @@ class MetricsWriter:
     """TensorBoard + progress.json on rank 0; on other ranks every call does nothing."""
 
     def __init__(self, tb_dir: Path, progress: Path, enabled: bool, purge_step: int | None,
-                 total_steps: int) -> None:
+                 total_steps: int | None) -> None:
         self.enabled = enabled
         self.progress = progress
         self.total_steps = total_steps
@@ -30,7 +30,7 @@ class MetricsWriter:
             for tag, value in values.items():
                 self._tb.add_scalar(tag, value, step)
 
-    def write_progress(self, step: int, epoch: int, values: dict[str, float]) -> None:
+    def write_progress(self, step: int, epoch: int | None, values: dict[str, float]) -> None:
         if self.enabled:
             write_json(self.progress, {"step": step, "total_steps": self.total_steps,
                                        "epoch": epoch, "time": time.time(), **values})
@@ -52,3 +52,23 @@ def write_hparams(tb_dir: Path, hparams: dict[str, Any], metrics: dict[str, floa
         writer.add_hparams(hparams, metrics, run_name=".")
     finally:
         writer.close()
+
+
+def hparam_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a run's summary that compare sweep points: the built-in trainer's eval
+    and loss figures, and the numbers a user's program returned."""
+    found: dict[str, float] = {}
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    for key in ("eval_accuracy", "eval_loss", "final_train_loss"):
+        if number(summary.get(key)):
+            found[f"hparam/{key}"] = float(summary[key])
+    for key, value in (summary.get("eval_metrics") or {}).items():
+        if number(value) and f"hparam/eval_{key}" not in found:
+            found[f"hparam/eval_{key}"] = float(value)
+    for key, value in (summary.get("result") or {}).items():
+        if number(value):
+            found.setdefault(f"hparam/{key}", float(value))
+    return found

@@ -11,27 +11,41 @@ from typing import Any
 
 from hpc_ddp.data.tensor_dataset import MEAN, STD
 
+Stats = tuple[tuple[float, ...], tuple[float, ...]]
+
 
 @functools.lru_cache(maxsize=8)
-def _affine(device: Any) -> tuple[Any, Any]:
+def _affine(device: Any, stats: Stats = (MEAN, STD)) -> tuple[Any, Any]:
     """(scale, shift) with (x / 255 - mean) / std == x * scale + shift, made once per device
     (a tensor built from a list on every step would be a blocking host-to-GPU copy)."""
     import torch
 
-    std = torch.tensor(STD, dtype=torch.float64).view(1, 3, 1, 1)
-    mean = torch.tensor(MEAN, dtype=torch.float64).view(1, 3, 1, 1)
+    std = torch.tensor(stats[1], dtype=torch.float64).view(1, 3, 1, 1)
+    mean = torch.tensor(stats[0], dtype=torch.float64).view(1, 3, 1, 1)
     scale = (1.0 / (255.0 * std)).to(device=device, dtype=torch.float32)
     shift = (-mean / std).to(device=device, dtype=torch.float32)
     return scale, shift
 
 
-def normalize(images: Any, channels_last: bool = False) -> Any:
-    """uint8 [N,3,H,W] -> float32 normalised by CIFAR-10's statistics."""
+def prepare_inputs(inputs: Any, stats: Stats | None, channels_last: bool) -> Any:
+    """A batch's inputs as the model takes them: uint8 images normalised with ``stats``
+    (built-in image data), else as the data set gave them; NHWC for a conv net's 4-d input."""
+    import torch
+
+    if stats is not None:
+        return normalize(inputs, channels_last, stats)
+    if channels_last and isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+        return inputs.contiguous(memory_format=torch.channels_last)
+    return inputs
+
+
+def normalize(images: Any, channels_last: bool = False, stats: Stats = (MEAN, STD)) -> Any:
+    """uint8 [N,3,H,W] -> float32 normalised by ``stats`` (default: CIFAR-10's)."""
     import torch
 
     if channels_last:  # reorder the uint8 batch (a quarter of the float's bytes)
         images = images.contiguous(memory_format=torch.channels_last)
-    scale, shift = _affine(images.device)
+    scale, shift = _affine(images.device, stats)
     # In place on the fresh float copy: two passes, no temporaries (addcmul on uint8 is
     # slower; the textbook (x / 255 - mean) / std makes four passes and three temporaries).
     return images.float().mul_(scale).add_(shift)

@@ -18,15 +18,19 @@ import math
 import time
 from typing import Any
 
-from hpc_ddp import checkpoint, ddp_setup, rng, stopping, window_sync
-from hpc_ddp.augment import flip_and_crop, normalize
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
-from hpc_ddp.distenv import DistEnv
-from hpc_ddp.metrics import MetricsWriter
-from hpc_ddp.models import build_model
-from hpc_ddp.optim import build_optimizer, build_scheduler, load_optimizer_state
+from hpc_ddp.data.sets import build_datasets, describe
+from hpc_ddp.rank import checkpoint, rng, stopping
+from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
+from hpc_ddp.trainer import ddp_setup, window_sync
+from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
+from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
+from hpc_ddp.trainer.models import build_model, check_classes, describe_model
+from hpc_ddp.trainer.objectives import batch_size, build_loss, build_metrics, to_device
+from hpc_ddp.trainer.optim import build_optimizer, build_scheduler, load_optimizer_state
 
 log = logging.getLogger(__name__)
 # Seconds between rewrites of progress.json (the last step's is always written).
@@ -43,26 +47,31 @@ class Trainer:
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         self.stop = stop
         t = cfg.trainer
+        rng.seed_all(t.seed)
+        self.data = build_datasets(cfg.data, t.seed, env.rank, env.world_size)
+        classes = check_classes(cfg, self.data.num_classes)
         rng.seed_all(t.seed)  # the same initial weights everywhere (DDP also broadcasts them)
-        tune = ddp_setup.tuning(cfg, device)
+        model = build_model(cfg.model, cfg.data.image_size, classes)
+        tune = ddp_setup.tuning(cfg, device, model)
         # self.model: the DDP module (state, no_sync); self.forward: what runs the batch
         # (the same module, or its compiled form).
-        self.model, self.forward = ddp_setup.wrap(build_model(cfg.model, cfg.data.image_size),
-                                                  tune, device)
+        self.model, self.forward = ddp_setup.wrap(model, tune, device)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
-                                     device.type, cpus or torch.get_num_threads())
+                                     device.type, cpus or torch.get_num_threads(), self.data)
         ls = self.loaders.settings
         assert ls is not None
         self.tuning = dataclasses.replace(tune, num_workers=ls.num_workers,
                                           pin_memory=ls.pin_memory, batched_loader=ls.batched)
-        self.micro_per_epoch = math.ceil(self.loaders.sampler.num_samples / t.batch_size)
+        self.criterion = build_loss(cfg.loss)
+        self.evaluator = Evaluator(build_metrics(cfg.metrics), self.criterion, device)
+        self.micro_per_epoch = math.ceil(self.loaders.samples_per_epoch() / t.batch_size)
         steps_per_epoch = math.ceil(self.micro_per_epoch / t.grad_accum)
         self.total_steps = steps_per_epoch * t.epochs
         if t.max_steps is not None:
             self.total_steps = t.max_steps
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim,
                                          self.tuning.fused_optimizer, device.type)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total_steps)
+        self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, self.total_steps)
         self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
@@ -87,11 +96,8 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume; RNG states of every rank (gathered, so call on all ranks)."""
-        import torch.distributed as dist
-
         self._finish_reduction()  # samples_seen and the loss are counted in
-        rng_states: list[Any] = [None] * self.env.world_size
-        dist.all_gather_object(rng_states, rng.capture(self._generators()))
+        rng_states = rng.gather_states(self._generators())
         return {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -159,9 +165,9 @@ class Trainer:
         purge = self.global_step + 1 if self.resumed_from_step is not None else None
         self.metrics = MetricsWriter(self.run.tb, self.run.progress, self.env.is_master,
                                      purge, self.total_steps)
-        log.info("training %s on %s: %d steps, world size %d, %d steps done",
-                 self.cfg.model.name, self.device, self.total_steps, self.env.world_size,
-                 self.global_step)
+        log.info("training %s on %s (%s): %d steps, world size %d, %d steps done",
+                 describe_model(self.cfg.model), describe(self.data), self.device,
+                 self.total_steps, self.env.world_size, self.global_step)
         log.info("settings: %s", ", ".join(f"{k}={v}" for k, v in self.tuning.as_dict().items()))
         self.started = self._window_start = time.perf_counter()
         self.samples_at_start = self.samples_seen
@@ -183,9 +189,14 @@ class Trainer:
 
     def _train_epoch(self, until: int) -> None:
         t = self.cfg.trainer
-        self.loaders.sampler.set_position(self.epoch, self.micro_in_epoch * t.batch_size)
+        self.loaders.set_position(self.epoch, self.micro_in_epoch * t.batch_size)
         self.model.train()
-        for images, labels in self.loaders.train:
+        batches = iter(self.loaders.train)
+        if self.loaders.sampler is None:  # an iterable data set cannot start mid-epoch: skip
+            for _ in range(self.micro_in_epoch):
+                next(batches)
+        for batch in batches:
+            images, labels = input_and_target(batch)
             self.micro_in_epoch += 1
             end_of_epoch = self.micro_in_epoch == self.micro_per_epoch
             stepping = end_of_epoch or self.micro_in_epoch % t.grad_accum == 0
@@ -201,18 +212,17 @@ class Trainer:
 
     def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
         import torch
-        import torch.nn.functional as F
 
-        images = images.to(self.device, non_blocking=True)
-        labels = labels.to(self.device, non_blocking=True)
-        if self.cfg.data.augment:
+        images = to_device(images, self.device)
+        labels = to_device(labels, self.device)
+        if self.data.batch_augment:
             images = flip_and_crop(images, self.aug_gen)
-        x = normalize(images, self.tuning.channels_last)
+        x = prepare_inputs(images, self.data.stats, self.tuning.channels_last)
         # no_sync: accumulate locally, all-reduce once per optimizer step.
         ctx = contextlib.nullcontext() if sync else self.model.no_sync()
         with ctx, torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                  enabled=self.autocast_dtype is not None):
-            loss = F.cross_entropy(self.forward(x), labels)
+            loss = self.criterion(self.forward(x), labels)
         accum = self.cfg.trainer.grad_accum
         self.scaler.scale(loss / accum if accum > 1 else loss).backward()
         # Summed in float64 either way; on a GPU as a tensor, since reading the loss every
@@ -222,7 +232,7 @@ class Trainer:
         else:
             self.window["loss_sum"] = self.window["loss_sum"] + loss.detach().double()
         self.window["count"] += 1
-        self.window["samples"] += int(labels.shape[0])
+        self.window["samples"] += batch_size(labels)
 
     def _optimizer_step(self) -> None:
         self.scaler.step(self.optimizer)
@@ -309,32 +319,18 @@ class Trainer:
                  values["train/samples_per_s"])
 
     def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy over the whole eval set, summed over ranks (no sample twice)."""
-        import torch
-        import torch.distributed as dist
-        import torch.nn.functional as F
-
+        """Loss and metrics over the whole eval set, summed over ranks (no sample twice)."""
         self._finish_reduction()  # the log of this step goes out first
+        if self.loaders.eval is None:
+            return self.last_eval
         self.model.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
-        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.autocast_dtype,
-                                             enabled=self.autocast_dtype is not None):
-            for images, labels in self.loaders.eval:
-                images = images.to(self.device, non_blocking=True)
-                labels = labels.to(self.device, non_blocking=True)
-                logits = self.forward(normalize(images, self.tuning.channels_last))
-                totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
-                totals[1] += (logits.argmax(1) == labels).sum()
-                totals[2] += labels.shape[0]
-        dist.all_reduce(totals)
+        means = self.evaluator.run(self.forward, self.loaders.eval, self.data.stats,
+                                   self.tuning.channels_last, self.autocast_dtype)
         self.model.train()
-        loss_sum, correct, count = totals.tolist()
-        self.last_eval = {"step": self.global_step, "loss": loss_sum / count,
-                          "accuracy": correct / count}
-        self.metrics.scalars(self.global_step, {"eval/loss": self.last_eval["loss"],
-                                                "eval/accuracy": self.last_eval["accuracy"]})
-        log.info("eval at step %d: loss %.4f accuracy %.4f", self.global_step,
-                 self.last_eval["loss"], self.last_eval["accuracy"])
+        self.last_eval = {"step": self.global_step, **means}
+        self.metrics.scalars(self.global_step, {f"eval/{k}": v for k, v in means.items()})
+        log.info("eval at step %d: %s", self.global_step,
+                 " ".join(f"{k} {v:.4f}" for k, v in means.items()))
         return self.last_eval
 
     def save_checkpoint(self) -> None:
@@ -358,6 +354,7 @@ class Trainer:
             "final_train_loss": self.last_train_loss,
             "eval_loss": self.last_eval.get("loss"),
             "eval_accuracy": self.last_eval.get("accuracy"),
+            "eval_metrics": {k: v for k, v in self.last_eval.items() if k != "step"},
             "samples_per_s": (self.samples_seen - self.samples_at_start) / max(elapsed, 1e-9),
             "train_time_s": elapsed,
             "resumed_from_step": self.resumed_from_step,

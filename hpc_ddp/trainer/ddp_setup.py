@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpc_ddp.config.schema import Config, TrainerConfig
-from hpc_ddp.cpu_memory import keep_freed_memory
-from hpc_ddp.models import is_conv_net
-from hpc_ddp.optim import use_fused
+from hpc_ddp.trainer.cpu_memory import keep_freed_memory
+from hpc_ddp.trainer.models import is_conv_net
+from hpc_ddp.trainer.optim import use_fused
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class Tuning:
     cudnn_benchmark: bool = False
     deterministic: bool = True
     fill_uninitialized_memory: bool = False
-    keep_freed_memory: bool = False  # on CPU (hpc_ddp/cpu_memory.py)
+    keep_freed_memory: bool = False  # on CPU (hpc_ddp/trainer/cpu_memory.py)
     num_workers: int = 0
     pin_memory: bool = False
     batched_loader: bool = True
@@ -66,10 +66,11 @@ def autocast_dtype(precision: str) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
-def tuning(cfg: Config, device: Any) -> Tuning:
-    """Resolve the trainer's auto settings for ``device`` (pure apart from CPU feature checks)."""
+def tuning(cfg: Config, device: Any, model: Any) -> Tuning:
+    """Resolve the trainer's auto settings for ``device`` and ``model`` (pure apart from CPU
+    feature checks)."""
     t: TrainerConfig = cfg.trainer
-    conv = is_conv_net(cfg.model)
+    conv = is_conv_net(model)
     return Tuning(
         precision=resolve_precision(t.precision, device),
         channels_last=conv if t.channels_last is None else t.channels_last and conv,

@@ -1,19 +1,30 @@
-"""Optimizer and LR schedule from the optim config."""
+"""Optimizer and LR schedule from the optim and scheduler configs (built in, or `_target_`)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-from hpc_ddp.config.schema import OptimConfig
+from hpc_ddp.config.schema import OptimConfig, SchedulerConfig
 
 
 def build_optimizer(params: Any, cfg: OptimConfig, fused: bool | None = False,
                     device_type: str = "cpu") -> Any:
     """The optimizer; ``fused``: True fused, False torch's default implementation, None auto
-    (fused where torch has a fused kernel for ``device_type``)."""
+    (fused where torch has a fused kernel for ``device_type``; built-in optimizers only: a
+    `_target_` optimizer runs as its arguments say)."""
     import torch
 
+    if cfg.target is not None:
+        from hpc_ddp.targets import TargetError, build, call_safely
+
+        make = build("optim", cfg.target, cfg.kwargs, partial=True)
+        optimizer = call_safely(make, "optim._target_", cfg.target, params)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TargetError("optim._target_", cfg.target, f"made a "
+                              f"{type(optimizer).__name__}, not a torch.optim.Optimizer.",
+                              "name an optimizer class (called with the model's parameters).")
+        return optimizer
     impl = {"fused": True} if use_fused(fused, device_type) else {}
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum,
@@ -48,22 +59,34 @@ def load_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
         group.update(keys)
 
 
-def lr_factor(step: int, total_steps: int, cfg: OptimConfig) -> float:
-    """Multiplier of cfg.lr at optimizer step ``step`` (0-based): warm-up, then the schedule."""
+def lr_factor(step: int, total_steps: int, cfg: SchedulerConfig) -> float:
+    """Multiplier of the lr at optimizer step ``step`` (0-based): warm-up, then the schedule."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
-    if cfg.schedule == "constant":
+    if cfg.name == "constant":
         return 1.0
     span = max(1, total_steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / span)
-    if cfg.schedule == "linear":
+    if cfg.name == "linear":
         shape = 1.0 - progress
     else:
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
     return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
 
-def build_scheduler(optimizer: Any, cfg: OptimConfig, total_steps: int) -> Any:
+def build_scheduler(optimizer: Any, cfg: SchedulerConfig, total_steps: int) -> Any:
+    """The LR scheduler, stepped once per optimizer step (a `_target_` one is called with the
+    optimizer: torch.optim.lr_scheduler.StepLR with step_size in steps, or your own)."""
     from torch.optim.lr_scheduler import LambdaLR
 
+    if cfg.target is not None:
+        from hpc_ddp.targets import TargetError, build, call_safely
+
+        make = build("scheduler", cfg.target, cfg.kwargs, partial=True)
+        scheduler = call_safely(make, "scheduler._target_", cfg.target, optimizer)
+        if not (hasattr(scheduler, "step") and hasattr(scheduler, "state_dict")):
+            raise TargetError("scheduler._target_", cfg.target, f"made a "
+                              f"{type(scheduler).__name__}, which has no step()/state_dict().",
+                              "name an LR scheduler (called with the optimizer).")
+        return scheduler
     return LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, cfg))

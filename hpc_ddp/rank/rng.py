@@ -22,6 +22,16 @@ def capture(extra: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+def gather_states(extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's :func:`capture`, in rank order (a collective: every rank calls it), for
+    rank 0's checkpoint."""
+    import torch.distributed as dist
+
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, capture(extra))
+    return states
+
+
 def restore(state: dict[str, Any], extra: dict[str, Any]) -> None:
     """Set every stream back; the states may come loaded onto any device (torch wants CPU
     byte tensors, whatever map_location a checkpoint was read with)."""

@@ -1,0 +1,265 @@
+"""The context a user's own training gets on every rank: who it is, and the services that
+keep a loop alive on a cluster.
+
+A function entry (``entry=my_pkg.train:main``) is called with it; a script (``script=``)
+gets the same object from ``hpc_ddp.context()``. ::
+
+    def main(ctx: hpc_ddp.Context) -> dict:
+        model = DDP(Net().to(ctx.device))
+        state = ctx.load() or {"step": 0}             # the latest checkpoint, or None
+        for step in range(state["step"], 1000):
+            ...train one step...
+            ctx.log({"loss": loss.item()}, step)      # TensorBoard + progress (rank 0)
+            if ctx.should_stop():                     # the requeue signal / SIGTERM, agreed
+                ctx.save({"step": step + 1, "model": model.module.state_dict()})
+                return {}                             # hpc_ddp requeues the job
+        return {"final_loss": loss.item()}            # -> summary.json
+
+``should_stop`` and ``save`` are collectives: every rank calls them at the same points.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rank import checkpoint, rng, stopping
+from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.metrics import MetricsWriter
+from hpc_ddp.rundir import RunDir
+
+log = logging.getLogger(__name__)
+# Exit code a script (or a function entry's process) uses to ask for a requeue after it
+# checkpointed: EX_TEMPFAIL of sysexits.h, "temporary failure; the user is invited to retry".
+REQUEUE_EXIT_CODE = 75
+_ACTIVE: list[Context] = []
+_USER_KEY = "user"
+_OURS_KEY = "hpc_ddp"
+
+
+class Context:
+    """One rank's view of the job and its services (see the module docstring)."""
+
+    def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any, host: str,
+                 stop: stopping.StopRequest | None, resume_cause: str | None = None) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.device = device
+        self.host = host
+        self.run = run
+        # Steps of the whole run, if the loop knows them (progress bars show N/total).
+        self.total_steps: int | None = None
+        # Added to summary.json by rank 0 at the end (with what the entry returns).
+        self.summary: dict[str, Any] = {}
+        self.restarts: list[dict[str, Any]] = []
+        self.resumed_from_step: int | None = None
+        self._stop = stop
+        self._cause = resume_cause
+        self._calls = 0
+        self._agreed = stopping.NONE
+        self._stop_step: int | None = None
+        self._last_step = 0
+        self._saved_step: int | None = None
+        self._metrics: MetricsWriter | None = None
+        self._progress_at = -math.inf
+        # In a script hpc_ddp supervises: where rank 0 notes an agreed stop for the
+        # supervisor (script.py), and ctx.summary beside it.
+        self.stop_file: Path | None = None
+
+    # -- who this rank is ------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.env.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def local_world_size(self) -> int:
+        return self.env.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        return self.env.node_rank
+
+    @property
+    def num_nodes(self) -> int:
+        return self.env.num_nodes
+
+    @property
+    def restart(self) -> int:
+        """How many times this job was requeued before this attempt."""
+        return self.env.restart
+
+    @property
+    def is_master(self) -> bool:
+        return self.env.is_master
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.root
+
+    @property
+    def app(self) -> dict[str, Any]:
+        """Your own config keys (the ``app`` group)."""
+        return self.cfg.app
+
+    # -- stopping --------------------------------------------------------------------------
+    def should_stop(self) -> bool:
+        """True once the ranks agreed to stop: the requeue signal before the time limit, a
+        preemption, SIGTERM. Call it once per step on every rank; every
+        ``trainer.stop_check_interval`` calls it costs one tiny all-reduce. Then save and
+        return: the job is requeued (or, after SIGTERM, left to Slurm) and resumes from it."""
+        if self._agreed != stopping.NONE:
+            return True
+        self._calls += 1
+        if self._calls % self.cfg.trainer.stop_check_interval:
+            return False
+        code = self._stop.code if self._stop is not None else stopping.NONE
+        self._agreed = stopping.agree(code, self._agree_device())
+        if self._agreed != stopping.NONE:
+            self._stop_step = self._last_step
+            if self.stop_file is not None and self.is_master:
+                self.stop_file.write_text(str(self._agreed))
+            log.warning("stop agreed by every rank (%s) after call %d of should_stop()",
+                        "SIGTERM" if self._agreed == stopping.TERM else "requeue signal",
+                        self._calls)
+        return self._agreed != stopping.NONE
+
+    @property
+    def stop_code(self) -> int:
+        """stopping.NONE, TERM or REQUEUE: what the ranks agreed."""
+        return self._agreed
+
+    def _agree_device(self) -> Any:
+        import torch.distributed as dist
+
+        backend = dist.get_backend() if dist.is_initialized() else "gloo"
+        return self.device if backend == "nccl" else "cpu"
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def save(self, state: Mapping[str, Any], step: int | None = None) -> Path | None:
+        """Checkpoint ``state`` (your loop's dict) as rank 0's atomic checkpoint of ``step``
+        (default: ``state["step"]``, else the last logged step); every rank's RNG state goes
+        with it, so a resumed loop draws what an uninterrupted one would. Every rank calls it
+        (a collective); rank 0 writes and returns the path, the others None."""
+        step = self._step_of(state, step)
+        rngs = rng.gather_states({})
+        self._saved_step = self._last_step = step
+        if not self.is_master:
+            return None
+        ours = {"step": step, "world_size": self.world_size, "rng": rngs,
+                "restarts": list(self.restarts), "program": self.cfg.entry or self.cfg.script}
+        path = checkpoint.save({_USER_KEY: dict(state), _OURS_KEY: ours}, self.run.checkpoints,
+                               step, self.cfg.trainer.keep_checkpoints)
+        log.info("checkpoint %s", path)
+        return path
+
+    def _step_of(self, state: Mapping[str, Any], step: int | None) -> int:
+        if step is None:
+            given = state.get("step")
+            step = given if isinstance(given, int) and not isinstance(given, bool) else (
+                self._last_step)
+        if step < 0:
+            raise ValueError(f"ctx.save(step={step}): a step is 0 or more")
+        return step
+
+    def load(self) -> dict[str, Any] | None:
+        """The state of the latest checkpoint (None for a fresh run); this rank's RNG streams
+        are set back to where they were when it was saved."""
+        state = checkpoint.load_latest(self.run.checkpoints, map_location="cpu")
+        if state is None:
+            return None
+        if _USER_KEY not in state or _OURS_KEY not in state:
+            raise RuntimeError(f"the latest checkpoint in {self.run.checkpoints} was not "
+                               "written by ctx.save (the built-in trainer's?): start a new "
+                               "run_dir for your own loop")
+        ours = state[_OURS_KEY]
+        self.restarts = list(ours.get("restarts", []))
+        self.resumed_from_step = self._last_step = int(ours["step"])
+        self.restarts.append({"from_step": self.resumed_from_step,
+                              "cause": self._cause or "resume", "time": time.time()})
+        if ours.get("world_size") == self.world_size:
+            rng.restore(ours["rng"][self.rank], {})
+        else:
+            log.warning("checkpoint was written with world_size %s, now %d: RNG streams "
+                        "restart", ours.get("world_size"), self.world_size)
+        log.info("resumed from step %d", self.resumed_from_step)
+        user: dict[str, Any] = state[_USER_KEY]
+        return user
+
+    # -- logging ---------------------------------------------------------------------------
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        """Scalars to TensorBoard (rank 0; the others' calls are free) and to the progress
+        that ``wait``/``status`` show."""
+        self._last_step = step
+        if not self.is_master:
+            return
+        if self._metrics is None:
+            # After a resume, TensorBoard drops the earlier attempt's events from the resumed
+            # step on (they were logged after the checkpoint): no step appears twice.
+            purge = self.resumed_from_step
+            self._metrics = MetricsWriter(self.run.tb, self.run.progress, True, purge,
+                                          self.total_steps or 0)
+        values = {k: float(v) for k, v in scalars.items()}
+        self._metrics.scalars(step, values)
+        now = time.monotonic()
+        if now - self._progress_at >= 1.0:  # `follow` polls about twice a second
+            self._progress_at = now
+            self._metrics.total_steps = self.total_steps
+            self._metrics.write_progress(step, None, values)
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        if self.stop_file is not None and self.is_master and self.summary:
+            from hpc_ddp.rundir import write_json
+
+            write_json(self.stop_file.with_suffix(".result.json"), self.summary)
+
+    @property
+    def step(self) -> int:
+        """The last step logged or saved (what the summary reports)."""
+        return max(self._last_step, self._saved_step or 0)
+
+    @property
+    def stopped_at(self) -> int | None:
+        """The step of the agreed stop (the last saved, else the last logged step)."""
+        if self._agreed == stopping.NONE:
+            return None
+        return self._saved_step if self._saved_step is not None else self._stop_step
+
+
+@contextmanager
+def active(ctx: Context) -> Iterator[Context]:
+    """Make ``ctx`` what ``hpc_ddp.context()`` returns in this process meanwhile."""
+    _ACTIVE.append(ctx)
+    try:
+        yield ctx
+    finally:
+        _ACTIVE.remove(ctx)
+        ctx.close()
+
+
+def current() -> Context:
+    """The context of this rank: the function entry's, or, in a script hpc_ddp started, one
+    made from the environment it was given (hpc_ddp.rank.script_context)."""
+    if _ACTIVE:
+        return _ACTIVE[-1]
+    from hpc_ddp.rank.script_context import from_environment
+
+    ctx = from_environment()
+    _ACTIVE.append(ctx)
+    return ctx

@@ -1,0 +1,126 @@
+"""How a rank's program ended, acted on: the summary, a stop (requeue or exit), a failure.
+
+The same for every program a rank runs (the built-in trainer, a function entry, a script
+under its supervisor): a stop at an agreed step ends in a requeue within
+``cluster.max_restarts`` (or a clear exit); a failure is named (this rank's own error, or the
+rank that stopped answering) and requeued when a new attempt may get past it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+from typing import Any, NoReturn
+
+from hpc_ddp import events
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rank import device, diagnose, rendezvous, requeue, stopping
+from hpc_ddp.rank.join import Rank, RunStopped
+from hpc_ddp.rank.stopping import StopRequest
+from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
+
+log = logging.getLogger(__name__)
+
+
+def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0: the summary with where every rank ran (read from the rendezvous store, not
+    gathered from every rank), into summary.json; TensorBoard hparams for a sweep point."""
+    env = rank.env
+    placed = rendezvous.placements(rank.store, env.world_size) if rank.store is not None else []
+    hosts = [str(p.get("host")) for p in placed]
+    summary.update(hosts=hosts, nodes=sorted(set(hosts), key=hosts.index), job_id=env.job_id,
+                   gpu_map=[p for p in placed if p.get("physical") is not None],
+                   gpu_collisions=device.collisions(placed))
+    for shared in summary["gpu_collisions"]:
+        log.warning("ranks %s share GPU %s on %s", shared["ranks"], shared["gpu"], shared["host"])
+    write_json(run_dir.summary, summary)
+    hparams = read_json(run_dir.hparams)  # written for sweep points
+    if isinstance(hparams, dict) and hparams:
+        from hpc_ddp.rank.metrics import hparam_metrics, write_hparams
+
+        write_hparams(run_dir.tb, hparams, hparam_metrics(summary))
+    return summary
+
+
+def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank: Rank,
+               run_dir: RunDir, environ: MutableMapping[str, str]) -> NoReturn:
+    """All ranks stopped at the same step and the checkpoint is written: requeue or exit."""
+    if not rank.env.is_master:
+        raise SystemExit(0)  # rank 0 decides and reports
+    at = f"step {step}" if step is not None else "the last checkpoint"
+    job = requeue.slurm_job(environ)
+    left = stopping.time_left_s(job, environ) if job else None
+    cause = stopping.cause_of(code, left, cfg.cluster.signal_delay_s, job is not None)
+    record = {"attempt": rank.env.restart, "step": step, "cause": cause,
+              "signals": [name for name, _ in stop.received]}
+    resume_hint = resume_command(run_dir.root)
+    if job is None:
+        events.append(run_dir.root, {"kind": "stop", **record})
+        raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved. "
+                         f"Continue with: {resume_hint}")
+    if code == stopping.TERM:
+        # Preemption: Slurm itself requeues the job (PreemptMode=REQUEUE); a scancel ends it.
+        events.append(run_dir.root, {"kind": "stop", **record})
+        log.warning("stopped at %s on SIGTERM; checkpoint saved", at)
+        raise SystemExit(0)
+    used = events.requeues_by_us(events.read(run_dir.root))
+    if used >= cfg.cluster.max_restarts:
+        events.append(run_dir.root, {"kind": "stop", **record})
+        raise RunStopped(f"stopped at {at} ({cause}) and not requeued: "
+                         f"cluster.max_restarts={cfg.cluster.max_restarts} requeues are used. "
+                         f"The checkpoint is saved; continue with: {resume_hint} "
+                         "(raise cluster.max_restarts or cluster.time_min for fewer stops).")
+    problem = requeue.requeue(job, environ)
+    if problem:
+        events.append(run_dir.root, {"kind": "stop", **record})
+        raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved "
+                         f"but `scontrol requeue {job}` failed: {problem}. Continue with: "
+                         f"{resume_hint}")
+    events.append(run_dir.root, {"kind": "stop", **record})
+    events.append(run_dir.root, {"kind": "requeue", **record})
+    log.warning("stopped at %s (%s): checkpoint saved, job %s requeued (%d of %d)",
+                at, cause, job, used + 1, cfg.cluster.max_restarts)
+    raise SystemExit(0)
+
+
+def after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
+                  environ: MutableMapping[str, str]) -> NoReturn:
+    """Name the cause: this rank's own error, or the rank that failed or stopped answering;
+    on Slurm requeue from the last checkpoint if allowed and a new attempt may get past it."""
+    if diagnose.is_comm_failure(exc):
+        message = diagnose.explain(exc, rank.store, rank.env.rank, rank.env.world_size,
+                                   run_dir.ranks)
+        peer = diagnose.peer_error(run_dir.logs, rank.env.rank, rank.env.world_size)
+        if peer is not None:  # a peer failed by itself; its error is the cause, not ours
+            message = f"{peer} (this rank's collective failed as a result)"
+        retry = peer is None
+    else:
+        message = f"{diagnose.LOCAL_MARK} {diagnose.own_error(exc)}"
+        retry = diagnose.worth_requeue(exc)
+    fail(message, retry, cfg, rank, run_dir, environ, exc)
+
+
+def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
+         environ: MutableMapping[str, str], exc: BaseException | None = None) -> NoReturn:
+    """Record the failure; requeue (once per failure, within max_restarts) when ``retry``."""
+    record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
+              "cause": message.replace(diagnose.LOCAL_MARK, "").strip()}
+    events.append(run_dir.root, {"kind": "failure", **record})
+    if not retry:
+        raise RuntimeError(message) from exc  # a new attempt would fail the same way
+    job = requeue.slurm_job(environ)
+    used = events.requeues_by_us(events.read(run_dir.root))
+    if job is not None and used < cfg.cluster.max_restarts and rank.store is not None:
+        # One requeue per failure: the first rank to claim it on the store (if still up).
+        if _claim(rank.store, f"hpc_ddp/requeue/{rank.env.restart}") and not requeue.requeue(
+                job, environ):
+            events.append(run_dir.root, {"kind": "requeue", **record})
+            message += f" Job {job} requeued from its last checkpoint."
+    raise RuntimeError(message) from exc
+
+
+def _claim(store: Any, key: str) -> bool:
+    try:
+        return int(store.add(key, 1)) == 1
+    except Exception:  # the store died with rank 0: let this rank requeue
+        return True

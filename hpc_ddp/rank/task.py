@@ -1,0 +1,99 @@
+"""What runs on every rank: join the job (join.py), run the program, act on how it ended.
+
+The program is the built-in trainer, a user's function entry (entry.py) or a user's script
+under a supervisor (script.py). Used by both paths: submitit pickles a :class:`TrainingTask`
+(``python -m hpc_ddp.submit``), and ``python -m hpc_ddp.train`` (srun inside
+``jobs/*.sbatch``) calls :func:`run` directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp import events
+from hpc_ddp.config.compose import from_yaml
+from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
+from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.distenv import DistEnv, detect
+from hpc_ddp.rank.join import Rank, joined
+from hpc_ddp.rank.outcome import after_failure, after_stop, write_summary
+from hpc_ddp.rank.stopping import StopRequest, StopTraining
+from hpc_ddp.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+class TrainingTask:
+    """The picklable callable submitit runs on every task of the job."""
+
+    def __init__(self, config_yaml: str, run_dir: str) -> None:
+        self.config_yaml = config_yaml
+        self.run_dir = run_dir
+
+    def __call__(self) -> dict[str, Any] | None:
+        return run(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)), os.environ)
+
+
+def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict[str, Any] | None:
+    """Run this rank's program: the built-in trainer, a function entry (``cfg.entry``) or a
+    script under its supervisor (``cfg.script``). Returns the summary on rank 0, None
+    elsewhere; raises on failure.
+
+    A stop signal ends in a checkpoint and a requeue (or a clear exit); a failure of another
+    rank ends in a message naming it and, on Slurm, a requeue while restarts remain.
+    """
+    env = detect(environ, cfg.cluster.tasks_per_node)
+    # Refuse a run dir that holds another run before anything joins (nothing is touched).
+    cause = resume_cause(cfg, run_dir, env)
+    if cfg.script is not None:
+        from hpc_ddp.rank.script import supervise
+
+        return supervise(cfg, run_dir, environ, cause)
+    stop = StopRequest()
+    stop.install(cfg.cluster.signal)
+    with joined(cfg, run_dir, environ) as rank:
+        try:
+            if cfg.entry is not None:
+                from hpc_ddp.rank.entry import call
+
+                return call(cfg, rank, run_dir, cause, stop, environ)
+            return _train(cfg, rank, run_dir, cause, stop)
+        except StopTraining as stopped:
+            after_stop(stopped.code, stopped.step, stop, cfg, rank, run_dir, environ)
+        except Exception as exc:
+            after_failure(exc, cfg, rank, run_dir, environ)
+    return None
+
+
+def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
+           stop: StopRequest) -> dict[str, Any] | None:
+    from hpc_ddp.trainer.loop import Trainer
+
+    trainer = Trainer(cfg, rank.env, run_dir, rank.device, stop)
+    if cause is not None:
+        trainer.resume_if_possible(cause)
+    summary = trainer.train()
+    if not rank.env.is_master:
+        return None
+    summary = write_summary(rank, run_dir, summary)
+    log.info("done: step %d, eval %s; summary in %s", summary["global_step"],
+             summary["eval_metrics"], run_dir.summary)
+    return summary
+
+
+def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv) -> str | None:
+    """Why this start continues from a checkpoint (None: a fresh run)."""
+    if env.restart > 0:
+        why = events.last_reason(events.read(run_dir.root), env.restart - 1)
+        return f"requeue after {why}" if why else "requeue by Slurm (preemption or node failure)"
+    if cfg.resume:
+        return "resume"
+    if checkpoint.latest_path(run_dir.checkpoints) is not None:
+        raise UserError("run_dir", str(run_dir.root), "already holds checkpoints of a run.",
+                        "pass resume=true to continue it, or choose another run_dir.")
+    return None

@@ -1,0 +1,158 @@
+"""Import and call a user's code named in the config: `_target_` parts and entry functions.
+
+Every failure is a one-line :class:`TargetError` (a :class:`UserError`) naming the config key,
+the value and the fix: a module that is not importable, a name the module lacks, an argument
+the callable does not take (with the closest one it does), or an exception it raised. The
+same code runs on the submit host (before anything is submitted) and on every rank (where a
+node whose environment differs fails with the same message, its rank and host added).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hpc_ddp.errors import UserError
+
+HYDRA_KEYS = ("_partial_", "_args_", "_recursive_", "_convert_")
+_IMPORTABLE_FIX = ("check the spelling; the module must be importable where the job runs "
+                   "(run from your project folder, or pip install -e it)")
+
+
+class TargetError(UserError):
+    """A user's callable named in the config cannot be imported, called, or used."""
+
+
+def locate(path: str, key: str) -> Any:
+    """The object at ``path`` ("pkg.mod.Name", or "pkg.mod:name.attr")."""
+    module_path, colon, rest = path.partition(":")
+    if not colon:
+        module_path, rest = _split_module(path, key)
+    try:
+        obj: Any = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise TargetError(key, path, f"cannot be imported ({_first_line(exc)}).",
+                          _IMPORTABLE_FIX + ".") from None
+    except Exception as exc:  # the module raised while importing
+        raise TargetError(key, path, f"importing {module_path} raised "
+                          f"{type(exc).__name__}: {_first_line(exc)}.",
+                          f"fix the error in {module_path}.") from None
+    done = module_path
+    for name in filter(None, rest.split(".")):
+        if not hasattr(obj, name):
+            names = [n for n in dir(obj) if not n.startswith("_")]
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {done}.{close[0]}? " if close else ""
+            raise TargetError(key, path, f"{done} has no attribute {name}.",
+                              f"{hint}{_IMPORTABLE_FIX}.")
+        obj = getattr(obj, name)
+        done = f"{done}.{name}"
+    return obj
+
+
+def _split_module(path: str, key: str) -> tuple[str, str]:
+    """("pkg.mod", "Name") for "pkg.mod.Name": the longest importable prefix."""
+    parts = path.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise TargetError(key, path, "is not a dotted import path.",
+                          "write the full name, e.g. my_pkg.models.Net.")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        if _has_module(module):
+            return module, ".".join(parts[cut:])
+    return parts[0], ".".join(parts[1:])  # import_module names what is missing
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except Exception:  # a parent package that fails to import: import_module says why
+        return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def accepts(fn: Any, name: str) -> bool:
+    """Whether ``fn`` takes a keyword argument ``name`` (or any, through **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name and p.kind != p.VAR_POSITIONAL or p.kind == p.VAR_KEYWORD
+               for p in params)
+
+
+def check_arguments(fn: Any, kwargs: Mapping[str, Any], key: str, path: str,
+                    complete: bool) -> None:
+    """TargetError when ``fn`` does not take ``kwargs`` (``complete``: nor misses one)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin without a signature: the call will tell
+    try:
+        (signature.bind if complete else signature.bind_partial)(**kwargs)
+    except TypeError as exc:
+        names = [p for p in signature.parameters if p not in ("self", "args", "kwargs")]
+        bad = next((k for k in kwargs if k not in signature.parameters), None)
+        if bad is not None and not any(p.kind == p.VAR_KEYWORD
+                                       for p in signature.parameters.values()):
+            close = difflib.get_close_matches(bad, names, n=1)
+            hint = f"did you mean {key.rpartition('.')[0]}.{close[0]}? " if close else ""
+            raise TargetError(f"{key.rpartition('.')[0]}.{bad}", kwargs[bad],
+                              f"{path} takes no argument {bad}.",
+                              f"{hint}It takes: {', '.join(names) or 'none'}.") from None
+        raise TargetError(key, path, f"cannot be called with these arguments ({exc}).",
+                          f"it takes: {', '.join(names) or 'none'}; set the missing ones "
+                          f"under {key.rpartition('.')[0]}.") from None
+
+
+def build(part: str, target: str, kwargs: Mapping[str, Any], given: Mapping[str, Any] | None = None,
+          auto: Mapping[str, Any] | None = None, partial: bool = False) -> Any:
+    """Build a `_target_` part with Hydra's instantiate.
+
+    ``given``: arguments the caller always passes (an optimizer's params); ``auto``: passed
+    only where the callable takes them and the config leaves them unset (a model's
+    num_classes from the data). ``partial``: return the callable bound to the config's
+    arguments instead of calling it (also when the node says ``_partial_: true``, and for a
+    plain function that would otherwise be called without its data, such as a loss).
+    """
+    from hydra.utils import instantiate
+
+    key = f"{part}._target_"
+    given, auto = dict(given or {}), dict(auto or {})
+    fn = locate(target, key)
+    plain = {k: v for k, v in kwargs.items() if k not in HYDRA_KEYS}
+    extra = {k: v for k, v in auto.items() if plain.get(k) is None and accepts(fn, k)}
+    is_partial = partial or bool(kwargs.get("_partial_"))
+    check_arguments(fn, {**plain, **extra, **given}, key, target,
+                    complete=not is_partial and not kwargs.get("_args_"))
+    node = {"_target_": target, "_convert_": "all", **kwargs, **extra}
+    if is_partial:
+        node["_partial_"] = True
+    try:
+        made = instantiate(node, **given)
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        raise TargetError(key, target, f"raised {type(cause).__name__}: {_first_line(cause)}.",
+                          f"check the arguments under {part} (--cfg shows them) and "
+                          f"{target} itself.") from exc
+    return made
+
+
+def call_safely(fn: Callable[..., Any], key: str, path: str, *args: Any) -> Any:
+    """``fn(*args)``, an exception turned into a TargetError naming ``key``."""
+    try:
+        return fn(*args)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise TargetError(key, path, f"raised {type(exc).__name__}: {_first_line(exc)}.",
+                          f"fix {path}, or its arguments under {key.partition('.')[0]}.") from exc
