@@ -133,3 +133,19 @@ def describe(sets: DataSets) -> str:
     evaluation = f"{len(sets.eval)} eval" if sets.eval is not None else "no eval"
     classes = f", {sets.num_classes} classes" if sets.num_classes else ""
     return f"{len(sets.train)} train / {evaluation} samples{classes}"
+
+
+def first_batch(dataset: Any, batch_size: int) -> Any:
+    """A batch of the first samples of ``dataset`` (for a warm-up step; not a training batch)."""
+    import itertools
+
+    from torch.utils.data import IterableDataset, default_collate
+
+    from hpc_ddp.data.tensor_dataset import ImageTensorDataset
+
+    count = min(batch_size, len(dataset))
+    if isinstance(dataset, ImageTensorDataset):
+        return dataset[list(range(count))]
+    if isinstance(dataset, IterableDataset):
+        return default_collate(list(itertools.islice(iter(dataset), count)))
+    return default_collate([dataset[i] for i in range(count)])

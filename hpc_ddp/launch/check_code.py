@@ -21,7 +21,21 @@ _FACTORY_CLASSES: dict[str, int | None] = {}
 
 
 def check_code(cfg: Config, cwd: Path) -> None:
-    """Raise UserError for code of the user's that cannot run as configured."""
+    """Raise UserError for code of the user's that cannot run as configured. ``cwd`` is on
+    the import path meanwhile, as it is on every rank (``python -m`` from the submit folder)."""
+    import sys
+
+    added = str(cwd) not in sys.path and str(cwd.absolute()) not in sys.path
+    if added:
+        sys.path.insert(0, str(cwd))
+    try:
+        _check(cfg)
+    finally:
+        if added:
+            sys.path.remove(str(cwd))
+
+
+def _check(cfg: Config) -> None:
     if cfg.entry is not None:
         from hpc_ddp.rank.entry import resolve
 

@@ -199,6 +199,17 @@ class Context:
         user: dict[str, Any] = state[_USER_KEY]
         return user
 
+    def settle_buckets(self, ddp_model: Any, inputs: Any, targets: Any = None,
+                       loss_fn: Any = None) -> None:
+        """One throw-away forward/backward of a sample batch through your DDP model before
+        training (every rank calls it): DDP then sums gradients in its final bucket order
+        from the first real step on, so a resumed run ends bitwise equal to an uninterrupted
+        one with more than two ranks (hpc_ddp/trainer/ddp_warmup.py says why). Nothing it
+        touches is kept: gradients, buffers and random streams are put back."""
+        from hpc_ddp.trainer.ddp_warmup import settle_buckets
+
+        settle_buckets(ddp_model, inputs, targets, loss_fn)
+
     # -- logging ---------------------------------------------------------------------------
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         """Scalars to TensorBoard (rank 0; the others' calls are free) and to the progress

@@ -14,6 +14,7 @@ exit 0                                 done; rank 0 writes summary.json
 exit 0 after ctx.should_stop() agreed  stopped: requeue (as the built-in trainer)
 exit 75 (``REQUEUE_EXIT_CODE``)        the script checkpointed and asks: requeue
 killed by SIGTERM                      preempted or cancelled: left to Slurm
+                                       (after the requeue signal: requeue)
 killed by the requeue signal           it does not handle it: stopped, said so
 killed by SIGKILL/SIGABRT/SIGSEGV...   died abruptly (NCCL's watchdog, the OOM
                                        killer): a failure that is requeued
@@ -137,7 +138,9 @@ def _outcome(code: int, child: _Child, stop: StopRequest, cfg: Config, rank: Ran
     if code == REQUEUE_EXIT_CODE:
         after_stop(stopping.REQUEUE, step, stop, cfg, rank, run, environ)
     if code == -signal.SIGTERM:
-        after_stop(stopping.TERM, step, stop, cfg, rank, run, environ)
+        # Preempted, cancelled or at the time limit; after the requeue signal reached this
+        # task too it is a stop for a requeue (as the built-in trainer's MAX of the two).
+        after_stop(max(stopping.TERM, stop.code), step, stop, cfg, rank, run, environ)
     if code != 0:
         _failed(code, child, cfg, rank, run, environ)
     if not rank.env.is_master:

@@ -20,13 +20,14 @@ from typing import Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
-from hpc_ddp.data.sets import build_datasets, describe
+from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank import checkpoint, rng, stopping
 from hpc_ddp.rank.distenv import DistEnv
 from hpc_ddp.rank.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup, window_sync
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
+from hpc_ddp.trainer.ddp_warmup import settle_buckets
 from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
 from hpc_ddp.trainer.models import build_model, check_classes, describe_model
 from hpc_ddp.trainer.objectives import batch_size, build_loss, build_metrics, to_device
@@ -88,6 +89,7 @@ class Trainer:
         self.resumed_from_step: int | None = None
         self.checkpoint_step: int | None = None
         self._pending: window_sync.Reduction | None = None  # see _start_reduction
+        self._settled = False
         self._stop_agreed = stopping.NONE
 
     # -- state ---------------------------------------------------------------------------
@@ -169,9 +171,27 @@ class Trainer:
                  describe_model(self.cfg.model), describe(self.data), self.device,
                  self.total_steps, self.env.world_size, self.global_step)
         log.info("settings: %s", ", ".join(f"{k}={v}" for k, v in self.tuning.as_dict().items()))
+        self._settle_buckets()
         self.started = self._window_start = time.perf_counter()
         self.samples_at_start = self.samples_seen
         self._progress_written = -math.inf
+
+    def _settle_buckets(self) -> None:
+        """DDP's final gradient buckets before the first real step (ddp_warmup.py), so a
+        resumed run sums gradients exactly as the uninterrupted one."""
+        import torch
+
+        if self._settled:
+            return
+        self._settled = True
+        inputs, targets = input_and_target(first_batch(self.data.train,
+                                                       self.cfg.trainer.batch_size))
+        inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype,
+                            enabled=self.autocast_dtype is not None):
+            settle_buckets(self.model, prepare_inputs(inputs, self.data.stats,
+                                                      self.tuning.channels_last),
+                           targets, self.criterion, self._generators())
 
     def close(self) -> None:
         self._finish_reduction()

@@ -38,6 +38,11 @@ def main(ctx: Any) -> dict[str, float]:
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, done_in_epoch = state["step"], state["epoch"], state["done_in_epoch"]
 
+    # One throw-away step, so a resumed run sums gradients as an uninterrupted one.
+    sample_x, sample_y = splits["train"][0:8]
+    ctx.settle_buckets(model, sample_x.to(ctx.device), sample_y.to(ctx.device),
+                       torch.nn.functional.mse_loss)
+
     def snapshot() -> dict[str, Any]:
         return {"step": step, "epoch": epoch, "done_in_epoch": done_in_epoch,
                 "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}

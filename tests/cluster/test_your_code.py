@@ -1,0 +1,240 @@
+"""A user's own code on the real 4-node cluster, at the three depths of docs/your-code.md:
+the example project (examples/seqproject) through `_target_` configs and --config-dir, its own
+loop as a function entry, and unchanged torchrun-style scripts. Each survives a requeue."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpc_ddp import events
+from hpc_ddp.rank import checkpoint
+from tests.cluster.test_fault_tolerance import (
+    assert_same_as,
+    finish_releasing_requeues,
+    squeue_state,
+    wait_for_step,
+)
+from tests.cluster.test_slurm_submit import activated, job_id_of, sacct_nodes, summary_of
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.cluster
+Run = Callable[..., subprocess.CompletedProcess[str]]
+PROJECT = REPO / "examples" / "seqproject"
+# ~0.06 s a step on four 2-core "nodes" sharing this machine's two cores.
+TARGET = ["--config-dir", "conf", "cluster=slurm", "nodes=4", "trainer.max_steps=120",
+          "trainer.checkpoint_interval=10", "trainer.log_interval=10",
+          "trainer.eval_interval=60", "trainer.stop_check_interval=2",
+          "trainer.collective_timeout_s=30", "trainer.rendezvous_timeout_s=60"]
+ENTRY = ["--config-dir", "conf", "cluster=slurm", "nodes=4", "entry=seqproj.loop:main",
+         "app.steps=150", "app.checkpoint_every=20", "trainer.stop_check_interval=2",
+         "trainer.collective_timeout_s=30"]
+
+
+def submit(hpc_ddp: Run, args: list[str], env: dict[str, str], *extra: str) -> str:
+    done = hpc_ddp("submit", [*args, *extra], env=env, cwd=PROJECT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return job_id_of(done.stdout)
+
+
+def run_to_end(hpc_ddp: Run, args: list[str], env: dict[str, str], run_dir: Path) -> None:
+    done = hpc_ddp("submit", [*args, f"run_dir={run_dir}", "wait=true"], env=env, cwd=PROJECT,
+                   timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def requeue_signal(job: str, env: dict[str, str]) -> None:
+    """The requeue signal to every step of the job, as --signal=USR2@T sends it (not to the
+    batch shell)."""
+    subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
+
+
+def test_target_project_trains_requeues_and_resumes_bitwise(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    reference_dir = tmp_path / "reference"
+    run_to_end(hpc_ddp, TARGET, slurm_env, reference_dir)
+    reference = checkpoint.load_latest(reference_dir / "checkpoints")
+    assert reference is not None
+    summary = summary_of(reference_dir)
+    assert summary["nodes"] == ["node1", "node2", "node3", "node4"]
+    # The project's own metric, and no accuracy: a regression task.
+    assert {"loss", "mae", "within_tenth"} == set(summary["eval_metrics"])
+    assert summary["eval_accuracy"] is None and summary["eval_loss"] < 0.5
+
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, TARGET, slurm_env, f"run_dir={run_dir}")
+    wait_for_step(run_dir, 40)
+    requeue_signal(job, slurm_env)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    resumed = assert_same_as(reference, run_dir)  # weights bitwise, every TB step once
+    assert resumed["restarts"] == 1 and resumed["resumed_from_step"] >= 40
+    assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
+    config = (run_dir / "config.yaml").read_text()
+    assert "_target_: seqproj.model.TinyTransformer" in config
+    assert f"config_dir: {PROJECT / 'conf'}" in config
+
+
+def test_target_project_sweeps_as_a_job_array(hpc_ddp: Run, slurm_env: dict[str, str],
+                                              tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    done = hpc_ddp("submit", ["-m", "--config-dir", "conf", "cluster=slurm", "nodes=2",
+                              "optim.lr=0.001,0.003", "model.dim=16,32",
+                              "trainer.max_steps=20", f"sweep.dir={sweep}"],
+                   env=slurm_env, cwd=PROJECT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert len(manifest["arrays"]) == 1 and len(manifest["points"]) == 4
+    array = manifest["arrays"][0]
+    assert [p["job_id"] for p in manifest["points"]] == [f"{array}_{i}" for i in range(4)]
+    for point in manifest["points"]:
+        run_dir = Path(point["run_dir"])
+        finish_releasing_requeues(point["job_id"], run_dir, slurm_env, timeout=300)
+        summary = summary_of(run_dir)
+        assert summary["global_step"] == 20 and len(summary["nodes"]) == 2
+        assert "hparam/eval_mae" in _hparam_tags(run_dir)
+    dims = {json.loads((Path(p["run_dir"]) / "hparams.json").read_text())["model.dim"]
+            for p in manifest["points"]}
+    assert dims == {"16", "32"}
+
+
+def _hparam_tags(run_dir: Path) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for folder in {p.parent for p in (run_dir / "tb").rglob("events.out.tfevents.*")}:
+        acc = EventAccumulator(str(folder))
+        acc.Reload()
+        tags |= set(acc.Tags().get("scalars", []))
+        tags |= {t for t in acc.summary_metadata if t.startswith("hparam/")}
+    return tags
+
+
+def test_function_entry_requeues_and_ends_as_uninterrupted(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    reference_dir = tmp_path / "reference"
+    run_to_end(hpc_ddp, ENTRY, slurm_env, reference_dir)
+    reference = _user_state(reference_dir)
+    summary = summary_of(reference_dir)
+    assert summary["program"] == "entry seqproj.loop:main" and summary["global_step"] == 150
+    assert summary["hosts"] == ["node1", "node2", "node3", "node4"]
+    assert isinstance(summary["final_loss"], float)
+
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, ENTRY, slurm_env, f"run_dir={run_dir}")
+    wait_for_step(run_dir, 30)
+    requeue_signal(job, slurm_env)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    state = _user_state(run_dir)
+    assert state["step"] == reference["step"] == 150
+    for name, tensor in reference["model"].items():  # the loop resumed mid-epoch exactly
+        assert torch.equal(tensor, state["model"][name]), name
+    resumed = summary_of(run_dir)
+    assert resumed["restarts"] == 1 and resumed["resumed_from_step"] >= 30
+    assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
+
+
+def _user_state(run_dir: Path) -> dict[str, Any]:
+    state = checkpoint.load_latest(run_dir / "checkpoints")
+    assert state is not None
+    user: dict[str, Any] = state["user"]
+    return user
+
+
+PROBE = '''\
+import json, os, socket, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(total)
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+        "MASTER_PORT")
+record = {k: os.environ.get(k) for k in keys}
+record.update(host=socket.gethostname(), argv=sys.argv[1:], total=total.item(),
+              backend=dist.get_backend())
+out = sys.argv[1]
+with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as f:
+    json.dump(record, f)
+dist.destroy_process_group()
+'''
+
+
+def test_unchanged_script_gets_the_torchrun_variables_on_four_nodes(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    out = tmp_path / "out"
+    out.mkdir()
+    hostile = ["--name", "a b;$(touch pwned)'\"`touch pwned`", "--x=[1,2]", "--"]
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=4", f"script={probe}",
+                              f"run_dir={run_dir}", "wait=true", "--", str(out), *hostile],
+                   env=slurm_env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    placed = sacct_nodes(job_id_of(done.stdout), slurm_env)
+    for rank, record in enumerate(records):
+        assert record["RANK"] == str(rank) and record["WORLD_SIZE"] == "4"
+        assert record["LOCAL_RANK"] == "0" and record["LOCAL_WORLD_SIZE"] == "1"
+        assert record["GROUP_RANK"] == str(rank)
+        assert record["host"] == placed[rank]  # rank r on the r-th node of the allocation
+        assert record["MASTER_ADDR"] == placed[0] and record["MASTER_PORT"].isdigit()
+        assert record["argv"] == [str(out), *hostile]  # as data, nothing run by a shell
+        assert record["total"] == 6.0 and record["backend"] == "gloo"
+    assert not list(tmp_path.rglob("pwned"))
+    assert summary_of(run_dir)["exit_codes"] == {str(r): 0 for r in range(4)}
+
+
+def test_textbook_script_requeues_and_continues(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    saved = tmp_path / "ckpt.pt"
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
+                           f"run_dir={run_dir}", "--", "--epochs", "6", "--checkpoint",
+                           str(saved)], slurm_env)
+    deadline = time.monotonic() + 240
+    while not saved.exists():  # its first epoch is saved: ask it to stop
+        assert time.monotonic() < deadline, "the script never saved its first epoch"
+        time.sleep(0.3)
+    requeue_signal(job, slurm_env)
+    finish_releasing_requeues(job, run_dir, slurm_env)
+    assert squeue_state(job, slurm_env) == ""
+    assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
+    assert torch.load(saved)["epoch"] == 6
+    out = (run_dir / "submitit" / job / f"{job}_0_log.out").read_text()
+    assert "resumed at epoch" in out and "epoch 5 loss" in out
+    summary = summary_of(run_dir)
+    assert summary["restarts"] == 1 and summary["program"].startswith("script ")
+
+
+def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    out = tmp_path / "out"
+    out.mkdir()
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", "--gpus-per-node=0",
+         "--cpus-per-task=1", "--time=10", f"--output={tmp_path}/slurm-%j.out",
+         str(REPO / "jobs" / "train.sbatch"), f"script={probe}", f"run_dir={run_dir}", "--",
+         str(out), "two words"],
+        cwd=tmp_path, env=activated(slurm_env), capture_output=True, text=True, timeout=60,
+        check=True)
+    job = done.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 300  # polled: sbatch --wait checks only every 30 s or so
+    while squeue_state(job, slurm_env) != "":
+        assert time.monotonic() < deadline, f"job {job} did not end"
+        time.sleep(0.5)
+    log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert (run_dir / "summary.json").is_file(), log
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["LOCAL_RANK"] for r in records] == ["0", "1", "0", "1"]
+    assert [r["GROUP_RANK"] for r in records] == ["0", "0", "1", "1"]
+    assert all(r["argv"] == [str(out), "two words"] for r in records)
+    assert len({r["host"] for r in records}) == 2
