@@ -10,4 +10,7 @@ Subcommands (``hpc_ddp/bench/__main__.py``):
          DDP loop in the same run (``hpc_ddp/bench/train.py``, docs/performance.md).
   sweep  seconds to submit a large sweep: job arrays vs one sbatch per point
          (``hpc_ddp/bench/sweep.py``, docs/sweeps.md).
+  entries  what running your own code costs: a function entry's step against the same loop
+         bare, and (--slurm-nodes N) a script under script= against a bare srun
+         (``hpc_ddp/bench/entries.py``, docs/your-code.md).
 """

@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "comm": "hpc_ddp.bench.comm",     # collectives: busbw by size, ratio to raw TCP
     "train": "hpc_ddp.bench.train",   # training throughput against a hand-written DDP loop
     "sweep": "hpc_ddp.bench.sweep",   # submitting a big sweep: arrays vs one sbatch per point
+    "entries": "hpc_ddp.bench.entries",  # your code: a function entry's and a script's cost
 }
 DEFAULT = "comm"
 

@@ -132,10 +132,17 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
 
 def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
                                       tmp_path: Path) -> None:
-    # A run of about 70 s cannot fit a 1-minute limit. USR2 comes 40 s ahead of the limit
+    # A run of at least 80 s cannot fit a 1-minute limit. USR2 comes 40 s ahead of the limit
     # (or earlier: Slurm may send it up to 60 s early), so it needs at least one requeue.
-    long_run = [*ARGS, "trainer.max_steps=1000", "trainer.eval_interval=500"]
+    # Steps are sized from a measured run: machines differ several-fold in speed.
+    steps = 1000
+    long_run = [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500"]
     reference = uninterrupted(long_run, tmp_path / "reference", slurm_env)
+    took = summary_of(tmp_path / "reference")["train_time_s"]
+    if took < 80:
+        steps = -(-int(steps * 85 / took) // 10) * 10  # a multiple of the log interval
+        long_run = [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500"]
+        reference = uninterrupted(long_run, tmp_path / "reference-long", slurm_env)
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", [*long_run, "cluster.time_min=1", "cluster.signal_delay_s=40",
                               "cluster.max_restarts=8", f"run_dir={run_dir}"], env=slurm_env)

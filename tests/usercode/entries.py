@@ -1,0 +1,46 @@
+"""Entry functions, good and bad."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def two_args(ctx: Any, other: Any) -> None:
+    """Takes two arguments: refused as an entry."""
+
+
+def report(ctx: Any) -> dict[str, Any]:
+    """One all-reduce, the torchrun variables and the context as the entry sees them."""
+    total = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(total)
+    return {"total": total.item(), "env_rank": os.environ["RANK"],
+            "env_world": os.environ["WORLD_SIZE"], "ctx_world": ctx.world_size,
+            "master": os.environ["MASTER_ADDR"], "app": dict(ctx.app),
+            "backend": dist.get_backend()}
+
+
+def counts(ctx: Any) -> dict[str, Any]:
+    """A loop of app.steps steps that checkpoints, logs, stops when asked and resumes."""
+    state = ctx.load() or {"step": 0, "value": torch.zeros(())}
+    step, value = state["step"], state["value"]
+    steps = ctx.app.get("steps", 40)
+    ctx.total_steps = steps
+    while step < steps:
+        value = value + torch.rand(())  # draws from the RNG hpc_ddp checkpoints
+        step += 1
+        ctx.log({"value": float(value)}, step)
+        if step % 10 == 0:
+            ctx.save({"step": step, "value": value})
+        if ctx.should_stop():
+            ctx.save({"step": step, "value": value})
+            return {}
+        if ctx.app.get("sleep"):
+            import time
+
+            time.sleep(ctx.app["sleep"])
+    ctx.save({"step": step, "value": value})
+    return {"value": float(value), "steps": step}

@@ -1,0 +1,75 @@
+"""`_target_` parts, good and bad."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+
+def empty_data() -> tuple[Any, Any]:
+    return TensorDataset(torch.zeros(0, 2)), None
+
+
+def not_datasets() -> int:
+    return 3
+
+
+def classes_data(classes: int = 3, size: int = 32) -> dict[str, Any]:
+    """A classification set that says how many classes it has (vectors of 8 features)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(size, 8, generator=gen)
+    y = torch.arange(size) % classes
+    train = TensorDataset(x, y)
+    train.classes = [f"c{i}" for i in range(classes)]  # type: ignore[attr-defined]
+    return {"train": train, "eval": TensorDataset(x[:8], y[:8])}
+
+
+class Mlp(nn.Module):
+    def __init__(self, width: int = 16, num_classes: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class Shards(IterableDataset):  # type: ignore[type-arg]
+    """An iterable data set that shards itself by rank, with a length per rank."""
+
+    def __init__(self, rank: int, world_size: int, size: int = 64, classes: int = 3) -> None:
+        self.rank, self.world_size, self.size, self.classes_ = rank, world_size, size, classes
+
+    def __iter__(self) -> Any:
+        gen = torch.Generator().manual_seed(self.rank)
+        for _ in range(len(self)):
+            yield torch.randn(8, generator=gen), torch.randint(self.classes_, (), generator=gen)
+
+    def __len__(self) -> int:
+        return self.size // self.world_size
+
+
+def shards(rank: int, world_size: int) -> tuple[Any, Any]:
+    return Shards(rank, world_size), Shards(rank, world_size, size=16)
+
+
+class NotOnNode3(Dataset):  # type: ignore[type-arg]
+    """A data set whose code fails on node3 only, as a package missing from one node would."""
+
+    def __init__(self) -> None:
+        if socket.gethostname() == "node3":
+            raise ImportError("No module named 'site_only_package'")
+        self.x, self.y = torch.randn(64, 8), torch.arange(64) % 3
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def differs_on_node3() -> tuple[Any, Any]:
+    return NotOnNode3(), NotOnNode3()
