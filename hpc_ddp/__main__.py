@@ -7,10 +7,13 @@ import sys
 COMMANDS = """hpc_ddp: DDP training from a Hydra config to a (multi-node) Slurm job.
 
   python -m hpc_ddp.submit [key=value ...]       submit a run (local without Slurm); -m: a sweep
+      --config-dir DIR   your config folder first; entry=pkg.mod:main or script=x.py -- args:
+                         your own loop or torchrun script (docs/your-code.md)
   python -m hpc_ddp.status <run_dir|sweep_dir>   states, steps, losses; --watch, --cancel, --plot
   python -m hpc_ddp.train [key=value ...]        one rank's entry, under srun (jobs/*.sbatch)
   python -m hpc_ddp.doctor [key=value ...]       check the nodes of a job before training
-  python -m hpc_ddp.bench comm|train|sweep       communication, training and submission figures
+  python -m hpc_ddp.bench comm|train|sweep|entries   communication, training, submission,
+                                                  and what your own code pays
   python -m hpc_ddp.data download cifar10 root=DIR   fetch a data set once, before training
   python -m hpc_ddp.testcluster up|down|status   a real Slurm cluster on this machine (root)
 

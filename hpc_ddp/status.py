@@ -96,12 +96,18 @@ def row(label: str, run_dir: Path) -> dict[str, Any]:
             "step": summary.get("global_step", progress.get("step")),
             "total_steps": summary.get("total_steps", progress.get("total_steps")),
             "loss": summary.get("final_train_loss", progress.get("loss")),
-            "eval_accuracy": summary.get("eval_accuracy")}
+            "eval_accuracy": summary.get("eval_accuracy"),
+            "eval_loss": summary.get("eval_loss")}
 
 
 def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The point with the highest eval accuracy; without accuracies (a regression, your own
+    metrics), the one with the lowest eval loss."""
     scored = [r for r in rows if isinstance(r["eval_accuracy"], int | float)]
-    return max(scored, key=lambda r: r["eval_accuracy"]) if scored else None
+    if scored:
+        return max(scored, key=lambda r: r["eval_accuracy"])
+    losses = [r for r in rows if isinstance(r.get("eval_loss"), int | float)]
+    return min(losses, key=lambda r: r["eval_loss"]) if losses else None
 
 
 def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
@@ -119,8 +125,10 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
                      for line in lines)
     top = best(rows)
     if is_sweep and top is not None:
-        text += f"\nbest point: {top['label']} (eval accuracy {top['eval_accuracy']:.4f}, " \
-                f"{top['run_dir']})"
+        figure = (f"eval accuracy {top['eval_accuracy']:.4f}"
+                  if isinstance(top["eval_accuracy"], int | float)
+                  else f"eval loss {top['eval_loss']:.4f}")
+        text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
     return text
 
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks of the performance work, in one go, in under 8 minutes on one GPU:
 #   1. tests/gpu (NCCL, placement, pinned batches, bf16, channels_last, fused optimizer,
-#      torch.compile, CUDA-event timing, exact stretches of steps, resume, fp16)  <= 3 min
+#      torch.compile, CUDA-event timing, exact stretches of steps, resume, fp16)  <= 2.5 min
 #   2. the training benchmark, 1 rank: null, tiny_cnn, resnet18 at 32x32        <= 2 min
 #   3. resnet50 at 224x224, bf16 + channels_last against the plain loop         <= 2.5 min
-# Each step has its own timeout (7.5 min in all), so a slow one cannot eat the others' time;
+#   4. your code on CUDA/NCCL: a function entry, and a torchrun-style script under
+#      script= against the same script under torchrun (samples/s)              <= 1 min
+# Each step has its own timeout (8 min in all), so a slow one cannot eat the others' time;
 # its seconds are in the summary.
 #      (target on an H200: >= 3000 img/s; docs/performance.md)
 # Everything lands in $OUT (the device machine's result folder) or ./gpu_results:
@@ -40,7 +42,7 @@ fi
 status=0
 
 # 1. The GPU tests (they skip nothing here: CUDA is present).
-timeout 180 "$py" -m pytest -q -rA tests/gpu -p no:cacheprovider \
+timeout 150 "$py" -m pytest -q -rA tests/gpu -p no:cacheprovider \
     --junitxml="$out/gpu-tests.xml" >"$out/gpu-tests.txt" 2>&1
 rc=$?; [ $rc -ne 0 ] && status=1
 say "tests/gpu: exit $rc in $(lap) ($(tail -1 "$out/gpu-tests.txt"))"
@@ -77,6 +79,25 @@ print(f"resnet50 224x224 {best['setting']}: {best['samples_per_s']:.0f} img/s "
       f"(target >= 3000 on an H200): {verdict}")
 EOF
 ) 2>&1 | tee -a "$summary"
+
+# 4. Your code on the GPU: a function entry (NCCL process group, torchrun variables) and the
+#    textbook script under script= and under torchrun, one rank each.
+timeout 60 bash -c '
+  "$0" -m hpc_ddp.submit cluster=local cluster.gpus_per_node=1 \
+      entry=tests.usercode.entries:report run_dir="$1/entry" &&
+  "$0" -c "import json,sys; r=json.load(open(sys.argv[1]))[\"result\"]; print(\"function entry:\", r)" \
+      "$1/entry/summary.json" &&
+  "$0" -m hpc_ddp.submit cluster=local cluster.gpus_per_node=1 \
+      script=hpc_ddp/bench/ddp_script.py run_dir="$1/script" -- --steps 300 \
+      --out "$1/script.json" &&
+  "$0" -m torch.distributed.run --nproc-per-node=1 hpc_ddp/bench/ddp_script.py \
+      --steps 300 --out "$1/torchrun.json" &&
+  "$0" -c "import json,sys; a,b=(json.load(open(p))[\"samples_per_s\"] for p in sys.argv[1:]);
+print(f\"script= {a:.0f} samples/s vs torchrun {b:.0f}: ratio {a/b:.3f} (target >= 0.99)\")" \
+      "$1/script.json" "$1/torchrun.json"' "$py" "$out" >"$out/your-code.txt" 2>&1
+rc=$?; [ $rc -ne 0 ] && status=1
+say "your code (entry, script): exit $rc in $(lap)"
+grep -E '^(function entry|script=)' "$out/your-code.txt" | tee -a "$summary"
 
 say "gpu_check done: exit $status; results in $out"
 exit $status

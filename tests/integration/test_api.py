@@ -72,3 +72,5 @@ def test_example_notebook_runs_headless(tmp_path: Path) -> None:
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("shards disjoint" in o.get("text", "") for o in outputs)
+    # The _target_ network and the notebook's own function ran (their cells assert it).
+    assert any("sum_of_ranks" in str(o.get("data", {})) for o in outputs)

@@ -81,3 +81,15 @@ def test_a_run_made_by_train_still_shows(run_dir: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_status([str(run_dir)], capsys)
     assert code == 0 and "NOT SUBMITTED" in out
+
+
+def test_best_point_without_accuracy_is_the_lowest_eval_loss() -> None:
+    from hpc_ddp.status import best, render
+
+    rows = [{"label": f"p{i}", "run_dir": f"/r{i}", "job_id": None, "state": "COMPLETED",
+             "restarts": 0, "step": 5, "total_steps": 5, "loss": 0.1, "eval_accuracy": None,
+             "eval_loss": loss} for i, loss in enumerate([0.3, 0.1, 0.2])]
+    assert best(rows) == rows[1]
+    assert "best point: p1 (eval loss 0.1000, /r1)" in render(rows, is_sweep=True)
+    rows[2]["eval_accuracy"] = 0.5
+    assert best(rows) == rows[2]
