@@ -1,7 +1,8 @@
 """Images in ImageNet's folder layout: ``root/<split>/<class>/<image>`` (JPEG or PNG).
 
 torchvision's ImageFolder finds the files and the classes (sorted folder names); images are
-decoded by torchvision.io into uint8 tensors and cropped there, so a batch leaves the loader
+decoded by Pillow (torchvision.io's decoders are deprecated since torchvision 0.29) into uint8
+tensors and cropped there, so a batch leaves the loader
 as uint8 [N, 3, S, S] and is normalised on the device, like the other image data sets.
 Training: a random resized crop and a horizontal flip (``augment``); evaluation: a resize to
 S / 0.875 and a centre crop (the usual ImageNet recipe). The random draws come from torch's
@@ -52,9 +53,11 @@ def check_root(root: str, splits: tuple[str, ...]) -> dict[str, list[str]]:
 
 def decode(path: str) -> Any:
     """A file -> uint8 [3, H, W] (grey and RGBA images become RGB)."""
-    from torchvision.io import ImageReadMode, decode_image, read_file
+    from PIL import Image
+    from torchvision.transforms.v2.functional import pil_to_tensor
 
-    return decode_image(read_file(path), mode=ImageReadMode.RGB)
+    with Image.open(path) as image:
+        return pil_to_tensor(image.convert("RGB"))
 
 
 class _Crop:

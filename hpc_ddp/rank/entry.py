@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank import stopping
+from hpc_ddp.rank import rng, stopping
 from hpc_ddp.rank.context import Context, active
 from hpc_ddp.rank.join import Rank
 from hpc_ddp.rank.outcome import write_summary
@@ -55,6 +55,9 @@ def call(cfg: Config, rank: Rank, run: RunDir, cause: str | None, stop: StopRequ
     fn = resolve(cfg.entry)
     environ.update(rank.torchrun_env())
     ctx = Context(cfg, run, rank.env, rank.device, rank.host, stop, cause)
+    # Reproducible by default, the same on every rank (a model built before DDP starts equal
+    # everywhere); ctx.load() sets a resumed rank's streams back to where they were.
+    rng.seed_all(cfg.trainer.seed)
     started = time.perf_counter()
     log.info("running %s on %s (rank %d of %d)", cfg.entry, rank.device, rank.env.rank,
              rank.env.world_size)

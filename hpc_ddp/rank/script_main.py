@@ -14,14 +14,15 @@ handlers run, open files flushed — and the process exits with the script's cod
 
 from __future__ import annotations
 
+import _io
 import atexit
 import gc
-import io
 import os
 import runpy
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Sequence
 
 
@@ -38,8 +39,13 @@ def main(argv: Sequence[str]) -> int:
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as exc:
         return _exit_code(exc.code)
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        # The traceback as `python SCRIPT` prints it: from the script's frames on.
+        tb = exc.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__,)
+                                  or tb.tb_frame.f_code.co_filename.startswith("<frozen")):
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb)
         return 1
     return 0
 
@@ -61,13 +67,16 @@ def leave(code: int) -> None:
         if thread is not main_thread and not thread.daemon:
             thread.join()
     atexit._run_exitfuncs()
-    for obj in gc.get_objects():  # files a script left open are flushed as at a normal exit
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed and obj.writable():
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():  # files a script left open are flushed, as at an exit
+            # io's C base type: no ABC __instancecheck__ runs on other objects' classes.
+            if isinstance(obj, _io._IOBase):
+                try:
+                    if not obj.closed and obj.writable():
+                        obj.flush()
+                except (OSError, ValueError):
+                    pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

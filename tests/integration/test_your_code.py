@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-import hpc_ddp
+import hpc_ddp as api
 from hpc_ddp.rank import checkpoint
 from tests.conftest import REPO
 from tests.integration.test_local_run import tb_scalars
@@ -53,13 +53,13 @@ def test_check_data_on_the_projects_data_and_an_iterable_one() -> None:
 
     sys.path.insert(0, str(PROJECT))  # as `python` started in the project folder has it
     try:
-        report = hpc_ddp.check_data(["config_dir=" + str(PROJECT / "conf")], world_size=4)
+        report = api.check_data(["config_dir=" + str(PROJECT / "conf")], world_size=4)
     finally:
         sys.path.remove(str(PROJECT))
     assert report.ok and report.kind == "map-style" and report.dataset_size == 2048
     assert report.batch_shapes == {"input": (64, 16, 1), "target": (64, 1)}
     assert report.eval_size == 256 and report.num_classes is None
-    shards = hpc_ddp.check_data(["data._target_=tests.usercode.parts.shards",
+    shards = api.check_data(["data._target_=tests.usercode.parts.shards",
                                  "trainer.batch_size=4"], world_size=4)
     assert shards.kind == "iterable" and shards.ok, shards.problems
     assert shards.indices == {r: [16] for r in range(4)}
@@ -69,7 +69,7 @@ def test_check_data_on_the_projects_data_and_an_iterable_one() -> None:
 
 def write_jpegs(root: Path, classes: int, per_class: dict[str, int]) -> None:
     """An ImageNet-style folder of real JPEG files of varied sizes."""
-    from torchvision.io import encode_jpeg
+    from PIL import Image
 
     gen = torch.Generator().manual_seed(0)
     for split, count in per_class.items():
@@ -78,8 +78,8 @@ def write_jpegs(root: Path, classes: int, per_class: dict[str, int]) -> None:
             folder.mkdir(parents=True)
             for i in range(count):
                 h, w = 40 + 7 * i, 56 - 3 * i
-                image = (torch.rand(3, h, w, generator=gen) * 80 + 60 * c).to(torch.uint8)
-                (folder / f"{i}.jpg").write_bytes(encode_jpeg(image).numpy().tobytes())
+                image = (torch.rand(h, w, 3, generator=gen) * 80 + 60 * c).to(torch.uint8)
+                Image.fromarray(image.numpy()).save(folder / f"{i}.jpg", format="JPEG")
 
 
 def test_torchvision_model_on_a_folder_of_jpegs(hpc_ddp: Run, tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ def test_torchvision_model_on_a_folder_of_jpegs(hpc_ddp: Run, tmp_path: Path) ->
     state = checkpoint.load_latest(run_dir / "checkpoints")
     assert state is not None
     assert state["model"]["classifier.3.weight"].shape[0] == 3  # classes from the folders
-    report = hpc_ddp.check_data(["data=image_folder", f"data.root={root}",
+    report = api.check_data(["data=image_folder", f"data.root={root}",
                                  "data.image_size=32", "trainer.batch_size=4"], world_size=2)
     assert report.ok and report.num_classes == 3 and report.dataset_size == 24
     assert report.batch_shapes == {"images": (4, 3, 32, 32), "labels": (4,)}
@@ -127,7 +127,7 @@ def test_a_notebook_function_is_pickled_and_run(tmp_path: Path) -> None:
         return {"world": ctx.world_size}
 
     marker.mkdir()
-    run = hpc_ddp.submit(["cluster=local", f"run_dir={tmp_path / 'run'}"], entry=in_a_notebook)
+    run = api.submit(["cluster=local", f"run_dir={tmp_path / 'run'}"], entry=in_a_notebook)
     summary = run.wait(progress=False)
     assert summary["world"] == 2 and sorted(p.name for p in marker.iterdir()) == ["rank0",
                                                                                   "rank1"]
@@ -138,11 +138,11 @@ def test_a_notebook_function_is_pickled_and_run(tmp_path: Path) -> None:
 def test_function_entry_stops_checkpoints_and_resumes_exactly(tmp_path: Path) -> None:
     args = ["cluster=local", "entry=tests.usercode.entries:counts", "app.steps=60",
             "app.sleep=0.05", "trainer.stop_check_interval=2"]
-    reference = hpc_ddp.submit([*args, f"run_dir={tmp_path / 'reference'}"])
+    reference = api.submit([*args, f"run_dir={tmp_path / 'reference'}"])
     expected = reference.wait(progress=False)
     assert expected["steps"] == 60
     run_dir = tmp_path / "run"
-    run = hpc_ddp.submit([*args, f"run_dir={run_dir}"])
+    run = api.submit([*args, f"run_dir={run_dir}"])
     deadline = time.monotonic() + 120
     while (run.progress() or {}).get("step", 0) < 15:
         assert time.monotonic() < deadline
@@ -150,7 +150,7 @@ def test_function_entry_stops_checkpoints_and_resumes_exactly(tmp_path: Path) ->
     assert run.cancel(grace_s=60)  # SIGTERM: should_stop() agrees, the loop saves, returns
     stopped = checkpoint.load_latest(run_dir / "checkpoints")
     assert stopped is not None and 15 <= stopped["user"]["step"] < 60
-    again = hpc_ddp.submit([*args, f"run_dir={run_dir}", "resume=true"])
+    again = api.submit([*args, f"run_dir={run_dir}", "resume=true"])
     summary = again.wait(progress=False)
     # The same RNG draws as the uninterrupted loop: the value is bitwise the same.
     assert summary["value"] == expected["value"] and summary["steps"] == 60
