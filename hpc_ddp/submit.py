@@ -25,6 +25,7 @@ import shlex
 import signal
 import sys
 import threading
+import types
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -183,6 +184,19 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
     print(f"stopped. Continue with: {resume_command(run.run_dir)}", file=out, flush=True)
     return code
 
+
+class _SubmitModule(types.ModuleType):
+    """This module is also the API's ``hpc_ddp.submit``: importing it makes Python set the
+    package's ``submit`` attribute to the module, which would otherwise shadow the function
+    (``import hpc_ddp.submit; hpc_ddp.submit([...])`` failing with "module not callable")."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from hpc_ddp.api import submit
+
+        return submit(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _SubmitModule
 
 if __name__ == "__main__":
     sys.exit(main())

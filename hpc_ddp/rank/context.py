@@ -62,6 +62,7 @@ class Context:
         self._stop = stop
         self._cause = resume_cause
         self._calls = 0
+        self._pending: Any = None  # the launched stop agreement (window_sync.Reduction)
         self._agreed = stopping.NONE
         self._stop_step: int | None = None
         self._last_step = 0
@@ -118,24 +119,34 @@ class Context:
     # -- stopping --------------------------------------------------------------------------
     def should_stop(self) -> bool:
         """True once the ranks agreed to stop: the requeue signal before the time limit, a
-        preemption, SIGTERM. Call it once per step on every rank; every
-        ``trainer.stop_check_interval`` calls it costs one tiny all-reduce. Then save and
-        return: the job is requeued (or, after SIGTERM, left to Slurm) and resumes from it."""
+        preemption, SIGTERM. Call it once per step on every rank. Every
+        ``trainer.stop_check_interval`` calls it launches one tiny all-reduce without waiting
+        for it (window_sync); the next call reads it, so a signal is acted on within that
+        many steps plus one, at the same call on every rank. Then save and return: the job is
+        requeued (or, after SIGTERM, left to Slurm) and resumes from the checkpoint."""
         if self._agreed != stopping.NONE:
             return True
         self._calls += 1
-        if self._calls % self.cfg.trainer.stop_check_interval:
-            return False
-        code = self._stop.code if self._stop is not None else stopping.NONE
-        self._agreed = stopping.agree(code, self._agree_device())
-        if self._agreed != stopping.NONE:
-            self._stop_step = self._last_step
-            if self.stop_file is not None and self.is_master:
-                self.stop_file.write_text(str(self._agreed))
-            log.warning("stop agreed by every rank (%s) after call %d of should_stop()",
-                        "SIGTERM" if self._agreed == stopping.TERM else "requeue signal",
-                        self._calls)
-        return self._agreed != stopping.NONE
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            code = pending.result()[3] or stopping.NONE
+            if code != stopping.NONE:
+                self._agreed = code
+                self._stop_step = self._last_step
+                if self.stop_file is not None and self.is_master:
+                    self.stop_file.write_text(str(code))
+                log.warning("stop agreed by every rank (%s) at call %d of should_stop()",
+                            "SIGTERM" if code == stopping.TERM else "requeue signal",
+                            self._calls)
+                return True
+        if self._calls % self.cfg.trainer.stop_check_interval == 0:
+            from hpc_ddp.rank import window_sync
+
+            code = self._stop.code if self._stop is not None else stopping.NONE
+            self._pending = window_sync.start(0.0, 0, 0, code, self._agree_device(),
+                                              step=self._calls, epoch=0, lr=0.0,
+                                              elapsed_s=0.0, log=False)
+        return False
 
     @property
     def stop_code(self) -> int:
@@ -143,10 +154,11 @@ class Context:
         return self._agreed
 
     def _agree_device(self) -> Any:
+        import torch
         import torch.distributed as dist
 
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
-        return self.device if backend == "nccl" else "cpu"
+        return self.device if backend == "nccl" else torch.device("cpu")
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, state: Mapping[str, Any], step: int | None = None) -> Path | None:
@@ -204,9 +216,9 @@ class Context:
         """One throw-away forward/backward of a sample batch through your DDP model before
         training (every rank calls it): DDP then sums gradients in its final bucket order
         from the first real step on, so a resumed run ends bitwise equal to an uninterrupted
-        one with more than two ranks (hpc_ddp/trainer/ddp_warmup.py says why). Nothing it
+        one with more than two ranks (hpc_ddp/rank/ddp_warmup.py says why). Nothing it
         touches is kept: gradients, buffers and random streams are put back."""
-        from hpc_ddp.trainer.ddp_warmup import settle_buckets
+        from hpc_ddp.rank.ddp_warmup import settle_buckets
 
         settle_buckets(ddp_model, inputs, targets, loss_fn)
 
@@ -231,7 +243,12 @@ class Context:
             self._metrics.total_steps = self.total_steps
             self._metrics.write_progress(step, None, values)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Flush what is pending; ``finished`` false (the loop raised): do not wait for the
+        last stop agreement, which a failed peer may never join."""
+        if self._pending is not None and finished:  # launched on every rank at one call
+            self._pending.result()
+        self._pending = None
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
@@ -257,11 +274,13 @@ class Context:
 def active(ctx: Context) -> Iterator[Context]:
     """Make ``ctx`` what ``hpc_ddp.context()`` returns in this process meanwhile."""
     _ACTIVE.append(ctx)
+    finished = False
     try:
         yield ctx
+        finished = True
     finally:
         _ACTIVE.remove(ctx)
-        ctx.close()
+        ctx.close(finished)
 
 
 def current() -> Context:

@@ -21,13 +21,13 @@ from typing import Any
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
-from hpc_ddp.rank import checkpoint, rng, stopping
+from hpc_ddp.rank import checkpoint, rng, stopping, window_sync
+from hpc_ddp.rank.ddp_warmup import settle_buckets
 from hpc_ddp.rank.distenv import DistEnv
 from hpc_ddp.rank.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.trainer import ddp_setup, window_sync
+from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
-from hpc_ddp.trainer.ddp_warmup import settle_buckets
 from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
 from hpc_ddp.trainer.models import build_model, check_classes, describe_model
 from hpc_ddp.trainer.objectives import batch_size, build_loss, build_metrics, to_device

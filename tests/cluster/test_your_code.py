@@ -238,3 +238,18 @@ def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: 
     assert [r["GROUP_RANK"] for r in records] == ["0", "0", "1", "1"]
     assert all(r["argv"] == [str(out), "two words"] for r in records)
     assert len({r["host"] for r in records}) == 2
+
+
+def test_a_node_whose_environment_differs_is_named(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    # The factory imports fine here and on three nodes; on node3 it fails, as a package
+    # missing from one node's environment does.
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=4", "wait=true",
+                              "data._target_=tests.usercode.parts.differs_on_node3",
+                              "model._target_=tests.usercode.parts.Mlp",
+                              "trainer.collective_timeout_s=20", f"run_dir={tmp_path / 'run'}"],
+                   env=slurm_env, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "rank 2 on node3: data._target_=tests.usercode.parts.differs_on_node3" in done.stdout
+    assert "site_only_package" in done.stdout
+    assert [e["kind"] for e in events.read(tmp_path / "run")].count("requeue") == 0

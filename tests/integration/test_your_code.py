@@ -218,3 +218,16 @@ def test_iterable_data_trains_with_the_builtin_trainer(hpc_ddp: Run, tmp_path: P
     assert summary["global_step"] == 12 and summary["epochs_completed"] == 1
     state = checkpoint.load_latest(run_dir / "checkpoints")
     assert state is not None and state["model"]["net.2.weight"].shape[0] == 10
+
+
+def test_a_module_runs_as_python_m(hpc_ddp: Run, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    done = hpc_ddp("submit", ["cluster=local", "script=-m tests.usercode.script_mod",
+                              f"run_dir={tmp_path / 'run'}", "--", str(out), "x y"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["rank"] for r in records] == ["0", "1"] and records[0]["world"] == "2"
+    assert records[0]["name"] == "__main__"
+    assert records[0]["argv"][1:] == [str(out), "x y"]
+    assert records[0]["argv"][0].endswith("tests/usercode/script_mod.py")

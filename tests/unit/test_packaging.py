@@ -5,6 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,3 +26,12 @@ def test_conda_environment_matches_pyproject() -> None:
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     assert _pins(pip_section) == _pins(project["dependencies"])
     assert "python=3.11" in env["dependencies"]
+
+
+def test_the_cli_module_does_not_shadow_the_api_function(tmp_path: Path) -> None:
+    import hpc_ddp
+    import hpc_ddp.submit  # noqa: F401  (sets the package attribute to the module)
+    from hpc_ddp.errors import UserError
+
+    with pytest.raises(UserError, match="nodes=0"):
+        hpc_ddp.submit(["nodes=0", f"run_dir={tmp_path / 'r'}"])
