@@ -50,6 +50,10 @@ def worth_requeue(error: BaseException) -> bool:
 def own_error(error: BaseException, max_lines: int = 8, max_chars: int = 1200) -> str:
     """The error as a user needs it: its type and its whole message, within bounds (a state
     dict mismatch lists the keys on the lines after the first)."""
+    from hpc_ddp.errors import UserError
+
+    if isinstance(error, UserError):  # one line that names key, value and fix already
+        return error.message
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     text = "\n".join(lines[:max_lines]) + ("\n..." if len(lines) > max_lines else "")
     text = text if len(text) <= max_chars else text[:max_chars] + "..."
