@@ -45,6 +45,8 @@ class Plan:
     # A function entry no node could import by name (a notebook's): pickled into the run
     # dir at submission (hpc_ddp.rank.entry.from_pickle runs it).
     entry_callable: Any = None
+    # Why the run gets the ranks and devices it gets (the submit command's first line).
+    why: str = ""
 
 
 def compose(overrides: Sequence[str] | str = (), config_dir: Path | str | None = None) -> Config:
@@ -115,7 +117,7 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     merged = _resolve.merge_resume_overrides(given)
     environ = os.environ if environ is None else environ
     cwd = cwd or Path.cwd()
-    cfg = _resolve.resolve(composed or compose(merged), environ, cwd)
+    cfg, layout = _resolve.resolve_with_layout(composed or compose(merged), environ, cwd)
     cfg = _resolve.with_script_args(cfg, script_args)
     if check:
         _resolve.check_inputs(cfg)
@@ -125,7 +127,7 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     if cfg.resume:
         _check_not_running(run_dir)
     check_resumable(cfg, run_dir)
-    return Plan(cfg, merged, run_dir, pickled)
+    return Plan(cfg, merged, run_dir, pickled, layout.why)
 
 
 def _check_not_running(run: RunDir) -> None:

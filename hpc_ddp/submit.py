@@ -143,7 +143,8 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
                   file=sys.stderr)
             return 1
     run = api.submit(chosen)
-    print(f"hpc_ddp: {cfg.cluster.kind} job {run.job_id}: {launcher.describe(cfg)}\n"
+    why = f": {chosen.why}" if cfg.cluster.kind == "local" and chosen.why else ""
+    print(f"hpc_ddp: {cfg.cluster.kind} job {run.job_id}: {launcher.describe(cfg)}{why}\n"
           f"  run dir:     {run_dir.root}\n"
           f"  rank-0 log:  {run_dir.rank_log(0)}\n"
           f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}", file=out,

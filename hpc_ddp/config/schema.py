@@ -23,11 +23,12 @@ class ClusterConfig:
     # "local" (processes on this machine through submitit's local executor) or "slurm".
     kind: str = "auto"
     # Tasks (ranks) per node. None derives it: gpus_per_node when GPUs are requested (one task
-    # per GPU), else 2 on a local run (a real multi-process DDP run) and 1 on Slurm.
-    # conf/cluster/local.yaml and slurm.yaml leave it to be derived.
+    # per GPU), on a local run one per GPU torch can use, else 2 CPU ranks locally and 1 on
+    # Slurm. conf/cluster/local.yaml and slurm.yaml leave it to be derived.
     tasks_per_node: int | None = None
-    # GPUs per node requested from Slurm (0: CPU job). One task per GPU is enforced.
-    gpus_per_node: int = 0
+    # GPUs per node (0: CPU job). One task per GPU is enforced. None (local, auto) derives it:
+    # locally the GPUs torch can use here (unless trainer.device=cpu), on Slurm 0.
+    gpus_per_node: int | None = None
     # How Slurm hands GPUs to tasks: "per_node" (--gpus-per-node: every task sees all GPUs
     # of its node) or "per_task" (--gpus-per-task=1: each task sees only its own).
     gpu_binding: str = "per_node"

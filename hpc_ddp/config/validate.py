@@ -203,7 +203,7 @@ def _validate_cluster(cfg: Config) -> None:
         if getattr(c, name) == "":
             raise UserError(f"cluster.{name}", "", "is empty.",
                             f"give a value, or cluster.{name}=null for Slurm's default.")
-    if c.gpus_per_node > 0 and c.tasks_per_node not in (None, c.gpus_per_node):
+    if (c.gpus_per_node or 0) > 0 and c.tasks_per_node not in (None, c.gpus_per_node):
         raise UserError(
             "cluster.tasks_per_node",
             c.tasks_per_node,

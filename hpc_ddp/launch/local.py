@@ -28,7 +28,7 @@ def executor_parameters(cfg: Config, environ: Mapping[str, str]) -> dict[str, An
     tasks = cfg.nodes * (cfg.cluster.tasks_per_node or 1)
     params: dict[str, Any] = {"tasks_per_node": tasks, "timeout_min": cfg.cluster.time_min,
                               "signal_delay_s": cfg.cluster.signal_delay_s}
-    gpus = cfg.cluster.gpus_per_node * cfg.nodes
+    gpus = (cfg.cluster.gpus_per_node or 0) * cfg.nodes
     if gpus:
         params["gpus_per_node"] = gpus
         # submitit sets the ranks' CUDA_VISIBLE_DEVICES to 0..N-1 of the whole machine; where
@@ -121,10 +121,13 @@ def _is_controller(proc: Any) -> bool:
 
 def describe(cfg: Config) -> str:
     tasks = cfg.cluster.tasks_per_node or 1
+    gpus = cfg.cluster.gpus_per_node or 0
+    on = "on a GPU each with NCCL" if gpus and cfg.trainer.device != "cpu" else (
+        "on CPU with gloo")
     if cfg.nodes > 1:
-        return (f"{cfg.nodes * tasks} ranks on this machine, simulating {cfg.nodes} nodes x "
-                f"{tasks} tasks (submitit's local executor runs one node)")
-    return f"{tasks} rank{'s' if tasks > 1 else ''} on this machine"
+        return (f"{cfg.nodes * tasks} ranks on this machine {on}, simulating {cfg.nodes} "
+                f"nodes x {tasks} tasks (submitit's local executor runs one node)")
+    return f"{tasks} rank{'s' if tasks > 1 else ''} on this machine {on}"
 
 
 def dry_run(cfg: Config, run: RunDir) -> str:

@@ -8,10 +8,12 @@ submission that fails them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.schema import Config
@@ -38,20 +40,73 @@ def slurm_available(environ: Mapping[str, str]) -> bool:
     return done.returncode == 0 and "UP" in done.stdout
 
 
-def resolve(cfg: Config, environ: Mapping[str, str], cwd: Path) -> Config:
-    """Fill what the config leaves to be derived: cluster.kind, tasks_per_node, wait, run_dir."""
+@dataclass(frozen=True)
+class Layout:
+    """Ranks per node and GPUs per node of a run, and why (the submit command says it)."""
+
+    tasks_per_node: int
+    gpus_per_node: int
+    why: str
+
+
+def local_layout(tasks: int | None, gpus: int | None, device: str, nodes: int,
+                 seen: int) -> Layout:
+    """A local run's ranks and GPUs (pure): what the config says wins; left unset, one rank
+    per GPU torch can use here (``seen``: torch.cuda.device_count(), which honours
+    CUDA_VISIBLE_DEVICES and counts MIG instances), else 2 CPU ranks with gloo."""
+    if gpus is not None:
+        if gpus > 0:
+            return Layout(tasks or gpus, gpus, f"cluster.gpus_per_node={gpus}")
+        return Layout(tasks or 2, 0, "cluster.gpus_per_node=0")
+    if device == "cpu":
+        return Layout(tasks or 2, 0, "trainer.device=cpu")
+    per_node = seen // nodes
+    if device == "cuda" and per_node < (tasks or 1):
+        raise UserError("trainer.device", "cuda", f"torch finds {seen} CUDA device(s) on this "
+                        f"machine, and the run needs {(tasks or 1) * nodes}.",
+                        "use trainer.device=auto (CPU ranks where there is no GPU), fewer "
+                        "ranks, or a machine with GPUs (cluster=slurm).")
+    if tasks is None:
+        if per_node:
+            return Layout(per_node, per_node, f"one rank per GPU torch can use here ({seen})")
+        return Layout(2, 0, "torch can use no GPU here" if not seen else
+                      f"{seen} GPU(s) cannot be split over {nodes} simulated nodes")
+    if per_node >= tasks:
+        return Layout(tasks, tasks, f"cluster.tasks_per_node={tasks}, a GPU for each")
+    return Layout(tasks, 0, f"cluster.tasks_per_node={tasks} and torch can use {seen} GPU(s)")
+
+
+def resolve(cfg: Config, environ: Mapping[str, str], cwd: Path,
+            device_count: Callable[[], int] | None = None) -> Config:
+    """Fill what the config leaves to be derived: cluster.kind, tasks_per_node,
+    gpus_per_node, wait, run_dir (``device_count``: torch's, asked only for a local run
+    whose GPUs are left to be derived)."""
+    return resolve_with_layout(cfg, environ, cwd, device_count)[0]
+
+
+def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
+                        device_count: Callable[[], int] | None = None
+                        ) -> tuple[Config, Layout]:
+    """:func:`resolve`, and why the run gets the ranks and devices it gets."""
     cluster = cfg.cluster
     kind = cluster.kind
     if kind == "auto":
         kind = "slurm" if slurm_available(environ) else "local"
-    tasks = cluster.tasks_per_node
-    if tasks is None:
-        tasks = cluster.gpus_per_node or (2 if kind == "local" else 1)
-    cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=tasks)
+    if kind == "local":
+        derive = cluster.gpus_per_node is None and cfg.trainer.device != "cpu"
+        seen = (device_count or cuda_device_count)() if derive else 0
+        layout = local_layout(cluster.tasks_per_node, cluster.gpus_per_node,
+                              cfg.trainer.device, cfg.nodes, seen)
+    else:
+        gpus = cluster.gpus_per_node or 0
+        tasks = cluster.tasks_per_node or gpus or 1
+        layout = Layout(tasks, gpus, f"cluster.gpus_per_node={gpus}" if gpus else "CPU job")
+    cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=layout.tasks_per_node,
+                                  gpus_per_node=layout.gpus_per_node)
     run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
     wait = cfg.wait if cfg.wait is not None else kind == "local"
     return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),
-                               wait=wait, script=absolute_script(cfg.script, cwd))
+                               wait=wait, script=absolute_script(cfg.script, cwd)), layout
 
 
 def absolute_script(script: str | None, cwd: Path) -> str | None:
@@ -146,8 +201,9 @@ def check_inputs(cfg: Config) -> None:
         check_root(cfg.data.root)
 
 
+@functools.cache
 def cuda_device_count() -> int:
-    """The CUDA devices torch can use from this process (0 without CUDA)."""
+    """The CUDA devices torch can use from this process (0 without CUDA); asked once."""
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -160,7 +216,7 @@ def check_local_gpus(cfg: Config, environ: Mapping[str, str],
     only what torch can use here trains (``device_count`` is asked only then)."""
     if cfg.cluster.kind != "local":
         return
-    wanted = cfg.cluster.gpus_per_node * cfg.nodes
+    wanted = (cfg.cluster.gpus_per_node or 0) * cfg.nodes
     if cfg.trainer.device == "cuda" and not wanted:
         raise UserError("trainer.device", "cuda", "the local ranks get no GPU: with "
                         "cluster.gpus_per_node=0 submitit sets their CUDA_VISIBLE_DEVICES=''.",

@@ -101,9 +101,12 @@ def test_local_gpus_torch_cannot_use_are_refused_before_launch(tmp_path: Path) -
 
 
 def test_cuda_on_a_local_run_without_gpus_is_refused(tmp_path: Path) -> None:
-    cfg = resolve(compose(["cluster=local", "trainer.device=cuda"]), NO_SLURM, tmp_path)
+    with pytest.raises(UserError, match="torch finds 0 CUDA device"):
+        resolve(compose(["cluster=local", "trainer.device=cuda"]), NO_SLURM, tmp_path,
+                lambda: 0)
+    zero = compose(["cluster=local", "trainer.device=cuda", "cluster.gpus_per_node=0"])
     with pytest.raises(UserError, match="cluster.gpus_per_node=<GPUs to use>"):
-        check_local_gpus(cfg, {})
+        check_local_gpus(resolve(zero, NO_SLURM, tmp_path), {})
     slurm = resolve(compose(["cluster=slurm", "trainer.device=cuda"]), NO_SLURM, tmp_path)
     check_local_gpus(slurm, {})  # Slurm nodes may show their GPUs without GRES
 
@@ -116,3 +119,53 @@ def test_a_sweep_point_that_never_started_may_be_run_by_hand(tmp_path: Path) -> 
     (point / "config.yaml").write_text("nodes: 1\n")
     with pytest.raises(UserError, match="already holds files"):
         check_run_dir(compose(["cluster=local", f"run_dir={point}"]))
+
+
+@pytest.mark.parametrize("tasks, gpus, device, nodes, seen, expected", [
+    # Nothing said: one rank per GPU torch can use, else 2 CPU ranks.
+    (None, None, "auto", 1, 0, (2, 0, "torch can use no GPU here")),
+    (None, None, "auto", 1, 1, (1, 1, "one rank per GPU torch can use here (1)")),
+    (None, None, "auto", 1, 8, (8, 8, "one rank per GPU torch can use here (8)")),
+    (None, None, "auto", 2, 8, (4, 4, "one rank per GPU torch can use here (8)")),
+    (None, None, "auto", 2, 1, (2, 0, "1 GPU(s) cannot be split over 2 simulated nodes")),
+    (None, None, "cuda", 1, 2, (2, 2, "one rank per GPU torch can use here (2)")),
+    # What the config says wins.
+    (None, None, "cpu", 1, 8, (2, 0, "trainer.device=cpu")),
+    (3, None, "cpu", 1, 8, (3, 0, "trainer.device=cpu")),
+    (1, None, "auto", 1, 8, (1, 1, "cluster.tasks_per_node=1, a GPU for each")),
+    (4, None, "auto", 1, 2, (4, 0, "cluster.tasks_per_node=4 and torch can use 2 GPU(s)")),
+    (None, 0, "auto", 1, 8, (2, 0, "cluster.gpus_per_node=0")),
+    (None, 2, "auto", 1, 8, (2, 2, "cluster.gpus_per_node=2")),
+])
+def test_local_ranks_follow_the_gpus(tasks: int | None, gpus: int | None, device: str,
+                                     nodes: int, seen: int,
+                                     expected: tuple[int, int, str]) -> None:
+    from hpc_ddp.launch.resolve import local_layout
+
+    layout = local_layout(tasks, gpus, device, nodes, seen)
+    assert (layout.tasks_per_node, layout.gpus_per_node, layout.why) == expected
+
+
+@pytest.mark.parametrize("tasks, seen", [(None, 0), (4, 2)])
+def test_cuda_asked_without_enough_gpus_is_refused(tasks: int | None, seen: int) -> None:
+    from hpc_ddp.launch.resolve import local_layout
+
+    with pytest.raises(UserError, match=f"torch finds {seen} CUDA device"):
+        local_layout(tasks, None, "cuda", 1, seen)
+
+
+def test_resolve_asks_torch_only_for_a_local_run_left_to_derive(tmp_path: Path) -> None:
+    asked = []
+
+    def count() -> int:
+        asked.append(1)
+        return 1
+
+    cfg = resolve(compose(["cluster=local"]), NO_SLURM, tmp_path, count)
+    assert (cfg.cluster.tasks_per_node, cfg.cluster.gpus_per_node) == (1, 1) and asked
+    asked.clear()
+    resolve(compose(["cluster=local", "cluster.gpus_per_node=0"]), NO_SLURM, tmp_path, count)
+    resolve(compose(["cluster=slurm"]), NO_SLURM, tmp_path, count)
+    assert not asked
+    slurm = resolve(compose(["cluster=slurm"]), NO_SLURM, tmp_path, count)
+    assert (slurm.cluster.tasks_per_node, slurm.cluster.gpus_per_node) == (1, 0)
