@@ -10,5 +10,8 @@ if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
 fi
+if [ -n "${HPC_DDP_PYTHON:-}" ]; then  # an interpreter that has the stack (see run.sh)
+  exec "$HPC_DDP_PYTHON" -m pytest "$@"
+fi
 scripts/bootstrap.sh test
 exec .venv/bin/python -m pytest "$@"

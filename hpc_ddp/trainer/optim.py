@@ -38,8 +38,10 @@ def use_fused(fused: bool | None, device_type: str) -> bool:
     """Whether the optimizer runs as one fused kernel (trainer.fused_optimizer resolved)."""
     if fused is not None:
         return fused
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
+    try:  # torch's own list (internal; the GPU image's torch 2.11 has it too)
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return device_type == "cuda"
     return device_type in _get_fused_kernels_supported_devices()
 
 
