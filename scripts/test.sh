@@ -13,5 +13,7 @@ fi
 if [ -n "${HPC_DDP_PYTHON:-}" ]; then  # an interpreter that has the stack (see run.sh)
   exec "$HPC_DDP_PYTHON" -m pytest "$@"
 fi
+began=$SECONDS
 scripts/bootstrap.sh test
+echo "test.sh: environment ready in $((SECONDS - began))s" >&2
 exec .venv/bin/python -m pytest "$@"

@@ -52,9 +52,10 @@ def uninterrupted(args: list[str], run_dir: Path, env: dict[str, str]) -> dict[s
 
 @pytest.fixture(scope="module")
 def reference(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The uninterrupted run every interrupted one must match."""
-    return uninterrupted(ARGS, tmp_path_factory.mktemp("ft") / "reference",
-                         {**os.environ, **slurm_cluster.env()})
+    """The uninterrupted run every interrupted one must match (its folder under "run_dir")."""
+    run_dir = tmp_path_factory.mktemp("ft") / "reference"
+    state = uninterrupted(ARGS, run_dir, {**os.environ, **slurm_cluster.env()})
+    return {**state, "run_dir": run_dir}
 
 
 def squeue_state(job: str, env: dict[str, str]) -> str:
@@ -131,26 +132,27 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
 
 
 def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
-                                      tmp_path: Path) -> None:
+                                      tmp_path: Path, reference: dict) -> None:
     # A run of at least 80 s cannot fit a 1-minute limit. USR2 comes 40 s ahead of the limit
     # (or earlier: Slurm may send it up to 60 s early), so it needs at least one requeue.
-    # Steps are sized from a measured run: machines differ several-fold in speed.
-    steps = 1000
-    long_run = [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500"]
-    reference = uninterrupted(long_run, tmp_path / "reference", slurm_env)
-    took = summary_of(tmp_path / "reference")["train_time_s"]
-    if took < 80:
-        steps = -(-int(steps * 85 / took) // 10) * 10  # a multiple of the log interval
-        long_run = [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500"]
-        reference = uninterrupted(long_run, tmp_path / "reference-long", slurm_env)
+    # The run is sized from the module's measured reference (machines differ several-fold
+    # in speed); that the weights come out bitwise is the requeue test's job, so the run is
+    # checked for its step count and an unbroken TensorBoard history instead.
+    per_step = summary_of(reference["run_dir"])["train_time_s"] / 300
+    steps = max(1000, -(-int(85 / per_step) // 10) * 10)
     run_dir = tmp_path / "run"
-    done = hpc_ddp("submit", [*long_run, "cluster.time_min=1", "cluster.signal_delay_s=40",
+    done = hpc_ddp("submit", [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500",
+                              "cluster.time_min=1", "cluster.signal_delay_s=40",
                               "cluster.max_restarts=8", f"run_dir={run_dir}"], env=slurm_env)
     assert done.returncode == 0, done.stderr
     job = job_id_of(done.stdout)
     finish_releasing_requeues(job, run_dir, slurm_env, timeout=900)
-    summary = assert_same_as(reference, run_dir)
-    assert summary["restarts"] >= 1
+    summary = summary_of(run_dir)
+    assert summary["global_step"] == steps and summary["restarts"] >= 1
+    from tests.integration.test_local_run import tb_scalars
+
+    assert [s for s, _ in tb_scalars(run_dir / "tb", "train/loss")] == list(range(10, steps + 1,
+                                                                                  10))
     assert any(e["cause"] == "time limit" for e in events.read(run_dir) if e["kind"] == "requeue")
 
 

@@ -111,17 +111,37 @@ def activated(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"}
 
 
+def sbatch_and_wait(args: list[str], folder: Path, env: dict[str, str],
+                    timeout: float = 300) -> tuple[str, str]:
+    """``sbatch args`` from ``folder`` (output in folder/slurm-<job>.out), waited for by polling
+    squeue (``sbatch --wait`` only looks every 30 s or so): (final state, the output)."""
+    done = subprocess.run(["sbatch", "--parsable", f"--output={folder}/slurm-%j.out", *args],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=60,
+                          check=True)
+    job = done.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True,
+                         check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job} did not end"
+        time.sleep(0.5)
+    state = ""
+    for _ in range(50):  # accounting may lag the end by a moment
+        state = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", job], env=env,
+                               capture_output=True, text=True, check=False).stdout.strip()
+        if state and state not in ("RUNNING", "COMPLETING"):
+            break
+        time.sleep(0.2)
+    log = "".join(p.read_text() for p in folder.glob(f"slurm-{job}.out"))
+    return state, log
+
+
 def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_path: Path) -> None:
     run_dir = tmp_path / "wrapped run"  # a space, passed through "$@" intact
-    done = subprocess.run(
-        ["sbatch", "--wait", "-N2", "--ntasks-per-node=2", "--gpus-per-node=0",
-         "--cpus-per-task=1", "--time=10", f"--output={tmp_path}/slurm-%j.out",
+    state, log = sbatch_and_wait(
+        ["-N2", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
          str(REPO / "jobs" / "train.sbatch"), "trainer.max_steps=20", f"run_dir={run_dir}",
-         *SMALL],
-        cwd=tmp_path, env=activated(slurm_env), capture_output=True, text=True, timeout=300,
-        check=False)
-    log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-    assert done.returncode == 0, done.stderr + log
+         *SMALL], tmp_path, activated(slurm_env))
+    assert state == "COMPLETED", log
     summary = summary_of(run_dir)
     assert summary["world_size"] == 4 and summary["global_step"] == 20
     assert summary["nodes"] == sorted(set(summary["hosts"])) and len(summary["nodes"]) == 2
@@ -129,13 +149,11 @@ def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_pa
 
 
 def test_forgotten_srun_is_explained(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["sbatch", "--wait", "-N2", "--ntasks-per-node=1", "--time=5",
-         f"--output={tmp_path}/out-%j.txt",
-         f"--wrap={sys.executable} -m hpc_ddp.train run_dir={tmp_path}/r"],
-        cwd=REPO, env=slurm_env, capture_output=True, text=True, timeout=120, check=False)
-    out = "".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
-    assert done.returncode != 0
+    state, out = sbatch_and_wait(
+        ["-N2", "--ntasks-per-node=1", "--time=5",
+         f"--wrap=cd {REPO} && {sys.executable} -m hpc_ddp.train run_dir={tmp_path}/r"],
+        tmp_path, slurm_env, timeout=120)
+    assert state == "FAILED", out
     assert "the batch script" in out and "asked for 2 tasks" in out and "srun" in out
 
 
@@ -212,14 +230,11 @@ def test_hostile_paths_and_overrides_travel_as_data(hpc_ddp: Run, slurm_env: dic
     assert done.returncode == 0, done.stdout + done.stderr
     assert summary_of(run_dir)["global_step"] == 5 and not marker.exists()
     wrapped = tmp_path / f"w;$(touch {marker})"
-    done = subprocess.run(
-        ["sbatch", "--wait", "-N1", "--ntasks-per-node=1", "--gpus-per-node=0",
-         "--cpus-per-task=1", "--time=5", f"--output={tmp_path}/w-%j.out",
+    state, log = sbatch_and_wait(
+        ["-N1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5",
          str(REPO / "jobs" / "train.sbatch"), "trainer.max_steps=3", *SMALL,
-         f'run_dir="{wrapped}"'],
-        cwd=tmp_path, env=activated(slurm_env), capture_output=True, text=True, timeout=300,
-        check=False)
-    assert done.returncode == 0, done.stderr
+         f'run_dir="{wrapped}"'], tmp_path, activated(slurm_env))
+    assert state == "COMPLETED", log
     assert summary_of(wrapped)["global_step"] == 3 and not marker.exists()
 
 

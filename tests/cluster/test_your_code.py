@@ -22,7 +22,13 @@ from tests.cluster.test_fault_tolerance import (
     squeue_state,
     wait_for_step,
 )
-from tests.cluster.test_slurm_submit import activated, job_id_of, sacct_nodes, summary_of
+from tests.cluster.test_slurm_submit import (
+    activated,
+    job_id_of,
+    sacct_nodes,
+    sbatch_and_wait,
+    summary_of,
+)
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
@@ -219,20 +225,11 @@ def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: 
     out = tmp_path / "out"
     out.mkdir()
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--ntasks-per-node=2", "--gpus-per-node=0",
-         "--cpus-per-task=1", "--time=10", f"--output={tmp_path}/slurm-%j.out",
+    state, log = sbatch_and_wait(
+        ["-N2", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
          str(REPO / "jobs" / "train.sbatch"), f"script={probe}", f"run_dir={run_dir}", "--",
-         str(out), "two words"],
-        cwd=tmp_path, env=activated(slurm_env), capture_output=True, text=True, timeout=60,
-        check=True)
-    job = done.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + 300  # polled: sbatch --wait checks only every 30 s or so
-    while squeue_state(job, slurm_env) != "":
-        assert time.monotonic() < deadline, f"job {job} did not end"
-        time.sleep(0.5)
-    log = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
-    assert (run_dir / "summary.json").is_file(), log
+         str(out), "two words"], tmp_path, activated(slurm_env))
+    assert state == "COMPLETED" and (run_dir / "summary.json").is_file(), log
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     assert [r["LOCAL_RANK"] for r in records] == ["0", "1", "0", "1"]
     assert [r["GROUP_RANK"] for r in records] == ["0", "0", "1", "1"]

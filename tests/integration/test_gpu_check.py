@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, command_env
 
 PYTHON_312 = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions" / "3.12.1" / (
     "bin/python")
@@ -20,7 +20,8 @@ PYTHON_312 = Path(os.environ.get("PYENV_ROOT", "/root/.pyenv")) / "versions" / "
 def test_the_check_runs_its_commands_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     before = set(os.listdir(REPO / "outputs")) if (REPO / "outputs").is_dir() else set()
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
+    # As on the device: no Slurm answering, so `make run` stays on this machine.
+    env = command_env({"OUT": str(out), "PYTHON": sys.executable})
     done = subprocess.run([str(REPO / "scripts" / "gpu_check.sh"), "--cpu"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=400, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
