@@ -11,16 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dest="${GPU_WHEELS:-.gpu_wheels}"   # where the wheels go (a test gives its own)
 py="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
-# The direct dependencies at pyproject.toml's pins; the two they pull in at the versions
-# this project is tested with (hydra-core 1.3 needs antlr4 4.9.*).
+# The direct dependencies at pyproject.toml's pins, and antlr4 at the version hydra-core
+# 1.3 needs (4.9.*).
 pins=$("$py" - <<'PY'
 import re, tomllib
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
-wanted = ("submitit", "hydra-core", "omegaconf", "python-hostlist")
+wanted = ("submitit", "hydra-core", "omegaconf", "python-hostlist", "cloudpickle")
 print(" ".join(d for d in deps if re.split(r"[=<>]", d)[0] in wanted))
 PY
 )
-transitive="antlr4-python3-runtime==4.9.3 cloudpickle==3.1.3"
+transitive="antlr4-python3-runtime==4.9.3"
 rm -rf "$dest" && mkdir -p "$dest"
 echo "wheels for Python 3.12 into $dest: $pins $transitive" >&2
 # Wheels where PyPI has them (py3-none-any) ...

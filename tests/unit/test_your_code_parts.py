@@ -274,3 +274,16 @@ def test_results_table_for_an_entry() -> None:
     assert "program     entry p:m" in table and "final_loss  0.2500" in table
     assert "eval accuracy" not in table and "big" not in table
     assert summary_line({"global_step": 5, "eval_loss": 0.5}) == "step 5, eval loss 0.5000"
+
+
+def test_timm_is_optional_and_says_so() -> None:
+    import importlib.util
+
+    from hpc_ddp.trainer.models import build_model
+
+    cfg = compose(["model=timm", "model.arch=resnet18"])
+    if importlib.util.find_spec("timm") is not None:
+        assert build_model(cfg.model, 32, 10) is not None
+        return
+    with pytest.raises(UserError, match=r"model=timm: needs the timm package.*pip install"):
+        build_model(cfg.model, 32, 10)
