@@ -68,8 +68,8 @@ lap >/dev/null
 first="make run"; command -v make >/dev/null || first=scripts/run.sh
 before=$(ls outputs 2>/dev/null)
 # As a new user's shell: no make variables inherited from an outer make (CI runs this check
-# under `make test ARGS=...`, whose ARGS would otherwise reach `make run`).
-timeout 40 env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $first >"$out/make-run.txt" 2>&1
+# under `make test ARGS=...`; make exports command-line variables, ARGS included, to recipes).
+timeout 40 env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u ARGS $first >"$out/make-run.txt" 2>&1
 ran $? "$first"
 grep -m1 '^hpc_ddp:' "$out/make-run.txt" | tee -a "$summary"
 made=$(comm -13 <(echo "$before") <(ls outputs 2>/dev/null) | head -1)  # this check's run

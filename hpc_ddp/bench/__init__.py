@@ -1,14 +1,16 @@
 """Benchmarks, run as jobs through the same path as training (local or Slurm).
 
-    python -m hpc_ddp.bench [comm] [options] [key=value ...]   # collectives vs raw TCP
+    python -m hpc_ddp.bench                                    # lists the benchmarks
+    python -m hpc_ddp.bench comm [options] [key=value ...]     # collectives vs raw TCP
 
 Subcommands (``hpc_ddp/bench/__main__.py``):
   comm   all_reduce, all_gather and reduce_scatter bandwidth by message size (nccl-tests'
          definitions), and on several nodes the raw TCP bandwidth between two of them
-         (``hpc_ddp/bench/comm.py``). The default.
+         (``hpc_ddp/bench/comm.py``).
   train  training throughput and the step split of hpc_ddp's trainer against a hand-written
          DDP loop in the same run (``hpc_ddp/bench/train.py``, docs/performance.md).
-  sweep  seconds to submit a large sweep: job arrays vs one sbatch per point
+  sweep  seconds to submit a large sweep, every job held: job arrays vs one sbatch per
+         point vs a bare sbatch loop, and where the time goes per point
          (``hpc_ddp/bench/sweep.py``, docs/sweeps.md).
   entries  what running your own code costs: a function entry's step against the same loop
          bare, and (--slurm-nodes N) a script under script= against a bare srun

@@ -1,4 +1,4 @@
-"""``python -m hpc_ddp.bench [subcommand] [options] [key=value ...]``; ``comm`` by default."""
+"""``python -m hpc_ddp.bench <benchmark> [options] [key=value ...]``; alone, it lists them."""
 
 from __future__ import annotations
 
@@ -9,48 +9,55 @@ from collections.abc import Sequence
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
-# Subcommand -> module with ``main(argv) -> int``. New benchmarks register here.
-SUBCOMMANDS: dict[str, str] = {
-    "comm": "hpc_ddp.bench.comm",     # collectives: busbw by size, ratio to raw TCP
-    "train": "hpc_ddp.bench.train",   # training throughput against a hand-written DDP loop
-    "sweep": "hpc_ddp.bench.sweep",   # submitting a big sweep: arrays vs one sbatch per point
-    "entries": "hpc_ddp.bench.entries",  # your code: a function entry's and a script's cost
+# Subcommand -> (module with ``main(argv) -> int``, what it measures). New benchmarks register
+# here; the listing and the typo hints come from this table.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "comm": ("hpc_ddp.bench.comm", "collectives: busbw by message size, ratio to raw TCP"),
+    "train": ("hpc_ddp.bench.train", "training throughput against a hand-written DDP loop"),
+    "sweep": ("hpc_ddp.bench.sweep",
+              "submitting a big sweep (held jobs): arrays, one sbatch per point, bare sbatch"),
+    "entries": ("hpc_ddp.bench.entries", "your code: what a function entry and a script cost"),
 }
-DEFAULT = "comm"
+
+
+def listing() -> str:
+    """What ``python -m hpc_ddp.bench`` alone prints: every benchmark and what it measures."""
+    width = max(map(len, SUBCOMMANDS))
+    rows = [f"  {name:<{width}}  {what}" for name, (_, what) in SUBCOMMANDS.items()]
+    return "\n".join(["usage: python -m hpc_ddp.bench <benchmark> [options] [key=value ...]",
+                      "", "benchmarks:", *rows, "",
+                      "python -m hpc_ddp.bench <benchmark> --help says more about one."])
 
 
 def subcommand(args: Sequence[str]) -> str:
-    """The subcommand ``args`` start with; the default when they start with an option or an
-    override. A first word that is neither (a bare word, no ``=``) is a mistyped subcommand:
-    Hydra would only say it cannot parse it."""
-    if args and args[0] in SUBCOMMANDS:
-        return args[0]
+    """The benchmark ``args`` name first; UserError naming the word (with the closest name)
+    for a mistyped one, or the first argument when they start with an option or override."""
     first = args[0] if args else ""
+    if first in SUBCOMMANDS:
+        return first
+    names = ", ".join(SUBCOMMANDS)
     if first and "=" not in first and not first.startswith(("-", "~", "+")):
         close = difflib.get_close_matches(first, SUBCOMMANDS, n=1)
-        names = ", ".join(SUBCOMMANDS)
         fix = (f"did you mean {close[0]}? The benchmarks are {names}." if close
-               else f"use one of {names} (--help says what each measures).")
+               else f"use one of {names} (python -m hpc_ddp.bench lists what each measures).")
         raise UserError("subcommand", first, "is not a benchmark.", fix)
-    return DEFAULT
+    raise UserError("subcommand", "(none)", f"is needed before {first}.",
+                    f"name the benchmark first, e.g. python -m hpc_ddp.bench comm {first} "
+                    f"(one of {names}).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] in ("-h", "--help"):
-        from hpc_ddp import bench
-
-        print(bench.__doc__)
+    if not args or args[0] in ("-h", "--help"):
+        print(listing())
         return 0
     try:
         name = subcommand(args)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    if args and args[0] == name:
-        args.pop(0)
-    module = importlib.import_module(SUBCOMMANDS[name])
-    return int(module.main(args))
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(args[1:]))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Collective bandwidth by message size: ``python -m hpc_ddp.bench comm [options] [overrides]``.
 
-    python -m hpc_ddp.bench                                    # local, 2 ranks, 1 KiB..256 MiB
+    python -m hpc_ddp.bench comm                               # local, 2 ranks, 1 KiB..256 MiB
     python -m hpc_ddp.bench comm cluster=slurm nodes=2 --max-size 64MiB
     python -m hpc_ddp.bench comm cluster=slurm nodes=4 nccl=infiniband --ops all_reduce
 

@@ -338,4 +338,7 @@ def compose_schema() -> type:
         else:
             loose.append((f.name, hints[f.name], field(default=f.default,
                                                       default_factory=f.default_factory)))
-    return dataclasses.make_dataclass("ComposedConfig", loose)
+    made = dataclasses.make_dataclass("ComposedConfig", loose)
+    made.__module__ = __name__
+    globals()["ComposedConfig"] = made  # found by name: a composed node can be pickled
+    return made

@@ -190,10 +190,15 @@ def refusal(cfg: Config, exc: BaseException,
                          f"no Slurm controller answers (scontrol ping); sbatch said: "
                          f"{said.rstrip('.')}.",
                          _NO_CONTROLLER_FIX)
+    if "temporarily unavailable" in said.lower():  # EAGAIN: slurmctld takes no more jobs now
+        fix = ("the controller holds as many jobs as it takes (MaxJobCount in `scontrol show "
+               "config`; finished jobs count for MinJobAge seconds) or is too busy: wait and "
+               "submit again, or send fewer points at a time.")
+    else:
+        fix = ("check partition, account, nodes and GPUs against `sinfo` (and "
+               "cluster.sbatch_extra, if set); `dry_run=true` prints the script.")
     return UserError("cluster", cfg.cluster.partition or "(default partition)",
-                     f"sbatch refused the job: {said.rstrip('.')}.",
-                     "check partition, account, nodes and GPUs against `sinfo` (and "
-                     "cluster.sbatch_extra, if set); `dry_run=true` prints the script.")
+                     f"sbatch refused the job: {said.rstrip('.')}.", fix)
 
 
 def sbatch_key_line(stderr: str, limit: int = 300) -> str:

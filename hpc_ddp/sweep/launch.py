@@ -27,6 +27,7 @@ from hpc_ddp import api
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
 from hpc_ddp.sweep.expand import Point, chunks, expand
+from hpc_ddp.sweep.timing import Phases
 
 MANIFEST = "sweep.json"
 PREFLIGHT = "preflight"
@@ -45,7 +46,7 @@ def sweep_dir_for(overrides: Sequence[str], cwd: Path) -> Path:
 
 
 def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
-                script_args: Sequence[str] | None = None
+                script_args: Sequence[str] | None = None, phases: Phases | None = None
                 ) -> tuple[Path, list[Point], list[api.Plan]]:
     """Expand and check every point before anything is submitted (exit 2 names the point)."""
     points = expand(overrides)
@@ -60,15 +61,18 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
     plans: list[api.Plan] = []
     point = points[0]
     auto_kind: str | None = None
+    phases = phases or Phases()
     try:
-        configs = compose_many(lists)
+        with phases.timed("composition"):
+            configs = compose_many(lists)
         for current, overrides, cfg in zip(points, lists, configs, strict=True):
             point = current  # named in the error below if planning this point fails
             auto = cfg.cluster.kind == "auto"
             if auto and auto_kind:  # resolve cluster=auto once (scontrol ping), not per point
                 cfg = replace(cfg, cluster=replace(cfg.cluster, kind=auto_kind))
-            plans.append(api.plan(overrides, cwd, environ, composed=cfg,
-                                  script_args=script_args))
+            with phases.timed("planning"):
+                plans.append(api.plan(overrides, cwd, environ, composed=cfg,
+                                      script_args=script_args))
             if auto:
                 auto_kind = plans[-1].cfg.cluster.kind
     except UserError as exc:
@@ -122,7 +126,9 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     goes out; none of them submits anything it should not.
     """
     environ = os.environ if environ is None else environ
-    folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ, script_args)
+    phases = Phases()
+    folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ, script_args,
+                                        phases)
     if show_cfg or plans[0].cfg.dry_run:
         print(_dry_run(points, plans, folder, environ, show_cfg), file=out)
         return 0
@@ -143,13 +149,14 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
         {"index": p.index, "label": p.label(), "params": dict(p.params),
          "overrides": list(p.overrides), "run_dir": str(plan.run_dir.root), "job_id": None}
         for p, plan in zip(points, plans, strict=True)]}
-    for point, plan in zip(points, plans, strict=True):
-        plan.run_dir.root.mkdir(parents=True, exist_ok=True)
-        write_json(plan.run_dir.hparams, dict(point.params))
-    write_json(folder / MANIFEST, manifest)
+    with phases.timed("folders"):
+        for point, plan in zip(points, plans, strict=True):
+            plan.run_dir.root.mkdir(parents=True, exist_ok=True)
+            write_json(plan.run_dir.hparams, dict(point.params))
+        write_json(folder / MANIFEST, manifest)
     if kind == "slurm":
         try:
-            _submit_arrays(manifest, plans, folder, environ)
+            _submit_arrays(manifest, plans, folder, environ, phases)
         except BaseException:
             if created and all(p["job_id"] is None for p in manifest["points"]):
                 shutil.rmtree(folder, ignore_errors=True)  # nothing went out: leave nothing
@@ -157,6 +164,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
                 write_json(folder / MANIFEST, manifest)
             raise
         write_json(folder / MANIFEST, manifest)
+        phases.write(environ, len(points))
         print(table(manifest, folder), file=out)
         print(f"{len(points)} points in {len(manifest['arrays'])} job array(s); follow with: "
               f"python -m hpc_ddp.status {folder} --watch", file=out)
@@ -232,21 +240,22 @@ def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
 
 
 def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
-                   environ: Mapping[str, str]) -> None:
+                   environ: Mapping[str, str], phases: Phases) -> None:
     """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
-    from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.launch import slurm
     from hpc_ddp.launch.resolve import write_run_config
     from hpc_ddp.rank.task import TrainingTask
 
     for indices, executor in _arrays(plans, folder, environ):
-        for i in indices:
-            write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
+        with phases.timed("folders"):
+            texts = {i: write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
+                     for i in indices}
         try:
-            with slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
-                jobs = [executor.submit(TrainingTask(to_yaml(plans[i].cfg),
-                                                     str(plans[i].run_dir.root)))
+            with phases.timed("submission (pickles, sbatch)"), \
+                    slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
+                jobs = [executor.submit(TrainingTask(texts[i], str(plans[i].run_dir.root)))
                         for i in indices]
+            phases.count("sbatch calls")
         except UserError as refused:
             sent = sum(p["job_id"] is not None for p in manifest["points"])
             done = (f"{sent} of {len(plans)} points were submitted before; "
@@ -254,9 +263,10 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
             raise UserError(refused.key, refused.value, f"{refused.problem} ({done})",
                             refused.fix) from None
         manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
-        for i, job in zip(indices, jobs, strict=True):
-            manifest["points"][i]["job_id"] = str(job.job_id)
-            _write_job(plans[i], "slurm", str(job.job_id))
+        with phases.timed("folders"):
+            for i, job in zip(indices, jobs, strict=True):
+                manifest["points"][i]["job_id"] = str(job.job_id)
+                _write_job(plans[i], "slurm", str(job.job_id))
 
 
 def _write_job(plan: api.Plan, kind: str, job_id: str) -> None:

@@ -25,11 +25,31 @@ def test_a_mistyped_subcommand_lists_the_benchmarks(typo: str, hint: str,
     assert f"subcommand={typo}" in err and hint in err and "cannot be parsed" not in err
 
 
-@pytest.mark.parametrize("args, name", [([], "comm"), (["train"], "train"),
-                                        (["cluster=slurm"], "comm"), (["--max-size", "4K"], "comm"),
-                                        (["+x=1"], "comm"), (["~cluster"], "comm")])
-def test_subcommand_defaults_to_comm_for_options_and_overrides(args: list[str],
-                                                                name: str) -> None:
+def test_alone_it_lists_the_benchmarks_and_starts_none(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in ("comm", "train", "sweep", "entries"))
+    assert not list(tmp_path.iterdir())  # no job, no run folder
+
+
+@pytest.mark.parametrize("args", [["cluster=slurm"], ["--max-size", "4K"], ["+x=1"],
+                                  ["~cluster"]])
+def test_options_without_a_benchmark_are_refused_naming_one(
+        args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"python -m hpc_ddp.bench comm {args[0]}" in err and "subcommand=(none)" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, name", [(["train"], "train"), (["sweep", "--points", "3"],
+                                                                 "sweep")])
+def test_the_first_word_names_the_benchmark(args: list[str], name: str) -> None:
     assert subcommand(args) == name
 
 

@@ -69,5 +69,6 @@ def test_table() -> None:
     assert text.splitlines()[0].split()[:2] == ["op", "size"]
 
 
-def test_comm_is_the_default_subcommand() -> None:
-    assert SUBCOMMANDS["comm"] == "hpc_ddp.bench.comm"
+def test_comm_is_registered_as_a_benchmark() -> None:
+    module, what = SUBCOMMANDS["comm"]
+    assert module == "hpc_ddp.bench.comm" and "busbw" in what
