@@ -49,9 +49,31 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
 
     executor = submitit.LocalExecutor(folder=str(run.submitit))
     executor.update_parameters(**executor_parameters(cfg, os.environ))
-    with _terminal_interrupt_ignored():
+    with _terminal_interrupt_ignored(), _environ(outside_slurm(os.environ)):
         return LocalJobHandle(executor.submit(task or TrainingTask(to_yaml(cfg),
                                                                     str(run.root))))
+
+
+def outside_slurm(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment local ranks start with: this shell's, less Slurm's description of a job
+    and step. Started from an salloc shell or an `srun --pty bash` on a compute node, the ranks
+    would otherwise read SLURM_PROCID=0 and SLURM_NTASKS and each believe it is "rank 0 of 1",
+    or requeue the allocation around them. SLURM_CONF (where the controller is) stays."""
+    return {k: v for k, v in environ.items()
+            if not (k.startswith(("SLURM_", "SLURMD_")) and k != "SLURM_CONF")}
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    """os.environ is ``values`` meanwhile (submitit's local executor hands os.environ on)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class LocalJobHandle:

@@ -66,7 +66,7 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
         # The requeue signal (USR2 by default, see ClusterConfig.signal) for submitit in the
         # tasks, then the user's own setup lines (module load, conda activate ...).
         "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}", *c.setup],
-        "srun_args": list(c.srun_args),
+        "srun_args": srun_args(c),
         "additional_parameters": {
             # --signal=SIG@T: SIG reaches every step T seconds before the limit
             # (https://slurm.schedmd.com/sbatch.html#OPT_signal).
@@ -92,6 +92,18 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
         else:
             params["gpus_per_node"] = c.gpus_per_node
     return params
+
+
+def srun_args(c: ClusterConfig) -> list[str]:
+    """The srun options of the job's step: the user's, and --cpus-per-task, which srun no
+    longer takes from the job since Slurm 22.05 (23.11 reads SRUN_CPUS_PER_TASK instead):
+    without it every rank gets one CPU of the cpus_per_task the job asked for.
+    https://slurm.schedmd.com/srun.html#OPT_cpus-per-task"""
+    given = list(c.srun_args)
+    if c.cpus_per_task and not any(a == "-c" or a.startswith(("-c", "--cpus-per-task"))
+                                   for a in given):
+        given.append(f"--cpus-per-task={c.cpus_per_task}")
+    return given
 
 
 def sbatch_extra_flags(extra: Mapping[str, str]) -> dict[str, Any]:

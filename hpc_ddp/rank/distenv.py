@@ -1,8 +1,14 @@
 """Who am I in the job? Rank, local rank, world size and node from the task's environment.
 
 A pure function of a mapping. Detection order (as Lightning's cluster environments, see
-docs/slurm.md): a torchrun environment already set wins, then Slurm, then submitit's local
-executor, then a single process.
+docs/slurm.md): a torchrun environment already set wins, then submitit's local executor (a
+local run started inside a Slurm allocation is still local: its ranks never take Slurm's
+identity), then Slurm, then a single process.
+
+Under Slurm the step's own variables describe the ranks (a step may run on part of the
+allocation: ``srun -N2 -r2`` inside ``salloc -N4`` runs on the 3rd and 4th nodes, and
+SLURM_JOB_NODELIST / SLURM_NODELIST still list all four):
+https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 """
 
 from __future__ import annotations
@@ -31,12 +37,12 @@ class DistEnv:
     # Identifies this attempt of this job: the rendezvous of one attempt never meets another.
     job_id: str
     restart: int = 0
-    # Address of rank 0 when the environment says it (torchrun, a user's MASTER_ADDR, or the
-    # first host of SLURM_JOB_NODELIST); None: rank 0 publishes its own.
+    # Address of rank 0 when the environment says it (torchrun or a user's MASTER_ADDR); None:
+    # rank 0 publishes its own (never a guess from a node list: a step may not run there).
     master_addr: str | None = None
     # A MASTER_PORT the user (or torchrun) set; None: rank 0 binds a free port.
     master_port: int | None = None
-    # Host names of the job's nodes in Slurm's order (empty outside Slurm).
+    # Host names of the step's nodes in Slurm's order (empty outside Slurm).
     nodes: tuple[str, ...] = ()
     # Tasks on each node, in node order (to say where a missing rank should have run).
     tasks_on_nodes: tuple[int, ...] = ()
@@ -63,10 +69,10 @@ def detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None = No
     """
     if "RANK" in environ and "WORLD_SIZE" in environ and "LOCAL_RANK" in environ:
         return _from_torchrun(environ)
-    if "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
-        return _from_slurm(environ)
     if "SUBMITIT_LOCAL_GLOBALID" in environ:
         return _from_local(environ, simulated_tasks_per_node)
+    if "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
+        return _from_slurm(environ)
     return DistEnv(0, 0, 1, 0, 1, 1, "single", environ.get("SLURM_JOB_ID", "single"),
                    master_port=_user_port(environ))
 
@@ -124,7 +130,14 @@ def _slurm_wants_tasks(environ: Mapping[str, str]) -> bool:
 
 
 def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST", "")
+    if environ.get("SLURM_HET_SIZE"):
+        raise LaunchError(
+            f"this is a heterogeneous Slurm job (SLURM_HET_SIZE={environ['SLURM_HET_SIZE']}), "
+            "which hpc_ddp does not support: its components differ in nodes and tasks, and a "
+            "DDP world needs one layout. Submit one homogeneous job instead (nodes=, "
+            "cluster.tasks_per_node=, cluster.gpus_per_node=), or one job per component.")
+    nodelist = (environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+                or environ.get("SLURM_NODELIST", ""))
     nodes = tuple(hostlist.expand(nodelist)) if nodelist else ()
     node_rank = _int(environ, "SLURM_NODEID", 0)
     spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
@@ -143,7 +156,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         source="slurm",
         job_id=f"{environ['SLURM_JOB_ID']}.{step}",
         restart=_int(environ, "SLURM_RESTART_COUNT", 0),
-        master_addr=environ.get("MASTER_ADDR") or (nodes[0] if nodes else None),
+        master_addr=environ.get("MASTER_ADDR") or None,
         master_port=_user_port(environ),
         nodes=nodes,
         tasks_on_nodes=per_node,

@@ -106,10 +106,12 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
             environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         device, gpu = _choose_device(cfg, env, environ, use=group)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        _prepare_torch(cfg, env, environ, backend)
+        _prepare_torch(cfg, environ)
         store, endpoint = rendezvous.connect(
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
             cfg.trainer.collective_timeout_s, {"host": host, **gpu})
+        if backend == "gloo" and env.world_size > 1:
+            _choose_gloo_interface(env, endpoint.addr, host, environ)
         if group:
             dist.init_process_group(backend, store=store, rank=env.rank,
                                     world_size=env.world_size,
@@ -183,20 +185,29 @@ def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
     return torch.device("cpu"), record
 
 
-def _prepare_torch(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
-                   backend: str) -> None:
+def _prepare_torch(cfg: Config, environ: MutableMapping[str, str]) -> None:
     import torch
 
     torch.set_num_threads(threads_for(cfg, environ))
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
-    if backend == "gloo" and env.world_size > 1 and "GLOO_SOCKET_IFNAME" not in environ:
-        # Gloo binds to the address its hostname resolves to, which on many nodes is not the
-        # interface that reaches the master: use the one the kernel routes the master through.
-        master = env.master_addr or "127.0.0.1"
-        iface = netif.interface_towards(master)
-        if iface:
-            environ["GLOO_SOCKET_IFNAME"] = iface
-            log.info("env: GLOO_SOCKET_IFNAME=%s (the interface towards %s)", iface, master)
+
+
+def _choose_gloo_interface(env: DistEnv, master: str, host: str,
+                           environ: MutableMapping[str, str]) -> None:
+    """Gloo binds to the address its hostname resolves to, which on many nodes is not the
+    interface that reaches the other nodes (or is 127.0.1.1): set GLOO_SOCKET_IFNAME to the
+    one towards rank 0's published address (read when the process group is made), unless the
+    user set it. https://pytorch.org/docs/stable/distributed.html#common-environment-variables
+    """
+    if "GLOO_SOCKET_IFNAME" in environ:
+        return
+    iface = netif.gloo_interface(master, host, env.nodes)
+    if iface:
+        environ["GLOO_SOCKET_IFNAME"] = iface
+        log.info("env: GLOO_SOCKET_IFNAME=%s (the interface towards %s)", iface, master)
+    else:
+        log.warning("env: no interface towards %s other than loopback; Gloo chooses its own",
+                    master)
 
 
 def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
@@ -209,6 +220,8 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
         "source": env.source, "job_id": env.job_id, "restart": env.restart, "host": host,
         "addresses": netif.addresses(), "device": gpu, "pid": os.getpid(),
         "torch": torch.__version__, "env": nccl.recorded_env(environ),
+        # The cores this process may run on, and torch's intra-op threads (cpus_per_task).
+        "cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
         "env_overrides": [{"name": c.name, "old": None if c.old is None else
                            nccl.mask(c.name, c.old), "new": nccl.mask(c.name, c.new)}
                           for c in changes],

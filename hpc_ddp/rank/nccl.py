@@ -174,14 +174,16 @@ def apply(cfg: NcclConfig, environ: MutableMapping[str, str],
 
 def _interface_towards_master(environ: Mapping[str, str]) -> str | None:
     """The interface the kernel routes rank 0's address through, when the environment names
-    rank 0 (MASTER_ADDR, or the first host of the Slurm job)."""
+    rank 0 (MASTER_ADDR, or the first host of the Slurm step: rank 0 runs there under Slurm's
+    block distribution; the step's list, as a step may run on part of the job's nodes)."""
     from hpc_ddp import hostlist
     from hpc_ddp.rank import netif
 
     master = environ.get("MASTER_ADDR")
-    if not master and environ.get("SLURM_JOB_NODELIST"):
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    if not master and nodelist:
         try:
-            master = hostlist.first_host(environ["SLURM_JOB_NODELIST"])
+            master = hostlist.first_host(nodelist)
         except ValueError:
             return None
     iface = netif.interface_towards(master) if master else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Sequence
 
 
 def local_address_towards(addr: str) -> str | None:
@@ -29,6 +30,21 @@ def interface_towards(addr: str) -> str | None:
     """Name of the interface that routes to ``addr`` (e.g. eth0, ib0, lo), or None."""
     ip = local_address_towards(addr)
     return interface_with_address(ip) if ip else None
+
+
+def gloo_interface(master: str, host: str, step_hosts: Sequence[str],
+                   towards: Callable[[str], str | None] = interface_towards) -> str | None:
+    """The interface Gloo should use on this rank: the one the kernel routes rank 0's address
+    ``master`` through. Where that is loopback while the step spans other hosts (rank 0 is on
+    this node, or this node's name resolves to 127.0.1.1 as Debian's /etc/hosts has it), a
+    loopback socket would be unreachable from them: the interface towards another host of the
+    step instead, else None (Gloo's own choice)."""
+    iface = towards(master)
+    others = [h for h in dict.fromkeys(step_hosts) if h != host]
+    if iface is not None and iface.startswith("lo") and others:
+        iface = towards(others[0])
+        return None if iface is None or iface.startswith("lo") else iface
+    return iface
 
 
 def addresses() -> dict[str, list[str]]:

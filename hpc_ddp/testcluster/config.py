@@ -203,7 +203,9 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "SlurmdDebug=info",
         # Recipe: no cgroups inside the namespaces, so track and bind tasks without them.
         "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        # task/affinity binds each task to its CPUs with sched_setaffinity (no cgroups
+        # needed), so a test can see the cores a rank was given.
+        "TaskPlugin=task/affinity",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         # Every slurmd sees the whole machine; take CPUs/RealMemory from slurm.conf instead,

@@ -17,7 +17,7 @@ def test_slurm_step() -> None:
     env = detect(SLURM_STEP)
     assert (env.rank, env.local_rank, env.world_size, env.node_rank) == (5, 1, 8, 2)
     assert env.num_nodes == 4 and env.local_world_size == 2 and env.source == "slurm"
-    assert env.master_addr == "gpu07"
+    assert env.master_addr is None  # rank 0 publishes its address; no guess from the list
     assert env.nodes == ("gpu07", "gpu08", "rack2-n1", "rack2-n2")
     assert env.expected_host(5) == "rack2-n1" and env.expected_host(7) == "rack2-n2"
     assert env.job_id == "812.0" and env.restart == 0 and env.master_port is None
@@ -64,3 +64,46 @@ def test_single_task_batch_job_runs_as_one_rank() -> None:
     env = detect({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
                   "SLURM_JOB_NODELIST": "n1"})
     assert env.world_size == 1 and env.rank == 0
+
+
+# What Slurm 22.05 gave the tasks of `srun -N2 -r2` inside `salloc -N4` on the test cluster:
+# the job's lists name all four nodes, the step's only the 3rd and 4th.
+PARTIAL_STEP = {
+    "SLURM_JOB_ID": "7474", "SLURM_STEP_ID": "1", "SLURM_PROCID": "1", "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_STEP_NUM_NODES": "2",
+    "SLURM_JOB_NODELIST": "node[1-4]", "SLURM_NODELIST": "node[1-4]",
+    "SLURM_STEP_NODELIST": "node[3-4]", "SLURM_TASKS_PER_NODE": "1(x2)",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+}
+
+
+def test_a_step_on_part_of_the_allocation_uses_the_steps_nodes() -> None:
+    env = detect(PARTIAL_STEP)
+    assert env.nodes == ("node3", "node4") and env.expected_host(0) == "node3"
+    assert (env.rank, env.world_size, env.node_rank, env.num_nodes) == (1, 2, 1, 2)
+    assert env.master_addr is None and env.job_id == "7474.1"
+
+
+def test_a_users_master_addr_is_kept() -> None:
+    assert detect({**PARTIAL_STEP, "MASTER_ADDR": "ib-node3"}).master_addr == "ib-node3"
+
+
+@pytest.mark.parametrize("outer", [
+    # an `srun --pty bash` shell on a compute node: a step's identity, rank 0 of 1
+    {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"},
+    # an salloc shell of a 4-task allocation
+    {"SLURM_JOB_ID": "9", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-2]"},
+])
+def test_local_ranks_inside_an_allocation_never_take_slurms_identity(
+        outer: dict[str, str]) -> None:
+    envs = [detect({**outer, "SUBMITIT_LOCAL_GLOBALID": str(r), "SUBMITIT_LOCAL_NTASKS": "2",
+                    "SUBMITIT_LOCAL_JOB_ID": "4242"}) for r in range(2)]
+    assert [(e.source, e.rank, e.world_size) for e in envs] == [("local", 0, 2), ("local", 1, 2)]
+    assert {e.job_id for e in envs} == {"4242"}
+
+
+def test_a_heterogeneous_job_is_refused_saying_what_to_do() -> None:
+    with pytest.raises(LaunchError) as info:
+        detect({**SLURM_STEP, "SLURM_HET_SIZE": "2"})
+    assert "SLURM_HET_SIZE=2" in str(info.value) and "not support" in str(info.value)
+    assert "nodes=" in str(info.value)

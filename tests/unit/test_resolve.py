@@ -169,3 +169,13 @@ def test_resolve_asks_torch_only_for_a_local_run_left_to_derive(tmp_path: Path) 
     assert not asked
     slurm = resolve(compose(["cluster=slurm"]), NO_SLURM, tmp_path, count)
     assert (slurm.cluster.tasks_per_node, slurm.cluster.gpus_per_node) == (1, 0)
+
+
+def test_local_ranks_start_without_slurms_job_description() -> None:
+    from hpc_ddp.launch.local import outside_slurm
+
+    shell = {"PATH": "/usr/bin", "SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0",
+             "SLURM_NTASKS": "1", "SLURMD_NODENAME": "node2", "SLURM_CONF": "/etc/slurm.conf",
+             "CUDA_VISIBLE_DEVICES": "2,3", "MASTER_PORT": "29600"}
+    assert outside_slurm(shell) == {"PATH": "/usr/bin", "SLURM_CONF": "/etc/slurm.conf",
+                                    "CUDA_VISIBLE_DEVICES": "2,3", "MASTER_PORT": "29600"}

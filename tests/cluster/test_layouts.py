@@ -1,0 +1,87 @@
+"""Layouts of real use (issue 14), on the real cluster: a step on part of an allocation, two
+concurrent steps on disjoint nodes, and local ranks started inside an allocation."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.test_slurm_submit import SMALL
+from tests.conftest import REPO, command_env
+
+pytestmark = pytest.mark.cluster
+Run = Callable[..., subprocess.CompletedProcess[str]]
+TRAIN = [sys.executable, "-m", "hpc_ddp.train", "cluster.tasks_per_node=1",
+         "trainer.max_steps=10", "trainer.rendezvous_timeout_s=60", *SMALL]
+
+
+def in_allocation(nodes: int, script: str, env: dict[str, str],
+                  timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash inside ``salloc -N nodes`` (an interactive allocation's shell)."""
+    return subprocess.run(["salloc", f"-N{nodes}", "-Q", "bash", "-c", script], cwd=REPO,
+                          env=command_env(env), capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def summary(run_dir: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_steps_on_parts_of_an_allocation_train_side_by_side(slurm_env: dict[str, str],
+                                                            tmp_path: Path) -> None:
+    # The 3rd and 4th nodes (rank 0 on node3, which is not the allocation's first host), and
+    # at the same time the 1st and 2nd: two rendezvous, one job id, two step ids.
+    last, first = tmp_path / "last", tmp_path / "first"
+    train = " ".join(map(shlex.quote, TRAIN))
+    script = (f"srun -N2 -r2 {train} run_dir={last} & a=$!; "
+              f"srun -N2 -r0 {train} run_dir={first} & b=$!; "
+              "wait $a; x=$?; wait $b; y=$?; echo steps exited $x $y; [ $x$y = 00 ]")
+    done = in_allocation(4, script, slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for run_dir, hosts in ((last, ["node3", "node4"]), (first, ["node1", "node2"])):
+        got = summary(run_dir)
+        assert got["world_size"] == 2 and got["global_step"] == 10
+        assert sorted(got["hosts"]) == hosts
+    endpoints = {p.name for run in (last, first) for p in (run / "rendezvous").iterdir()}
+    assert len({name.split("-r")[0] for name in endpoints}) == 2  # job.step differs
+
+
+@pytest.mark.parametrize("where", ["salloc shell", "srun shell on a node"])
+def test_local_ranks_inside_an_allocation_are_their_own_world(
+        where: str, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    submit = " ".join(map(shlex.quote, [
+        sys.executable, "-m", "hpc_ddp.submit", "cluster=local", "cluster.tasks_per_node=2",
+        "trainer.max_steps=6", f"run_dir={run_dir}", *SMALL]))
+    # An `srun --pty bash` shell: a step's identity (SLURM_PROCID=0 of SLURM_NTASKS=1).
+    script = submit if where == "salloc shell" else f"srun -N1 -n1 {submit}"
+    done = in_allocation(1, script, slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = summary(run_dir)
+    assert got["world_size"] == 2 and got["global_step"] == 6
+    ranks = sorted(p.name for p in (run_dir / "ranks").iterdir())
+    assert ranks == ["rank0.json", "rank1.json"], ranks
+    assert "local job" in done.stdout
+
+
+def test_every_rank_gets_the_cpus_per_task_the_job_asked_for(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    # Two nodes, one rank each, both CPUs of the node: bound there (task/affinity) and as
+    # many intra-op threads.
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.tasks_per_node=1",
+                              "cluster.cpus_per_task=2", "trainer.max_steps=4", "wait=true",
+                              f"run_dir={run_dir}", *SMALL], env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        record = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
+        assert len(record["cpus"]) == 2 and record["threads"] == 2, record
+    script = list((run_dir / "submitit").rglob("*_submission.sh"))
+    assert script
+    assert any("--cpus-per-task=2" in path.read_text() for path in script)
