@@ -40,15 +40,34 @@ def read(run_root: Path) -> list[dict[str, Any]]:
 
 
 def requeues_by_us(events: list[dict[str, Any]]) -> int:
-    """Requeues hpc_ddp asked for (time limits, failures); Slurm's own preemption requeues
-    do not count against max_restarts."""
+    """Requeues hpc_ddp asked for (time limits, failures) over the run's whole life."""
     return sum(1 for e in events if e.get("kind") == "requeue")
 
 
-def last_reason(events: list[dict[str, Any]], attempt: int) -> str | None:
-    """Why attempt ``attempt`` ended: the cause its requeue gave, else its first stop or
-    failure (later ones are echoes: ranks killed by the requeue report lost peers too)."""
-    mine = [e for e in events if e.get("attempt") == attempt]
+def restarts_spent(events: list[dict[str, Any]], job: str | None) -> int:
+    """What counts against ``cluster.max_restarts``: this job's requeues (a resume=true is a
+    new job, with a new budget) since the last one that made progress. A requeue after new
+    checkpoints were written (a time-limit slice of a long run) is not a failure and starts
+    the count again; requeues at the same checkpoint step (a crash loop) add up. Slurm's own
+    requeues (preemption, node failure) are not hpc_ddp's and never count."""
+    spent, last_step = 0, None
+    for e in events:
+        if e.get("kind") != "requeue" or (job is not None and e.get("job") != job):
+            continue
+        step = e.get("step")
+        progressed = step is not None and (last_step is None or step > last_step)
+        spent = 0 if progressed else spent + 1
+        last_step = step if step is not None else last_step
+    return spent
+
+
+def last_reason(events: list[dict[str, Any]], attempt: int,
+                job: str | None = None) -> str | None:
+    """Why attempt ``attempt`` (of ``job``, when given: an earlier job's attempts have the
+    same numbers) ended: the cause its requeue gave, else its first stop or failure (later
+    ones are echoes: ranks killed by the requeue report lost peers too)."""
+    mine = [e for e in events if e.get("attempt") == attempt
+            and (job is None or e.get("job") in (None, job))]
     for kinds in (("requeue",), ("stop", "failure")):
         found = [e for e in mine if e.get("kind") in kinds]
         if found:

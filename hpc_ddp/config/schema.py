@@ -55,6 +55,12 @@ class ClusterConfig:
     signal_delay_s: int = 120
     # Requeues allowed after a time limit or a failure (preemptions do not count).
     max_restarts: int = 3
+    # On Slurm, run each rank's training (built-in or entry=) in a child of a supervisor
+    # process that outlives it: when the child dies abruptly (NCCL's watchdog aborts every
+    # rank after a failed collective), the supervisor records it and requeues the job, and
+    # it relays a request for the child's stacks. None: on when the ranks use GPUs (NCCL);
+    # with Gloo a dead peer is an exception the others handle. false: never.
+    supervise: bool | None = None
     # Shell lines run before srun on the first node (module load, conda activate, ...).
     setup: list[str] = field(default_factory=list)
     # Extra arguments for srun, e.g. ["--cpu-bind=none"].

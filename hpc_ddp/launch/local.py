@@ -49,7 +49,12 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
 
     executor = submitit.LocalExecutor(folder=str(run.submitit))
     executor.update_parameters(**executor_parameters(cfg, os.environ))
-    with _terminal_interrupt_ignored(), _environ(outside_slurm(os.environ)):
+    import uuid
+
+    from hpc_ddp.rank.distenv import LAUNCH_ID_ENV
+
+    ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12]}
+    with _terminal_interrupt_ignored(), _environ(ranks_env):
         return LocalJobHandle(executor.submit(task or TrainingTask(to_yaml(cfg),
                                                                     str(run.root))))
 

@@ -115,13 +115,65 @@ def latest_path(folder: Path) -> Path | None:
     return folder / name
 
 
-def load_latest(folder: Path, map_location: Any = "cpu") -> dict[str, Any] | None:
-    """The latest checkpoint's state, or None for a fresh run."""
+def latest_step(folder: Path) -> int | None:
+    """The step of the checkpoint ``latest`` names (None: none yet, or an unreadable pointer)."""
+    try:
+        latest = latest_path(folder)
+    except CheckpointError:
+        return None
+    match = _NAME.match(latest.name) if latest is not None else None
+    return int(match.group(1)) if match else None
+
+
+def candidates(folder: Path) -> list[Path]:
+    """The checkpoints a resume may start from, best first: the one ``latest`` names, then
+    the older kept ones, newest first."""
+    latest = latest_path(folder)
+    if latest is None:
+        return []
+    older = sorted((p for p in folder.iterdir() if _NAME.match(p.name) and p.name < latest.name),
+                   reverse=True)
+    return [latest, *older]
+
+
+def load_usable(folder: Path, map_location: Any = "cpu",
+                accept: Callable[[dict[str, Any]], None] | None = None
+                ) -> tuple[dict[str, Any] | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that loads (and that ``accept`` takes without raising: the
+    trainer's load_state_dict, which refuses wrong shapes), and the ones skipped on the way
+    with why. A truncated file, a bad pickle or a state that does not fit costs the steps
+    since the previous kept checkpoint, not the run. (None, []) for a fresh run;
+    CheckpointError when no kept checkpoint is usable."""
     import torch
 
-    path = latest_path(folder)
-    if path is None:
-        return None
-    log.info("loading checkpoint %s", path)
-    state: dict[str, Any] = torch.load(path, map_location=map_location, weights_only=False)
-    return state
+    skipped: list[tuple[Path, str]] = []
+    for path in candidates(folder):
+        try:
+            log.info("loading checkpoint %s", path)
+            state: dict[str, Any] = torch.load(path, map_location=map_location,
+                                               weights_only=False)
+            if accept is not None:
+                accept(state)
+            return state, skipped
+        except Exception as exc:  # truncated zip, unpickling error, size mismatch, missing
+            reason = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+            log.warning("checkpoint %s cannot be used (%s); trying the one before", path, reason)
+            skipped.append((path, reason))
+    if skipped:
+        shown = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointError(f"no checkpoint in {folder} can be used ({shown}). Start a new "
+                              "run_dir, or put back a good checkpoint and name it in "
+                              f"{folder / LATEST}.")
+    return None, skipped
+
+
+def load_latest(folder: Path, map_location: Any = "cpu") -> dict[str, Any] | None:
+    """The newest usable checkpoint's state (see load_usable), or None for a fresh run."""
+    return load_usable(folder, map_location)[0]
+
+
+def fallback_event(skipped: list[tuple[Path, str]], used: int | None,
+                   attempt: int) -> dict[str, Any]:
+    """The events.jsonl line for a resume that skipped unusable checkpoints."""
+    return {"kind": "checkpoint_fallback", "attempt": attempt,
+            "cause": "; ".join(f"{p.name}: {why}" for p, why in skipped), "used_step": used}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -120,13 +121,17 @@ def hosts_of(ranks: list[int], ranks_dir: Path) -> dict[int, str]:
 
 
 def explain(error: BaseException, store: Any, rank: int, world_size: int, ranks_dir: Path,
-            wait_s: float = 5.0) -> str:
-    """One sentence naming the rank(s) and host(s) that stopped answering, if they can be told."""
+            wait_s: float = 5.0,
+            locate: Callable[[list[int]], dict[int, str]] | None = None) -> str:
+    """One sentence naming the rank(s) and host(s) that stopped answering, if they can be
+    told, and (``locate``: rank -> where its stack was) the line each was on."""
     first = own_error(error, max_lines=1, max_chars=400)
     silent = silent_ranks(store, rank, world_size, wait_s)
     if silent:
         hosts = hosts_of(silent, ranks_dir)
-        who = ", ".join(f"rank {r} on {hosts[r]}" for r in silent)
+        places = locate(silent) if locate is not None else {}
+        who = ", ".join(f"rank {r} on {hosts[r]}"
+                        + (f" (was in {places[r]})" if r in places else "") for r in silent)
         return f"{who} stopped answering (dead or hung); this rank's collective failed: {first}"
     if silent is None:
         match = _ADDRESS.search(str(error))

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from hpc_ddp import hostlist
 
+# Set by the local launcher for its ranks: unique per launch (a uuid).
+LAUNCH_ID_ENV = "HPC_DDP_LAUNCH_ID"
+
 
 class LaunchError(RuntimeError):
     """The task was started in a way that cannot form the requested world (explained)."""
@@ -175,7 +178,9 @@ def _from_local(environ: Mapping[str, str], per_node: int | None) -> DistEnv:
         num_nodes=world // per_node,
         local_world_size=per_node,
         source="local",
-        job_id=environ.get("SUBMITIT_LOCAL_JOB_ID", "local"),
+        # The launch's own id (launch/local.py) before the controller's pid: a pid comes back
+        # in a later run, whose ranks must never read this run's rendezvous file.
+        job_id=environ.get(LAUNCH_ID_ENV) or environ.get("SUBMITIT_LOCAL_JOB_ID", "local"),
         master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
         master_port=_user_port(environ),
     )

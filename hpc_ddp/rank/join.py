@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank import nccl, netif, ranklog, rendezvous
+from hpc_ddp.errors import UserError
+from hpc_ddp.rank import nccl, netif, owner, ranklog, rendezvous, stacks
 from hpc_ddp.rank.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.distenv import DistEnv, detect
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
+
+
+class RunRefused(RuntimeError):
+    """Rank 0 refused to start the run (another live job writes its run dir)."""
 
 
 class RunStopped(SystemExit):
@@ -97,6 +102,9 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
     ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master)
+    if group:  # the training process (not a supervisor): its stacks on request
+        stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
+            cfg.cluster.signal))
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
         changes = nccl.apply(cfg.nccl, environ)
@@ -109,7 +117,9 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         _prepare_torch(cfg, environ)
         store, endpoint = rendezvous.connect(
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
-            cfg.trainer.collective_timeout_s, {"host": host, **gpu})
+            cfg.trainer.collective_timeout_s, {"host": host, **gpu},
+            agent_store=_agent_store(environ))
+        _claim_run_dir(run_dir, env, host, environ, store)
         if backend == "gloo" and env.world_size > 1:
             _choose_gloo_interface(env, endpoint.addr, host, environ)
         if group:
@@ -190,6 +200,34 @@ def _prepare_torch(cfg: Config, environ: MutableMapping[str, str]) -> None:
 
     torch.set_num_threads(threads_for(cfg, environ))
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
+
+
+def _agent_store(environ: MutableMapping[str, str]) -> str | None:
+    """Whose store the ranks join, if not one of their own (rendezvous.connect)."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    from hpc_ddp.rank.supervised import PROGRAM_CONFIG_ENV
+
+    return "supervisor" if PROGRAM_CONFIG_ENV in environ else "torchrun"
+
+
+def _claim_run_dir(run_dir: RunDir, env: DistEnv, host: str,
+                   environ: MutableMapping[str, str], store: Any) -> None:
+    """Rank 0 claims the run dir for this job (rank/owner.py) and tells the others through the
+    store, so a second job on the same run dir stops at start, every rank with rank 0's reason
+    (one squeue call by rank 0, one store read per rank)."""
+    key = "hpc_ddp/run_dir_refused"
+    if env.is_master:
+        try:
+            owner.claim(run_dir.root, owner.me(environ, host), host, environ)
+        except UserError as exc:
+            store.set(key, exc.message)
+            raise
+        store.set(key, "")
+        return
+    refused = bytes(store.get(key)).decode()
+    if refused:
+        raise RunRefused(refused)
 
 
 def _choose_gloo_interface(env: DistEnv, master: str, host: str,

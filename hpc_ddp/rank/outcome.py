@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank import device, diagnose, rendezvous, requeue, stopping
+from hpc_ddp.rank import checkpoint, device, diagnose, rendezvous, requeue, stacks, stopping
 from hpc_ddp.rank.join import Rank, RunStopped
 from hpc_ddp.rank.stopping import StopRequest
 from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
@@ -51,7 +51,7 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
     job = requeue.slurm_job(environ)
     left = stopping.time_left_s(job, environ) if job else None
     cause = stopping.cause_of(code, left, cfg.cluster.signal_delay_s, job is not None)
-    record = {"attempt": rank.env.restart, "step": step, "cause": cause,
+    record = {"attempt": rank.env.restart, "step": step, "cause": cause, "job": job,
               "signals": [name for name, _ in stop.received]}
     resume_hint = resume_command(run_dir.root)
     if job is None:
@@ -63,11 +63,12 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
         events.append(run_dir.root, {"kind": "stop", **record})
         log.warning("stopped at %s on SIGTERM; checkpoint saved", at)
         raise SystemExit(0)
-    used = events.requeues_by_us(events.read(run_dir.root))
+    used = events.restarts_spent(events.read(run_dir.root), job)
     if used >= cfg.cluster.max_restarts:
         events.append(run_dir.root, {"kind": "stop", **record})
         raise RunStopped(f"stopped at {at} ({cause}) and not requeued: "
-                         f"cluster.max_restarts={cfg.cluster.max_restarts} requeues are used. "
+                         f"cluster.max_restarts={cfg.cluster.max_restarts} requeues without "
+                         "progress are used. "
                          f"The checkpoint is saved; continue with: {resume_hint} "
                          "(raise cluster.max_restarts or cluster.time_min for fewer stops).")
     problem = requeue.requeue(job, environ)
@@ -78,8 +79,7 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
                          f"{resume_hint}")
     events.append(run_dir.root, {"kind": "stop", **record})
     events.append(run_dir.root, {"kind": "requeue", **record})
-    log.warning("stopped at %s (%s): checkpoint saved, job %s requeued (%d of %d)",
-                at, cause, job, used + 1, cfg.cluster.max_restarts)
+    log.warning("stopped at %s (%s): checkpoint saved, job %s requeued", at, cause, job)
     raise SystemExit(0)
 
 
@@ -89,7 +89,8 @@ def after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
     on Slurm requeue from the last checkpoint if allowed and a new attempt may get past it."""
     if diagnose.is_comm_failure(exc):
         message = diagnose.explain(exc, rank.store, rank.env.rank, rank.env.world_size,
-                                   run_dir.ranks)
+                                   run_dir.ranks, locate=lambda silent: _stacks_of(
+                                       silent, cfg, rank, run_dir))
         peer = diagnose.peer_error(run_dir.logs, rank.env.rank, rank.env.world_size)
         if peer is not None:  # a peer failed by itself; its error is the cause, not ours
             message = f"{peer} (this rank's collective failed as a result)"
@@ -103,13 +104,14 @@ def after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
 def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
          environ: MutableMapping[str, str], exc: BaseException | None = None) -> NoReturn:
     """Record the failure; requeue (once per failure, within max_restarts) when ``retry``."""
+    job = requeue.slurm_job(environ)
     record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
-              "cause": message.replace(diagnose.LOCAL_MARK, "").strip()}
+              "cause": message.replace(diagnose.LOCAL_MARK, "").strip(), "job": job,
+              "step": checkpoint.latest_step(run_dir.checkpoints)}
     events.append(run_dir.root, {"kind": "failure", **record})
     if not retry:
         raise RuntimeError(message) from exc  # a new attempt would fail the same way
-    job = requeue.slurm_job(environ)
-    used = events.requeues_by_us(events.read(run_dir.root))
+    used = events.restarts_spent(events.read(run_dir.root), job)
     if job is not None and used < cfg.cluster.max_restarts and rank.store is not None:
         # One requeue per failure: the first rank to claim it on the store (if still up).
         if _claim(rank.store, f"hpc_ddp/requeue/{rank.env.restart}") and not requeue.requeue(
@@ -117,6 +119,14 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
             events.append(run_dir.root, {"kind": "requeue", **record})
             message += f" Job {job} requeued from its last checkpoint."
     raise RuntimeError(message) from exc
+
+
+def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> dict[int, str]:
+    """Ask the silent ranks for their Python stacks (rank/stacks.py); where each one was."""
+    stacks.request(rank.store, silent, run_dir.ranks, rank.host,
+                   stacks.stack_signal(cfg.cluster.signal))
+    found = {r: stacks.where(run_dir.logs / f"rank{r}.stacks") for r in silent}
+    return {r: place for r, place in found.items() if place}
 
 
 def _claim(store: Any, key: str) -> bool:

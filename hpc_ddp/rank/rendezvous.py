@@ -69,17 +69,36 @@ def wait_for_endpoint(path: Path, timeout_s: float, env: DistEnv) -> Endpoint:
 
 
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
-            collective_timeout_s: float, record: dict[str, Any] | None = None
-            ) -> tuple[Any, Endpoint]:
+            collective_timeout_s: float, record: dict[str, Any] | None = None,
+            agent_store: str | None = None) -> tuple[Any, Endpoint]:
     """Form the store every rank shares; returns it (a torch.distributed TCPStore) and its
     address. ``record``: this rank's placement (host, GPU), which rank 0 can read back with
     :func:`placements` (the summary's rank -> node -> GPU map).
+
+    ``agent_store``: a process above the ranks already holds a store at MASTER_ADDR and
+    MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE). "supervisor": hpc_ddp's own, new for every
+    attempt: every rank is its client, keys under a prefix of their own. "torchrun": its
+    agent's store outlives torchrun's restarts (the c10d rendezvous keeps it), so an earlier
+    attempt's check-ins are still there, and TORCHELASTIC_RESTART_COUNT differs between
+    nodes (it counts failures only, not restarts for a changed membership); rank 0 then makes
+    a fresh store and publishes it on the agent's, and a rank that finds a published store it
+    cannot reach (the last attempt's, whose processes torchrun stopped) reads again.
 
     Raises RendezvousError naming the ranks (and their expected hosts) that never arrived.
     """
     import torch.distributed as dist
 
     path = endpoint_file(folder, env)
+    if agent_store and env.master_addr and env.master_port:
+        endpoint = Endpoint(env.master_addr, env.master_port)
+        shared = _client_store(env, endpoint, timeout_s, collective_timeout_s)
+        if agent_store == "supervisor":
+            mine: Any = dist.PrefixStore(attempt_prefix(env.restart), shared)
+            _check_in(mine, env, json.dumps(record or {"host": host}), timeout_s)
+            return mine, endpoint
+        mine, endpoint = _fresh_store(env, shared, host, timeout_s, collective_timeout_s)
+        _check_in(mine, env, json.dumps(record or {"host": host}), timeout_s)
+        return mine, endpoint
     if env.is_master:
         # Port 0: the kernel hands out a port nobody holds; no formula can collide.
         store = dist.TCPStore("0.0.0.0", env.master_port or 0, env.world_size, True,
@@ -97,6 +116,41 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
         store = _client_store(env, endpoint, timeout_s, collective_timeout_s)
     _check_in(store, env, json.dumps(record or {"host": host}), timeout_s)
     return store, endpoint
+
+
+_AGENT_KEY = "hpc_ddp/endpoint"
+
+
+def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
+                 collective_timeout_s: float) -> tuple[Any, Endpoint]:
+    """This attempt's own store, published on torchrun's agent store (see connect)."""
+    import torch.distributed as dist
+
+    if env.is_master:
+        store = dist.TCPStore("0.0.0.0", 0, env.world_size, True,
+                              timedelta(seconds=collective_timeout_s), wait_for_workers=False)
+        endpoint = Endpoint(_master_addr(env, host), store.port)
+        agent.set(_AGENT_KEY, json.dumps({"addr": endpoint.addr, "port": endpoint.port}))
+        return store, endpoint
+    deadline = time.monotonic() + timeout_s
+    while True:
+        data = json.loads(bytes(agent.get(_AGENT_KEY)).decode())  # waits until it is set
+        endpoint = Endpoint(str(data["addr"]), int(data["port"]))
+        try:
+            socket.create_connection((endpoint.addr, endpoint.port), timeout=2).close()
+            return _client_store(env, endpoint, timeout_s, collective_timeout_s), endpoint
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RendezvousError(
+                    f"rank {env.rank} found rank 0's store at {endpoint.addr}:{endpoint.port} "
+                    f"on torchrun's store but could not reach it within {timeout_s:.0f}s."
+                ) from None
+            time.sleep(_POLL_S)
+
+
+def attempt_prefix(restart: int) -> str:
+    """The store prefix of an attempt's keys under an agent's store."""
+    return f"hpc_ddp_attempt/{restart}/"
 
 
 def _master_addr(env: DistEnv, host: str) -> str:

@@ -57,7 +57,7 @@ RESUME_CAUSE_ENV = "HPC_DDP_RESUME_CAUSE"
 DONE_WAIT_S = 60.0
 _TAIL_LINES = 30
 # Deaths no script chooses: a new attempt may get past them.
-_ABRUPT = {signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
+ABRUPT = {signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
            signal.SIGFPE}
 
 
@@ -102,7 +102,7 @@ def stop_file(run: RunDir, rank: Rank) -> Any:
 def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
               cause: str | None) -> dict[str, Any] | None:
     """Run the script on this rank and act on its end; the summary on rank 0."""
-    children: list[_Child] = []
+    children: list[Child] = []
 
     def forward(signum: int) -> None:
         for child in children:
@@ -112,7 +112,7 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
     on_slurm = "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
     stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
     with joined(cfg, run, environ, group=False) as rank:
-        child = _Child(command(cfg), child_environment(cfg, rank, environ, run, cause))
+        child = Child(command(cfg), child_environment(cfg, rank, environ, run, cause))
         children.append(child)
         if stop.code != stopping.NONE and not on_slurm:  # signalled while joining
             child.signal(signal.SIGTERM if stop.code == stopping.TERM else
@@ -120,14 +120,14 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         started = time.perf_counter()
         log.info("running %s on rank %d of %d", shown(cfg), rank.env.rank, rank.env.world_size)
         code = child.wait()
-        _report_done(rank, code)
+        report_done(rank, code)
         if rank.env.is_master:
-            _wait_for_all(rank)
+            wait_for_all(rank, stop)
         return _outcome(code, child, stop, cfg, rank, run, environ, started)
     return None
 
 
-def _outcome(code: int, child: _Child, stop: StopRequest, cfg: Config, rank: Rank,
+def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank,
              run: RunDir, environ: MutableMapping[str, str],
              started: float) -> dict[str, Any] | None:
     step = _checkpoint_step(run)
@@ -156,7 +156,7 @@ def _outcome(code: int, child: _Child, stop: StopRequest, cfg: Config, rank: Ran
                                      **summary, "result": result})
 
 
-def _failed(code: int, child: _Child, cfg: Config, rank: Rank, run: RunDir,
+def _failed(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
             environ: MutableMapping[str, str]) -> NoReturn:
     tail = child.tail()
     if code < 0:
@@ -170,8 +170,8 @@ def _failed(code: int, child: _Child, cfg: Config, rank: Rank, run: RunDir,
             fail(message, False, cfg, rank, run, environ)
         message = (f"the script died from {name}"
                    + (" (an abort: NCCL's watchdog after a failed or timed-out collective, or "
-                      "a crash)" if -code in _ABRUPT else "") + f"; its last lines:\n{tail}")
-        fail(message, -code in _ABRUPT, cfg, rank, run, environ)
+                      "a crash)" if -code in ABRUPT else "") + f"; its last lines:\n{tail}")
+        fail(message, -code in ABRUPT, cfg, rank, run, environ)
     from hpc_ddp.rank.diagnose import LOCAL_MARK
 
     fail(f"{LOCAL_MARK} the script exited with code {code}; its last lines:\n{tail}", False,
@@ -180,15 +180,10 @@ def _failed(code: int, child: _Child, cfg: Config, rank: Rank, run: RunDir,
 
 def _checkpoint_step(run: RunDir) -> int | None:
     """The step of the run's latest checkpoint, if the script uses hpc_ddp's."""
-    try:
-        latest = checkpoint.latest_path(run.checkpoints)
-    except checkpoint.CheckpointError:
-        return None
-    digits = latest.stem.removeprefix("step_") if latest is not None else ""
-    return int(digits) if digits.isdigit() else None
+    return checkpoint.latest_step(run.checkpoints)
 
 
-def _report_done(rank: Rank, code: int) -> None:
+def report_done(rank: Rank, code: int) -> None:
     try:
         rank.store.set(f"hpc_ddp/script_exit/{rank.env.rank}", str(code))
         rank.store.add("hpc_ddp/script_done", 1)
@@ -196,18 +191,20 @@ def _report_done(rank: Rank, code: int) -> None:
         pass
 
 
-def _wait_for_all(rank: Rank) -> None:
+def wait_for_all(rank: Rank, stop: StopRequest | None = None) -> None:
     """Keep the store (in this process) up until every rank's script has ended, so none of
-    them loses its store in its last collectives."""
+    them loses its store in its last collectives; not past a SIGTERM (Slurm ends the step:
+    a rank that hangs would hold this one until KillWait's SIGKILL)."""
     deadline = time.monotonic() + DONE_WAIT_S
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not (stop and stop.code == stopping.TERM):
         try:
             if int(rank.store.add("hpc_ddp/script_done", 0)) >= rank.env.world_size:
                 return
         except Exception:
             return
         time.sleep(0.2)
-    log.warning("not every rank's script ended within %.0fs of rank 0's", DONE_WAIT_S)
+    if time.monotonic() >= deadline:
+        log.warning("not every rank's program ended within %.0fs of rank 0's", DONE_WAIT_S)
 
 
 def _exit_codes(rank: Rank) -> dict[str, int | None]:
@@ -222,7 +219,7 @@ def _exit_codes(rank: Rank) -> dict[str, int | None]:
     return codes
 
 
-class _Child:
+class Child:
     """The script's process: stdout passed through, stderr passed through and its last lines
     kept (for the error report)."""
 

@@ -49,11 +49,15 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     """
     env = detect(environ, cfg.cluster.tasks_per_node)
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
-    cause = resume_cause(cfg, run_dir, env)
+    cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))
     if cfg.script is not None:
         from hpc_ddp.rank.script import supervise
 
         return supervise(cfg, run_dir, environ, cause)
+    from hpc_ddp.rank import supervised
+
+    if supervised.wanted(cfg, environ):
+        return supervised.supervise(cfg, run_dir, environ)
     stop = StopRequest()
     stop.install(cfg.cluster.signal)
     with joined(cfg, run_dir, environ) as rank:
@@ -86,10 +90,12 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
     return summary
 
 
-def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv) -> str | None:
-    """Why this start continues from a checkpoint (None: a fresh run)."""
+def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv,
+                 job: str | None = None) -> str | None:
+    """Why this start continues from a checkpoint (None: a fresh run); ``job``: this Slurm
+    job's id (an earlier job of the same run dir numbered its attempts the same way)."""
     if env.restart > 0:
-        why = events.last_reason(events.read(run_dir.root), env.restart - 1)
+        why = events.last_reason(events.read(run_dir.root), env.restart - 1, job)
         return f"requeue after {why}" if why else "requeue by Slurm (preemption or node failure)"
     if cfg.resume:
         return "resume"

@@ -18,6 +18,7 @@ import math
 import time
 from typing import Any
 
+from hpc_ddp import events
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
@@ -138,10 +139,13 @@ class Trainer:
         # Onto the CPU: RNG states must stay CPU byte tensors, and load_state_dict moves the
         # weights and optimizer state to the parameters' device itself (optimizer step
         # counters stay on the CPU where torch wants them there).
-        state = checkpoint.load_latest(self.run.checkpoints, map_location="cpu")
+        state, skipped = checkpoint.load_usable(self.run.checkpoints, "cpu",
+                                                accept=self.load_state_dict)
+        if skipped and self.env.is_master:
+            events.append(self.run.root, checkpoint.fallback_event(
+                skipped, None if state is None else self.global_step, self.env.restart))
         if state is None:
             return
-        self.load_state_dict(state)
         self.resumed_from_step = self.checkpoint_step = self.global_step
         self.restarts.append({"from_step": self.global_step, "cause": cause,
                               "time": time.time()})

@@ -7,6 +7,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,3 +86,55 @@ def test_every_rank_gets_the_cpus_per_task_the_job_asked_for(
     script = list((run_dir / "submitit").rglob("*_submission.sh"))
     assert script
     assert any("--cpus-per-task=2" in path.read_text() for path in script)
+
+
+def test_torchrun_under_slurm_restarts_into_a_fresh_rendezvous(slurm_env: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    # One torchrun per node (srun), torchrun's c10d rendezvous on the step's first node, one
+    # restart allowed; rank 1 fails in the first attempt. hpc_ddp's ranks join torchrun's own
+    # store (TORCHELASTIC_USE_AGENT_STORE) under a per-attempt prefix, so the second attempt
+    # never reads the first one's check-ins.
+    run_dir = tmp_path / "run"
+    torchrun = " ".join([
+        shlex.quote(sys.executable), "-m", "torch.distributed.run", "--nnodes=2",
+        "--nproc-per-node=1", "--rdzv-backend=c10d", '--rdzv-endpoint="$head:29611"',
+        '--rdzv-id="$SLURM_JOB_ID"', "--max-restarts=1", "-m", "hpc_ddp.train",
+        "entry=tests.usercode.entries:fails_once", f"run_dir={shlex.quote(str(run_dir))}",
+        "trainer.rendezvous_timeout_s=60"])
+    script = ('head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1); '
+              f"srun -N2 --ntasks-per-node=1 {torchrun}")
+    done = in_allocation(2, script, slurm_env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # Only a second attempt can end: in the first, rank 1 raised before the all-reduce.
+    # (Rank 0's TORCHELASTIC_RESTART_COUNT may still say 0: torchrun counts failures, and
+    # node1's agent restarted for a changed membership, so the ranks cannot go by it.)
+    result = summary(run_dir)["result"]
+    assert result["total"] == 1.0 and result["env_world"] == "2"
+    assert "rank 1 fails in torchrun's first attempt" in (run_dir / "events.jsonl").read_text()
+
+
+def test_a_second_job_on_a_run_dir_in_use_is_refused(slurm_env: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    from tests.cluster.test_slurm_submit import activated, sbatch_and_wait
+
+    run_dir = tmp_path / "run"
+    args = ["-N1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1",
+            "--time=10", str(REPO / "jobs" / "train.sbatch"), f"run_dir={run_dir}", *SMALL]
+    first = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/first-%j.out",
+                            *args, "trainer.max_steps=100000"], cwd=tmp_path,
+                           env=activated(slurm_env), capture_output=True, text=True, check=True)
+    job = first.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "progress.json").exists():  # the first one trains
+            assert time.monotonic() < deadline, "the first job never started training"
+            time.sleep(0.5)
+        state, log = sbatch_and_wait([*args, "trainer.max_steps=200000", "resume=true"],
+                                     tmp_path, activated(slurm_env))
+        assert state == "FAILED", log
+        assert f"is being written by slurm job {job}, which still runs" in log, log
+        assert f"scancel {job}" in log
+        owner = json.loads((run_dir / "owner.json").read_text())
+        assert owner["job"] == job  # the first job's claim stands
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, check=False)

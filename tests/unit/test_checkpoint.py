@@ -118,3 +118,46 @@ def test_read_only_folder_is_clear_and_keeps_previous(small_fs: Path) -> None:
     with pytest.raises(checkpoint.CheckpointError, match="Read-only file system"):
         checkpoint.save({"step": 2}, small_fs, 2, keep=3)
     assert checkpoint.load_latest(small_fs) == {"step": 1}
+
+
+def _three(folder: Path) -> None:
+    for step in (10, 20, 30):
+        checkpoint.save({"step": step, "w": torch.full((3,), float(step))}, folder, step, keep=3)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not a pickle", "missing"])
+def test_an_unusable_latest_falls_back_to_the_one_before(tmp_path: Path, damage: str) -> None:
+    _three(tmp_path)
+    latest = tmp_path / checkpoint.name_for(30)
+    if damage == "truncated":
+        latest.write_bytes(latest.read_bytes()[:100])
+    elif damage == "not a pickle":
+        latest.write_bytes(b"\x00garbage" * 50)
+    else:
+        latest.unlink()
+    state, skipped = checkpoint.load_usable(tmp_path)
+    assert state is not None and state["step"] == 20
+    assert [p.name for p, _ in skipped] == [latest.name] and skipped[0][1]
+    event = checkpoint.fallback_event(skipped, 20, attempt=1)
+    assert event["kind"] == "checkpoint_fallback" and latest.name in event["cause"]
+
+
+def test_a_state_the_model_refuses_falls_back_and_none_usable_is_said(tmp_path: Path) -> None:
+    _three(tmp_path)
+    seen = []
+
+    def accept(state: dict) -> None:  # type: ignore[type-arg]
+        seen.append(state["step"])
+        if state["step"] == 30:
+            raise RuntimeError("size mismatch for w: copying a param with shape [3]")
+
+    state, skipped = checkpoint.load_usable(tmp_path, accept=accept)
+    assert state is not None and state["step"] == 20 and seen == [30, 20]
+    assert "size mismatch" in skipped[0][1]
+
+    def refuse(state: dict) -> None:  # type: ignore[type-arg]
+        raise RuntimeError("wrong shapes")
+
+    with pytest.raises(checkpoint.CheckpointError) as info:
+        checkpoint.load_usable(tmp_path, accept=refuse)
+    assert all(checkpoint.name_for(s) in str(info.value) for s in (10, 20, 30))

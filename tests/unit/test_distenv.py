@@ -107,3 +107,35 @@ def test_a_heterogeneous_job_is_refused_saying_what_to_do() -> None:
         detect({**SLURM_STEP, "SLURM_HET_SIZE": "2"})
     assert "SLURM_HET_SIZE=2" in str(info.value) and "not support" in str(info.value)
     assert "nodes=" in str(info.value)
+
+
+@pytest.mark.parametrize("environ, script, supervise, gpus, device, expected", [
+    ({"SLURM_STEP_ID": "0"}, None, True, 0, "auto", True),           # asked for
+    ({"SLURM_STEP_ID": "0"}, None, None, 4, "auto", True),           # unset, GPUs: NCCL
+    ({"SLURM_STEP_ID": "0"}, None, None, 0, "auto", False),          # unset, CPU job: Gloo
+    ({"SLURM_STEP_ID": "0"}, None, None, 4, "cpu", False),           # GPUs held, CPU compute
+    ({"SLURM_STEP_ID": "0"}, None, False, 4, "auto", False),         # cluster.supervise=false
+    ({"SLURM_STEP_ID": "0"}, "train.py", True, 4, "auto", False),    # scripts: their own
+    ({}, None, True, 4, "auto", False),                              # local
+    ({"SLURM_STEP_ID": "0", "HPC_DDP_PROGRAM_CONFIG": "x"}, None, True, 4, "auto", False),
+    ({"SLURM_STEP_ID": "0", "TORCHELASTIC_RUN_ID": "j"}, None, True, 4, "auto", False),
+])
+def test_which_tasks_run_their_training_under_a_supervisor(
+        environ: dict[str, str], script: str | None, supervise: bool | None, gpus: int,
+        device: str, expected: bool) -> None:
+    import dataclasses
+
+    from hpc_ddp.config.schema import Config
+    from hpc_ddp.rank.supervised import wanted
+
+    cfg = Config()
+    cfg = dataclasses.replace(
+        cfg, script=script, trainer=dataclasses.replace(cfg.trainer, device=device),
+        cluster=dataclasses.replace(cfg.cluster, supervise=supervise, gpus_per_node=gpus))
+    assert wanted(cfg, environ) is expected
+
+
+def test_a_local_run_is_named_by_its_launch_not_by_a_pid_that_comes_back() -> None:
+    env = detect({"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "2",
+                  "SUBMITIT_LOCAL_JOB_ID": "4242", "HPC_DDP_LAUNCH_ID": "9f3a1c2b7d0e"})
+    assert env.job_id == "9f3a1c2b7d0e"

@@ -52,3 +52,31 @@ def test_history(tmp_path: Path) -> None:
     assert events.last_reason(history, 0) == "time limit"
     assert events.last_reason(history, 1) == "rank 1 died"
     assert events.last_reason(history, 2) is None
+
+
+def rq(job: str, step: int | None, attempt: int = 0) -> dict:  # type: ignore[type-arg]
+    return {"kind": "requeue", "job": job, "step": step, "attempt": attempt, "cause": "x"}
+
+
+@pytest.mark.parametrize("history, job, spent", [
+    # a long run cut into time-limit slices: every requeue after new checkpoints
+    ([rq("7", 100), rq("7", 200), rq("7", 300), rq("7", 400)], "7", 0),
+    # a crash loop at one checkpoint: each requeue without progress adds one
+    ([rq("7", 100), rq("7", 100), rq("7", 100)], "7", 2),
+    # progress starts the count again
+    ([rq("7", 100), rq("7", 100), rq("7", 250), rq("7", 250)], "7", 1),
+    # no checkpoint yet: no progress either
+    ([rq("7", None), rq("7", None)], "7", 2),
+    # resume=true is a new job: the earlier job's requeues are not this job's budget
+    ([rq("6", 100), rq("6", 100), rq("6", 100)], "7", 0),
+    ([], "7", 0),
+])
+def test_max_restarts_counts_requeues_without_progress_per_job(
+        history: list, job: str, spent: int) -> None:  # type: ignore[type-arg]
+    assert events.restarts_spent(history, job) == spent
+
+
+def test_an_earlier_jobs_reasons_are_not_reported_for_a_new_one() -> None:
+    history = [{**rq("6", 100, attempt=0), "cause": "old job's time limit"}]
+    assert events.last_reason(history, 0, job="7") is None
+    assert events.last_reason(history, 0, job="6") == "old job's time limit"

@@ -44,3 +44,12 @@ def counts(ctx: Any) -> dict[str, Any]:
             time.sleep(ctx.app["sleep"])
     ctx.save({"step": step, "value": value})
     return {"value": float(value), "steps": step}
+
+
+def fails_once(ctx: Any) -> dict[str, Any]:
+    """Rank 1 fails in torchrun's first attempt, before any collective (rank 0 then waits in
+    report's all-reduce until torchrun restarts both); the second attempt reports."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if ctx.rank == 1 and attempt == "0":
+        raise RuntimeError("rank 1 fails in torchrun's first attempt")
+    return {**report(ctx), "attempt": attempt}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from typing import Any
 
 import torch
@@ -73,3 +75,24 @@ class NotOnNode3(Dataset):  # type: ignore[type-arg]
 
 def differs_on_node3() -> tuple[Any, Any]:
     return NotOnNode3(), NotOnNode3()
+
+
+class StuckOnRank1(Dataset):  # type: ignore[type-arg]
+    """Rank 1's reads block once the file ``flag`` exists, as a read from a hung file system
+    would; the other ranks go on into their next collective."""
+
+    def __init__(self, flag: str, rank: int, size: int = 256) -> None:
+        self.flag, self.rank = flag, rank
+        self.x, self.y = torch.randn(size, 8), torch.arange(size) % 3
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        while self.rank == 1 and os.path.exists(self.flag):
+            time.sleep(0.5)  # the line a stuck rank is found on
+        return self.x[i], self.y[i]
+
+
+def stuck_on_rank1(flag: str, rank: int) -> tuple[Any, Any]:
+    return StuckOnRank1(flag, rank), StuckOnRank1(flag, -1, size=32)

@@ -1,0 +1,150 @@
+"""The built-in trainer or a function entry on Slurm, in a child of a supervisor that outlives it.
+
+Why: with torch 2.14 NCCL's watchdog (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, the default)
+tears every rank's process down with SIGABRT after a collective fails or times out, so a
+failure path inside the training process never runs: no error record, no requeue, and Slurm
+does not requeue a FAILED job. The decision therefore lives here, in a process that does no
+collective and touches no GPU (https://pytorch.org/docs/stable/torch_nccl_environment_variables.html).
+
+This process joins the job as a script's supervisor does (rendezvous; rank 0's holds the
+store), then starts the training in ``python -m hpc_ddp.rank.program_main`` with the torchrun
+variables and ``TORCHELASTIC_USE_AGENT_STORE=True``: the child is a client of this store, its
+keys apart from ours (rendezvous.connect). The child handles signals, stops, checkpoints and
+its own errors as ever. Here:
+
+================================  =============================================
+child exit 0                      done (or stopped and requeued by it): rank 0
+                                  returns the summary the child wrote
+child exit code > 0               it recorded its error: passed on
+killed by SIGABRT/KILL/SEGV/...   died abruptly: recorded as a failure and the
+                                  job requeued (once, within max_restarts)
+killed by SIGTERM                 preempted or cancelled: left to Slurm
+================================  =============================================
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from hpc_ddp import events
+from hpc_ddp.config.compose import to_yaml
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rank import rendezvous, stacks, stopping
+from hpc_ddp.rank.join import Rank, joined
+from hpc_ddp.rank.outcome import fail
+from hpc_ddp.rank.script import ABRUPT, Child, report_done, wait_for_all
+from hpc_ddp.rank.stopping import StopRequest
+from hpc_ddp.rundir import RunDir, read_json
+
+log = logging.getLogger(__name__)
+# Set in the child: its config (YAML) and run dir; also marks it as supervised (no recursion).
+PROGRAM_CONFIG_ENV = "HPC_DDP_PROGRAM_CONFIG"
+PROGRAM_RUN_DIR_ENV = "HPC_DDP_PROGRAM_RUN_DIR"
+
+
+def wanted(cfg: Config, environ: Mapping[str, str]) -> bool:
+    """Supervise here: a Slurm step's task (not a local run, not already the child, not a
+    script, which has its own supervisor, not under torchrun, which is one) when
+    cluster.supervise says so; unset, when the ranks use GPUs (NCCL's watchdog). Two
+    processes per rank cost a second interpreter start, which CPU/Gloo jobs need not pay:
+    there a dead peer is an exception the other ranks handle."""
+    on_slurm = "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
+    if not (on_slurm and cfg.script is None and PROGRAM_CONFIG_ENV not in environ
+            and "TORCHELASTIC_RUN_ID" not in environ):
+        return False
+    if cfg.cluster.supervise is not None:
+        return cfg.cluster.supervise
+    return bool(cfg.cluster.gpus_per_node) and cfg.trainer.device != "cpu"
+
+
+def child_command() -> list[str]:
+    # Through script_main: a clean end is not turned into an abort by torch's teardown.
+    return [sys.executable, "-m", "hpc_ddp.rank.script_main", "-m", "hpc_ddp.rank.program_main"]
+
+
+def child_environment(cfg: Config, rank: Rank, environ: Mapping[str, str],
+                      run: RunDir) -> dict[str, str]:
+    env = {**environ, **rank.torchrun_env(), "TORCHELASTIC_USE_AGENT_STORE": "True",
+           PROGRAM_CONFIG_ENV: to_yaml(cfg), PROGRAM_RUN_DIR_ENV: str(run.root)}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str]
+              ) -> dict[str, Any] | None:
+    """Run this rank's training in a child and act on how it ended; the summary on rank 0."""
+    stop = StopRequest()
+    # slurmstepd signals every process of the step: the child acts, this one only notes it.
+    stop.install(cfg.cluster.signal)
+    with joined(cfg, run, environ, group=False) as rank:
+        child = Child(child_command(), child_environment(cfg, rank, environ, run))
+        _relay_stack_requests(rank, child, stacks.stack_signal(cfg.cluster.signal))
+        log.info("training in process %d under this supervisor (rank %d of %d)",
+                 child.proc.pid, rank.env.rank, rank.env.world_size)
+        code = child.wait()
+        report_done(rank, code)
+        if rank.env.is_master:
+            wait_for_all(rank, stop)
+        if code < 0 and -code in ABRUPT:
+            _died(code, child, cfg, rank, run, environ)
+        if code != 0:
+            # The child's own error (recorded by it), or SIGTERM: Slurm's to act on.
+            raise SystemExit(code if code > 0 else 128 - code)
+        if rank.env.is_master:
+            summary = read_json(run.summary)
+            return summary if isinstance(summary, dict) else None
+    return None
+
+
+def _relay_stack_requests(rank: Rank, child: Child, signum: int) -> None:
+    """A thread that waits for a stack request on the child's store keys (rank/stacks.py), on
+    a connection of its own (the store is not shared between threads), and signals the
+    child when it comes. Waiting is the store's own (no polling); it ends with the store."""
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    if rank.endpoint is None:
+        return
+    prefix = rendezvous.attempt_prefix(rank.env.restart)  # where the child's keys are
+    endpoint = rank.endpoint
+
+    def relay() -> None:
+        try:
+            own = dist.PrefixStore(prefix, dist.TCPStore(
+                endpoint.addr, endpoint.port, is_master=False, timeout=timedelta(seconds=30),
+                wait_for_workers=False))
+            while child.proc.poll() is None:
+                try:
+                    own.wait([stacks.KEY], timedelta(hours=1))
+                except Exception as exc:  # an hour without a request, or the store is gone
+                    if "timeout" not in str(exc).lower():
+                        return
+                    continue
+                child.signal(signum)
+                return
+        except Exception:
+            return
+
+    threading.Thread(target=relay, name="hpc_ddp-stack-relay", daemon=True).start()
+
+
+def _died(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
+          environ: MutableMapping[str, str]) -> None:
+    name = signal.Signals(-code).name
+    attempt = rank.env.restart
+    job = environ.get("SLURM_JOB_ID")
+    already = any(e.get("kind") == "requeue" and e.get("attempt") == attempt
+                  and e.get("job") in (None, job) for e in events.read(run.root))
+    message = (f"the training process died from {name} (an abort: NCCL's watchdog after a "
+               "failed or timed-out collective, the out-of-memory killer, or a crash); its "
+               f"last lines:\n{child.tail()}")
+    if already or stopping.signal_number(cfg.cluster.signal) == -code:
+        # Another rank's failure already requeued this attempt: this death is its echo.
+        raise SystemExit(128 - code)
+    fail(message, True, cfg, rank, run, environ)
