@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.procs import pid_alive, start_time
+from hpc_ddp.rank.requeue import squeue_job
 
 FILE = "owner.json"
 
@@ -34,10 +34,8 @@ def me(environ: Mapping[str, str], host: str) -> dict[str, Any]:
 
 def slurm_job_alive(job: str, environ: Mapping[str, str]) -> bool | None:
     """Whether Slurm still has the job (pending, running, completing); None: cannot ask."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=dict(environ),
-                              capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+    done = squeue_job(job, "%T", environ)
+    if done is None:
         return None
     if done.returncode != 0:
         return False if "Invalid job id" in done.stderr else None

@@ -19,6 +19,16 @@ def slurm_job(environ: Mapping[str, str]) -> str | None:
     return environ.get("SLURM_JOB_ID") or None
 
 
+def squeue_job(job_id: str, field: str, environ: Mapping[str, str]
+               ) -> subprocess.CompletedProcess[str] | None:
+    """``squeue -h -j <job> -o <field>`` (one call to slurmctld); None when it cannot run."""
+    try:
+        return subprocess.run(["squeue", "-h", "-j", job_id, "-o", field], env=dict(environ),
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def requeue(job_id: str, environ: Mapping[str, str]) -> str | None:
     """Requeue; returns None on success, else Slurm's answer."""
     try:

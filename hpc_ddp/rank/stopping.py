@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from hpc_ddp.rank.requeue import squeue_job
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +91,8 @@ def agree(code: int, device: Any) -> int:
 
 def time_left_s(job_id: str, environ: Mapping[str, str]) -> float | None:
     """Seconds until the job's time limit, from squeue (None when Slurm cannot say)."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%L"], env=dict(environ),
-                              capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_duration(done.stdout.strip()) if done.returncode == 0 else None
+    done = squeue_job(job_id, "%L", environ)
+    return parse_duration(done.stdout.strip()) if done and done.returncode == 0 else None
 
 
 def parse_duration(text: str) -> float | None:
