@@ -203,9 +203,10 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "SlurmdDebug=info",
         # Recipe: no cgroups inside the namespaces, so track and bind tasks without them.
         "ProctrackType=proctrack/linuxproc",
-        # task/affinity binds each task to its CPUs with sched_setaffinity (no cgroups
-        # needed), so a test can see the cores a rank was given.
-        "TaskPlugin=task/affinity",
+        # No binding: the four nodes share this machine's cores, and task/affinity (tried)
+        # bound every 1-CPU task to its "node's" CPU 0, all on one physical core: the whole
+        # suite ran ~1.5x slower. A rank's cores are recorded in ranks/rank<N>.json.
+        "TaskPlugin=task/none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         # Every slurmd sees the whole machine; take CPUs/RealMemory from slurm.conf instead,

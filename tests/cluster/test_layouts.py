@@ -73,8 +73,9 @@ def test_local_ranks_inside_an_allocation_are_their_own_world(
 
 def test_every_rank_gets_the_cpus_per_task_the_job_asked_for(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    # Two nodes, one rank each, both CPUs of the node: bound there (task/affinity) and as
-    # many intra-op threads.
+    # Two nodes, one rank each, both CPUs of the node: srun is told (Slurm 22.05+ does not
+    # pass it from the job) and the rank runs as many intra-op threads. (The test cluster
+    # binds no task to cores, so the recorded cores are the machine's two either way.)
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.tasks_per_node=1",
                               "cluster.cpus_per_task=2", "trainer.max_steps=4", "wait=true",

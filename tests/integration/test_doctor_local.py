@@ -58,8 +58,9 @@ def test_doctor_bad_input_exits_2(hpc_ddp: Run, tmp_path: Path) -> None:
 
 def test_bench_comm_local(hpc_ddp: Run, tmp_path: Path) -> None:
     run_dir = tmp_path / "bench"
-    done = hpc_ddp("bench", ["--max-size", "64K", "--min-size", "16K", "--tcp-seconds", "0.5",
-                             "--iters", "3", "cluster=local", f"run_dir={run_dir}"])
+    done = hpc_ddp("bench", ["comm", "--max-size", "64K", "--min-size", "16K",
+                             "--tcp-seconds", "0.5", "--iters", "3", "cluster=local",
+                             f"run_dir={run_dir}"])
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((run_dir / "bench" / "comm.json").read_text())
     assert result["world_size"] == 2
