@@ -147,4 +147,9 @@ def _died(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
     if already or stopping.signal_number(cfg.cluster.signal) == -code:
         # Another rank's failure already requeued this attempt: this death is its echo.
         raise SystemExit(128 - code)
-    fail(message, True, cfg, rank, run, environ)
+    # Rank 0's supervisor decides: one scontrol call per job, and the store that would
+    # arbitrate between supervisors lives in its process, gone once it has requeued (another
+    # rank's supervisor would then requeue the next attempt too). The others record their
+    # death. Rank 0's training dies as well when a peer's does (NCCL's watchdog, or a failed
+    # Gloo collective, which its own failure path handles); a lost node is Slurm's to requeue.
+    fail(message, rank.env.is_master, cfg, rank, run, environ)
