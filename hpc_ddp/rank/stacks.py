@@ -36,8 +36,10 @@ def enable(path: Path, signum: int) -> None:
     """Dump every thread's stack into ``path`` (appended) when ``signum`` arrives."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(path, "a")  # noqa: SIM115 - must stay open for the process's life
-    _open.append(handle)
     faulthandler.register(signum, file=handle, all_threads=True, chain=False)
+    while _open:  # a process that joins again (a notebook, a benchmark): the old file is done
+        _open.pop().close()
+    _open.append(handle)
 
 
 def request(store: Any, silent: list[int], ranks_dir: Path, host: str, signum: int,
