@@ -84,6 +84,7 @@ class TestCluster:
         gpus: int = 2,
         *,
         real_memory_mb: int = 3000,
+        task_affinity: bool = False,
         say: Callable[[str], None] | None = None,
     ) -> None:
         kwargs: dict[str, Any] = {
@@ -91,6 +92,7 @@ class TestCluster:
             "cpus": cpus,
             "gpus": gpus,
             "real_memory_mb": real_memory_mb,
+            "task_affinity": task_affinity,
         }
         if state_dir is not None:
             kwargs["state_dir"] = Path(state_dir)

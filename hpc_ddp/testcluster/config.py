@@ -69,6 +69,12 @@ class ClusterConfig:
     db_user: str = "hpcddp_slurm"
     db_password: str = "hpcddp_slurm"
     partitions: tuple[Partition, ...] = field(default_factory=default_partitions)
+    # Bind every task to the CPUs it was allocated (task/affinity), for a test that proves
+    # cpus_per_task reaches each rank. Off by default: the four nodes share this machine's
+    # cores and 22.05's task/affinity confines each task to its allocation even with
+    # --cpu-bind=none, so every node's 1-CPU task would run on the same physical core 0
+    # (the suite ran ~1.5x slower).
+    task_affinity: bool = False
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -203,10 +209,9 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "SlurmdDebug=info",
         # Recipe: no cgroups inside the namespaces, so track and bind tasks without them.
         "ProctrackType=proctrack/linuxproc",
-        # No binding: the four nodes share this machine's cores, and task/affinity (tried)
-        # bound every 1-CPU task to its "node's" CPU 0, all on one physical core: the whole
-        # suite ran ~1.5x slower. A rank's cores are recorded in ranks/rank<N>.json.
-        "TaskPlugin=task/none",
+        # No binding unless asked (see ClusterConfig.task_affinity). A rank's cores are
+        # recorded in ranks/rank<N>.json. https://slurm.schedmd.com/slurm.conf.html#OPT_TaskPlugin
+        f"TaskPlugin=task/{'affinity' if cfg.task_affinity else 'none'}",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
         # Every slurmd sees the whole machine; take CPUs/RealMemory from slurm.conf instead,

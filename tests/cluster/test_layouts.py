@@ -71,24 +71,6 @@ def test_local_ranks_inside_an_allocation_are_their_own_world(
     assert "local job" in done.stdout
 
 
-def test_every_rank_gets_the_cpus_per_task_the_job_asked_for(
-        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    # Two nodes, one rank each, both CPUs of the node: srun is told (Slurm 22.05+ does not
-    # pass it from the job) and the rank runs as many intra-op threads. (The test cluster
-    # binds no task to cores, so the recorded cores are the machine's two either way.)
-    run_dir = tmp_path / "run"
-    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.tasks_per_node=1",
-                              "cluster.cpus_per_task=2", "trainer.max_steps=4", "wait=true",
-                              f"run_dir={run_dir}", *SMALL], env=slurm_env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    for rank in (0, 1):
-        record = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
-        assert len(record["cpus"]) == 2 and record["threads"] == 2, record
-    script = list((run_dir / "submitit").rglob("*_submission.sh"))
-    assert script
-    assert any("--cpus-per-task=2" in path.read_text() for path in script)
-
-
 def test_torchrun_under_slurm_restarts_into_a_fresh_rendezvous(slurm_env: dict[str, str],
                                                                tmp_path: Path) -> None:
     # One torchrun per node (srun), torchrun's c10d rendezvous on the step's first node, one
