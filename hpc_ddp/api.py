@@ -146,14 +146,10 @@ def _check_not_running(run: RunDir) -> None:
 
 
 def target(cfg: Config) -> Any:
-    """The launcher module for cfg's cluster kind (hpc_ddp.launch.local or .slurm)."""
-    if cfg.cluster.kind == "slurm":
-        from hpc_ddp.launch import slurm
+    """The launcher module for cfg's cluster kind (hpc_ddp.launch.local, .slurm or .step)."""
+    import importlib
 
-        return slurm
-    from hpc_ddp.launch import local
-
-    return local
+    return importlib.import_module(f"hpc_ddp.launch.{cfg.cluster.kind}")
 
 
 def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, *,
@@ -176,7 +172,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
         job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
     record = {"kind": chosen.cfg.cluster.kind, "job_id": str(job.job_id),
               "submitted": time.time()}
-    if chosen.cfg.cluster.kind == "local":
+    if chosen.cfg.cluster.kind != "slurm":  # a process of this machine: submitit's or srun
         record["controller_pid"] = job.pid
         record["controller_start"] = job.started
     history = (read_json(chosen.run_dir.root / JOB_FILE) or {}).get("history", [])
@@ -303,10 +299,15 @@ class Run:
         return True
 
     def _stop_local(self, grace_s: float) -> None:
+        pid, started = int(self._record["controller_pid"]), self._record.get("controller_start")
+        if self.kind == "step":
+            from hpc_ddp.launch import step
+
+            step.stop(self.files, pid, started, grace_s, float(self._record["submitted"]))
+            return
         from hpc_ddp.launch.local import stop
 
-        stop(int(self._record["controller_pid"]), self._record.get("controller_start"),
-             grace_s)
+        stop(pid, started, grace_s)
 
     def _mark_cancelled(self) -> None:
         self._record["cancelled"] = time.time()
@@ -328,7 +329,7 @@ class Run:
         view = _FollowView(self)
         started = time.monotonic()
         code = follow(view, self.files, sink, poll_s=2.0 if self.kind == "slurm" else 0.5,
-                      timeout_s=timeout, cancel_on_failure=self.kind == "local")
+                      timeout_s=timeout, cancel_on_failure=self.kind != "slurm")
         if code == 0:
             return self.summary() or {}
         if timeout is not None and time.monotonic() - started >= timeout and not self.done():

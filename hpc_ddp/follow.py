@@ -119,7 +119,8 @@ def failure_report(run: RunDir, job: Any) -> str:
         lines += [error_message(run, rank), f"last lines of {run.rank_log(rank)}:",
                   tail(run.rank_log(rank), 15)]
     if not ranks:
-        lines += [f"no rank reported an error; submitit's output is under {run.submitit}"]
+        lines += [f"no rank reported an error; the launcher's output (submitit's, or srun's "
+                  f"step-*.out) is under {run.submitit}"]
     return "\n".join(lines)
 
 

@@ -19,8 +19,10 @@ from hpc_ddp.config.nccl_schema import NcclConfig
 
 @dataclass
 class ClusterConfig:
-    # Where the ranks run: "auto" (Slurm when a controller answers, local otherwise),
-    # "local" (processes on this machine through submitit's local executor) or "slurm".
+    # Where the ranks run: "auto" (inside a Slurm allocation a step of it, else Slurm when a
+    # controller answers, else local), "local" (processes on this machine through submitit's
+    # local executor), "slurm" (a new job through sbatch) or "step" (a step of the allocation
+    # this shell is in: srun, no new job; launch/step.py).
     kind: str = "auto"
     # Tasks (ranks) per node. None derives it: gpus_per_node when GPUs are requested (one task
     # per GPU), on a local run one per GPU torch can use, else 2 CPU ranks locally and 1 on

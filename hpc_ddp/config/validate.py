@@ -22,7 +22,7 @@ LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "linear", "constant")
 METRICS = ("auto", "accuracy", "none")
-CLUSTER_KINDS = ("auto", "local", "slurm")
+CLUSTER_KINDS = ("auto", "local", "slurm", "step")
 # Both data sets have 10 classes; CIFAR-10 images are 32x32.
 DATA_CLASSES = 10
 CIFAR_SIDE = 32

@@ -85,13 +85,9 @@ def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
 
 
 def target(cfg: Config) -> Any:
-    if cfg.cluster.kind == "slurm":
-        from hpc_ddp.launch import slurm
+    from hpc_ddp.api import target as launcher
 
-        return slurm
-    from hpc_ddp.launch import local
-
-    return local
+    return launcher(cfg)
 
 
 def submit_and_wait(cfg: Config, run: RunDir, task: Callable[[], Any], out: TextIO = sys.stdout,

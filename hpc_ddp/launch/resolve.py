@@ -88,23 +88,33 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
                         device_count: Callable[[], int] | None = None
                         ) -> tuple[Config, Layout]:
     """:func:`resolve`, and why the run gets the ranks and devices it gets."""
+    from hpc_ddp.launch import step
+
     cluster = cfg.cluster
     kind = cluster.kind
+    alloc = step.allocation(environ)
     if kind == "auto":
         kind = "slurm" if slurm_available(environ) else "local"
+        if kind == "slurm" and alloc is not None:
+            kind = "step"  # inside an allocation: a step of it, not a job queued behind it
+    if kind == "step" and alloc is None:
+        raise step.no_allocation_error()
     if kind == "local":
         derive = cluster.gpus_per_node is None and cfg.trainer.device != "cpu"
         seen = (device_count or cuda_device_count)() if derive else 0
         layout = local_layout(cluster.tasks_per_node, cluster.gpus_per_node,
                               cfg.trainer.device, cfg.nodes, seen)
     else:
-        gpus = cluster.gpus_per_node or 0
+        gpus = cluster.gpus_per_node
+        if gpus is None and kind == "step" and alloc is not None:
+            gpus = alloc.gpus_per_node  # a step uses the GPUs its allocation has
+        gpus = gpus or 0
         tasks = cluster.tasks_per_node or gpus or 1
         layout = Layout(tasks, gpus, f"cluster.gpus_per_node={gpus}" if gpus else "CPU job")
     cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=layout.tasks_per_node,
                                   gpus_per_node=layout.gpus_per_node)
     run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
-    wait = cfg.wait if cfg.wait is not None else kind == "local"
+    wait = cfg.wait if cfg.wait is not None else kind in ("local", "step")
     return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),
                                wait=wait, script=absolute_script(cfg.script, cwd)), layout
 

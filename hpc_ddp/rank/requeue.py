@@ -12,10 +12,17 @@ import subprocess
 from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
+# Set for the tasks of a step that `submit` ran inside an allocation (launch/step.py): the
+# allocation's id. Such a run is not requeued (an interactive allocation cannot be, and a
+# batch script's `submit` would start anew): it stops with the resume command.
+STEP_OF_ENV = "HPC_DDP_STEP_OF"
 
 
 def slurm_job(environ: Mapping[str, str]) -> str | None:
-    """The id to requeue: this job (an array task has its own SLURM_JOB_ID)."""
+    """The id to requeue: this job (an array task has its own SLURM_JOB_ID); None where
+    there is nothing to requeue (not on Slurm, or a step of someone's allocation)."""
+    if environ.get(STEP_OF_ENV):
+        return None
     return environ.get("SLURM_JOB_ID") or None
 
 

@@ -33,7 +33,7 @@ from typing import Any
 from hpc_ddp import events
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank import rendezvous, stacks, stopping
+from hpc_ddp.rank import rendezvous, requeue, stacks, stopping
 from hpc_ddp.rank.join import Rank, joined
 from hpc_ddp.rank.outcome import fail
 from hpc_ddp.rank.script import ABRUPT, Child, report_done, wait_for_all
@@ -138,7 +138,7 @@ def _died(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
           environ: MutableMapping[str, str]) -> None:
     name = signal.Signals(-code).name
     attempt = rank.env.restart
-    job = environ.get("SLURM_JOB_ID")
+    job = requeue.slurm_job(environ)
     already = any(e.get("kind") == "requeue" and e.get("attempt") == attempt
                   and e.get("job") in (None, job) for e in events.read(run.root))
     message = (f"the training process died from {name} (an abort: NCCL's watchdog after a "

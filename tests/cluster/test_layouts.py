@@ -71,6 +71,37 @@ def test_local_ranks_inside_an_allocation_are_their_own_world(
     assert "local job" in done.stdout
 
 
+@pytest.mark.parametrize("where", ["salloc shell", "srun shell on a node"])
+def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: dict[str, str],
+                                                       tmp_path: Path) -> None:
+    # cluster=auto inside an allocation: srun in it (no sbatch behind it, no queue wait). In
+    # an `srun --pty bash`-like shell its own step holds CPUs (the new one needs --overlap);
+    # there the run is also stopped as Ctrl-C stops it (SIGTERM to submit: the step's tasks
+    # checkpoint at an agreed step) and resumed to its end in the same allocation.
+    run_dir = tmp_path / "run"
+    submit = " ".join(map(shlex.quote, [
+        sys.executable, "-m", "hpc_ddp.submit", "nodes=2", "trainer.max_steps=200",
+        "trainer.checkpoint_interval=10", f"run_dir={run_dir}", *SMALL]))
+    progress = shlex.quote(str(run_dir / "progress.json"))
+    script = f"echo allocation=$SLURM_JOB_ID; {submit}"
+    if where != "salloc shell":
+        inner = (f"{submit} & p=$!; until [ -f {progress} ]; do sleep 0.2; done; "
+                 f"kill -TERM $p; wait $p; echo submit exited $?; {submit} resume=true")
+        script = f"echo allocation=$SLURM_JOB_ID; srun -N1 -n1 bash -c {shlex.quote(inner)}"
+    done = in_allocation(2, script, slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    alloc = done.stdout.split("allocation=", 1)[1].split()[0]
+    assert f"as a step of this shell's Slurm allocation {alloc}" in done.stdout, done.stdout
+    job = json.loads((run_dir / "job.json").read_text())
+    assert job["kind"] == "step" and job["job_id"] == alloc
+    got = summary(run_dir)
+    assert got["global_step"] == 200 and sorted(got["hosts"]) == ["node1", "node2"]
+    assert got["job_id"].startswith(f"{alloc}.")  # a step of the allocation, no other job
+    if where != "salloc shell":
+        assert "submit exited 143" in done.stdout and "Continue with:" in done.stdout
+        assert 0 < got["resumed_from_step"] < 200, got
+
+
 def test_torchrun_under_slurm_restarts_into_a_fresh_rendezvous(slurm_env: dict[str, str],
                                                                tmp_path: Path) -> None:
     # One torchrun per node (srun), torchrun's c10d rendezvous on the step's first node, one
