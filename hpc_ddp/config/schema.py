@@ -72,6 +72,10 @@ class ClusterConfig:
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     # Python interpreter on the nodes; None: the one running submit.
     python: str | None = None
+    # The interface whose address rank 0 publishes for the rendezvous (e.g. "ib0": IPoIB),
+    # for clusters whose host names resolve to a slow management network; IPv4 first, else
+    # a global IPv6 address. None: rank 0's host name. A MASTER_ADDR you export wins.
+    master_interface: str | None = None
 
 
 # A "part" (model, data, loss, optim, scheduler, metrics) is either one of hpc_ddp's own,

@@ -85,6 +85,8 @@ MANAGED_SBATCH = {
 _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 # A job name reaches sbatch as data, but we also keep it printable and on one line.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
+# Linux interface names: IFNAMSIZ - 1 characters, no "/" or whitespace (net/core/dev.c).
+_INTERFACE = re.compile(r"^[^/\s:]{1,15}$")
 
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -212,6 +214,10 @@ def _validate_cluster(cfg: Config) -> None:
         )
     _validate_signal(c)
     check_sbatch_extra(c)
+    if c.master_interface is not None and not _INTERFACE.match(c.master_interface):
+        raise UserError("cluster.master_interface", c.master_interface,
+                        "is not an interface name (at most 15 characters, no spaces or /).",
+                        "give the name `ip -br addr` shows on a node, e.g. ib0, or null.")
     if not _JOB_NAME.match(c.job_name):
         raise UserError(
             "cluster.job_name",

@@ -118,7 +118,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         store, endpoint = rendezvous.connect(
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
             cfg.trainer.collective_timeout_s, {"host": host, **gpu},
-            agent_store=_agent_store(environ))
+            agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface)
         _claim_run_dir(run_dir, env, host, environ, store)
         if backend == "gloo" and env.world_size > 1:
             _choose_gloo_interface(env, endpoint.addr, host, environ)

@@ -1,29 +1,65 @@
-"""The network interface a rank reaches the master through (for Gloo's socket choice)."""
+"""Network interfaces of a rank: the one it reaches the master through (for Gloo's socket
+choice), and the address rank 0 publishes when cluster.master_interface names one. IPv4 and
+IPv6 alike."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+_FAMILIES = (socket.AF_INET, socket.AF_INET6)
 
 
 def local_address_towards(addr: str) -> str | None:
     """The local IP the kernel would use to reach ``addr`` (no packet is sent)."""
     try:
-        target = socket.gethostbyname(addr)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((target, 9))  # UDP connect only picks a route
+        family, _, _, _, target = socket.getaddrinfo(addr, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(target)  # UDP connect only picks a route
             return str(probe.getsockname()[0])
-    except OSError:
+    except (OSError, IndexError):
         return None
+
+
+def _same_ip(a: str, b: str) -> bool:
+    try:  # link-local IPv6 addresses carry a %scope suffix
+        return ipaddress.ip_address(a.split("%")[0]) == ipaddress.ip_address(b.split("%")[0])
+    except ValueError:
+        return False
 
 
 def interface_with_address(ip: str) -> str | None:
     import psutil
 
     for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+        if any(a.family in _FAMILIES and _same_ip(a.address, ip) for a in addrs):
             return str(name)
     return None
+
+
+def interface_address(name: str, interfaces: Mapping[str, Sequence[tuple[int, str]]]
+                      ) -> str | None:
+    """The address to publish for interface ``name`` (pure; ``interfaces``: name -> (family,
+    address) as psutil lists them): its first IPv4 address, else its first global IPv6 one
+    (a link-local address is reachable only with a scope, which other nodes do not share)."""
+    addrs = interfaces.get(name, ())
+    for family, address in addrs:
+        if family == socket.AF_INET:
+            return address
+    for family, address in addrs:
+        if family == socket.AF_INET6 and not ipaddress.ip_address(
+                address.split("%")[0]).is_link_local:
+            return address.split("%")[0]
+    return None
+
+
+def interfaces() -> dict[str, list[tuple[int, str]]]:
+    """name -> [(family, address)] of this machine's IPv4 and IPv6 addresses."""
+    import psutil
+
+    return {name: [(int(a.family), str(a.address)) for a in addrs if a.family in _FAMILIES]
+            for name, addrs in psutil.net_if_addrs().items()}
 
 
 def interface_towards(addr: str) -> str | None:
@@ -48,8 +84,5 @@ def gloo_interface(master: str, host: str, step_hosts: Sequence[str],
 
 
 def addresses() -> dict[str, list[str]]:
-    """IPv4 addresses of every interface (recorded per rank in the run dir)."""
-    import psutil
-
-    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
-            for name, addrs in psutil.net_if_addrs().items()}
+    """IPv4 and IPv6 addresses of every interface (recorded per rank in the run dir)."""
+    return {name: [address for _, address in found] for name, found in interfaces().items()}

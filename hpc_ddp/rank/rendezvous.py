@@ -10,6 +10,7 @@ timeout, the job fails naming those ranks and the hosts they should have run on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -24,8 +25,15 @@ from hpc_ddp.rank.distenv import DistEnv
 
 log = logging.getLogger(__name__)
 
-_POLL_S = 0.2
+# Waits for the endpoint file start short and back off to this: a rank's reads of the shared
+# file system stay O(1) per second however many ranks wait.
+_FIRST_POLL_S = 0.05
+_MAX_POLL_S = 2.0
 _MASTER_MARGIN_S = 10.0
+_NONCE_KEY = "hpc_ddp/nonce"
+_ARRIVED = "hpc_ddp/arrived"
+_ALL_ARRIVED = "hpc_ddp/all_arrived"
+_MISSING = "hpc_ddp/missing"
 
 
 class RendezvousError(RuntimeError):
@@ -36,10 +44,17 @@ class RendezvousError(RuntimeError):
 class Endpoint:
     addr: str
     port: int
+    # Rank 0's random token for this attempt, also in its store: a client that reaches a
+    # store without it has read a stale file (an earlier attempt's, a port since reused).
+    nonce: str = ""
+
+    def __str__(self) -> str:
+        return f"[{self.addr}]:{self.port}" if ":" in self.addr else f"{self.addr}:{self.port}"
 
 
 def endpoint_file(folder: Path, env: DistEnv) -> Path:
-    # One file per job, step and restart: an earlier attempt's file is never read.
+    # One file per job, step and restart: an earlier attempt's file is not meant to be read
+    # (and the nonce catches one that is, e.g. after a cluster's job ids started over).
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in env.job_id)
     return folder / f"{safe}-r{env.restart}.json"
 
@@ -48,32 +63,35 @@ def publish(path: Path, endpoint: Endpoint, host: str) -> None:
     """Write the endpoint atomically (temp file + rename), so a reader never sees half."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"addr": endpoint.addr, "port": endpoint.port, "host": host}))
+    tmp.write_text(json.dumps({"addr": endpoint.addr, "port": endpoint.port, "host": host,
+                               "nonce": endpoint.nonce}))
     os.replace(tmp, path)
 
 
-def wait_for_endpoint(path: Path, timeout_s: float, env: DistEnv) -> Endpoint:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            data = json.loads(path.read_text())
-            return Endpoint(str(data["addr"]), int(data["port"]))
-        except (FileNotFoundError, json.JSONDecodeError, KeyError):
-            time.sleep(_POLL_S)
-    where = env.expected_host(0) or "its node"
-    raise RendezvousError(
-        f"rank {env.rank} waited {timeout_s:.0f}s for rank 0 (on {where}) to publish its "
-        f"address in {path}, but it never did: rank 0 did not start or cannot write there. "
-        "Check rank 0's log, and that run_dir is on a filesystem every node shares."
-    )
+def read_endpoint(path: Path) -> Endpoint | None:
+    """The published endpoint, or None while there is none. Opening the folder first makes an
+    NFS client revalidate it (close-to-open), so a file another node created since this
+    client last looked is seen at once, not after the attribute cache expires; no listing."""
+    try:
+        os.close(os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY))
+        data = json.loads(path.read_text())
+        return Endpoint(str(data["addr"]), int(data["port"]), str(data.get("nonce", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _backoff(previous: float) -> float:
+    return min(_MAX_POLL_S, previous * 1.5)
 
 
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
             collective_timeout_s: float, record: dict[str, Any] | None = None,
-            agent_store: str | None = None) -> tuple[Any, Endpoint]:
+            agent_store: str | None = None,
+            master_interface: str | None = None) -> tuple[Any, Endpoint]:
     """Form the store every rank shares; returns it (a torch.distributed TCPStore) and its
     address. ``record``: this rank's placement (host, GPU), which rank 0 can read back with
-    :func:`placements` (the summary's rank -> node -> GPU map).
+    :func:`placements` (the summary's rank -> node -> GPU map). ``master_interface``: rank 0
+    publishes that interface's address instead of its host name (cluster.master_interface).
 
     ``agent_store``: a process above the ranks already holds a store at MASTER_ADDR and
     MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE). "supervisor": hpc_ddp's own, new for every
@@ -84,68 +102,134 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
     a fresh store and publishes it on the agent's, and a rank that finds a published store it
     cannot reach (the last attempt's, whose processes torchrun stopped) reads again.
 
-    Raises RendezvousError naming the ranks (and their expected hosts) that never arrived.
+    Every rank does O(1) store operations and file reads, whatever the world size: no rank
+    polls the store (the check-in ends with one blocking wait), and the endpoint file is read
+    with a backoff. Raises RendezvousError naming the ranks (and their expected hosts) that
+    never arrived.
     """
     import torch.distributed as dist
 
-    path = endpoint_file(folder, env)
+    mine = json.dumps(record or {"host": host})
     if agent_store and env.master_addr and env.master_port:
         endpoint = Endpoint(env.master_addr, env.master_port)
         shared = _client_store(env, endpoint, timeout_s, collective_timeout_s)
         if agent_store == "supervisor":
-            mine: Any = dist.PrefixStore(attempt_prefix(env.restart), shared)
-            _check_in(mine, env, json.dumps(record or {"host": host}), timeout_s)
-            return mine, endpoint
-        mine, endpoint = _fresh_store(env, shared, host, timeout_s, collective_timeout_s)
-        _check_in(mine, env, json.dumps(record or {"host": host}), timeout_s)
-        return mine, endpoint
-    if env.is_master:
-        # Port 0: the kernel hands out a port nobody holds; no formula can collide.
-        store = dist.TCPStore("0.0.0.0", env.master_port or 0, env.world_size, True,
-                              timedelta(seconds=collective_timeout_s), wait_for_workers=False)
-        endpoint = Endpoint(_master_addr(env, host), store.port)
-        publish(path, endpoint, host)
-        log.info("rendezvous: rank 0 listens on %s:%d (published in %s)",
-                 endpoint.addr, endpoint.port, path)
-    else:
-        if env.master_addr and env.master_port:
-            endpoint = Endpoint(env.master_addr, env.master_port)
+            store: Any = dist.PrefixStore(attempt_prefix(env.restart), shared)
         else:
-            published = wait_for_endpoint(path, timeout_s, env)
-            endpoint = Endpoint(env.master_addr or published.addr, published.port)
+            store, endpoint = _fresh_store(env, shared, host, timeout_s, collective_timeout_s,
+                                           master_interface)
+        _check_in(store, env, mine, timeout_s)
+        return store, endpoint
+    if env.is_master:
+        store, endpoint = _serve(env, host, collective_timeout_s, master_interface)
+        publish(endpoint_file(folder, env), endpoint, host)
+        log.info("rendezvous: rank 0 listens on %s (published in %s)", endpoint,
+                 endpoint_file(folder, env))
+    elif env.master_addr and env.master_port:
+        endpoint = Endpoint(env.master_addr, env.master_port)
         store = _client_store(env, endpoint, timeout_s, collective_timeout_s)
-    _check_in(store, env, json.dumps(record or {"host": host}), timeout_s)
+    else:
+        store, endpoint = _join_published(env, endpoint_file(folder, env), timeout_s,
+                                          collective_timeout_s)
+    _check_in(store, env, mine, timeout_s)
     return store, endpoint
+
+
+def _serve(env: DistEnv, host: str, collective_timeout_s: float,
+           master_interface: str | None) -> tuple[Any, Endpoint]:
+    """Rank 0's store on a port the kernel hands out (port 0: no formula can collide), on
+    every address (IPv4 and IPv6), with this attempt's nonce set before anyone can read the
+    address."""
+    import uuid
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("0.0.0.0", env.master_port or 0, env.world_size, True,
+                          timedelta(seconds=collective_timeout_s), wait_for_workers=False)
+    nonce = uuid.uuid4().hex
+    store.set(_NONCE_KEY, nonce)
+    return store, Endpoint(_master_addr(env, host, master_interface), store.port, nonce)
+
+
+def _join_published(env: DistEnv, path: Path, timeout_s: float,
+                    collective_timeout_s: float) -> tuple[Any, Endpoint]:
+    """A client: read rank 0's endpoint (backing off), reach it, check its nonce; a file that
+    leads nowhere or to another store is read again until the timeout."""
+    deadline = time.monotonic() + timeout_s
+    pause = _FIRST_POLL_S
+    seen: Endpoint | None = None
+    last = "no endpoint file yet"
+    while time.monotonic() < deadline:
+        published = read_endpoint(path)
+        if published is not None:
+            seen = endpoint = Endpoint(env.master_addr or published.addr, published.port,
+                                       published.nonce)
+            store, last = _try_store(env, endpoint, deadline, collective_timeout_s)
+            if store is not None:
+                return store, endpoint
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = _backoff(pause)
+    where = env.expected_host(0) or "its node"
+    if seen is None:
+        raise RendezvousError(
+            f"rank {env.rank} waited {timeout_s:.0f}s for rank 0 (on {where}) to publish its "
+            f"address in {path}, but it never did: rank 0 did not start or cannot write "
+            "there. Check rank 0's log, and that run_dir is on a filesystem every node shares.")
+    raise RendezvousError(
+        f"rank {env.rank} could not reach rank 0 at {seen} within {timeout_s:.0f}s ({last}). "
+        f"Check that {seen.addr} resolves and is reachable from this node, and MASTER_ADDR "
+        "or cluster.master_interface if you set one.")
+
+
+def _try_store(env: DistEnv, endpoint: Endpoint, deadline: float,
+               collective_timeout_s: float) -> tuple[Any | None, str]:
+    """(the store at ``endpoint`` if it is this attempt's, else None and why not)."""
+    import torch.distributed as dist
+
+    try:
+        socket.create_connection((endpoint.addr, endpoint.port), timeout=2).close()
+        store = dist.TCPStore(endpoint.addr, endpoint.port, env.world_size, False,
+                              timedelta(seconds=max(2.0, min(10.0, deadline - time.monotonic()))),
+                              wait_for_workers=False)
+    except (OSError, RuntimeError) as exc:  # refused, unresolvable, not a store
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if endpoint.nonce:
+        try:
+            found = bytes(store.get(_NONCE_KEY)).decode() if store.check([_NONCE_KEY]) else ""
+        except RuntimeError:
+            found = ""
+        if found != endpoint.nonce:
+            return None, "a store of another run answers there (a stale endpoint file)"
+    store.set_timeout(timedelta(seconds=collective_timeout_s))
+    return store, ""
 
 
 _AGENT_KEY = "hpc_ddp/endpoint"
 
 
 def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
-                 collective_timeout_s: float) -> tuple[Any, Endpoint]:
+                 collective_timeout_s: float,
+                 master_interface: str | None = None) -> tuple[Any, Endpoint]:
     """This attempt's own store, published on torchrun's agent store (see connect)."""
-    import torch.distributed as dist
-
     if env.is_master:
-        store = dist.TCPStore("0.0.0.0", 0, env.world_size, True,
-                              timedelta(seconds=collective_timeout_s), wait_for_workers=False)
-        endpoint = Endpoint(_master_addr(env, host), store.port)
-        agent.set(_AGENT_KEY, json.dumps({"addr": endpoint.addr, "port": endpoint.port}))
+        store, endpoint = _serve(env, host, collective_timeout_s, master_interface)
+        agent.set(_AGENT_KEY, json.dumps({"addr": endpoint.addr, "port": endpoint.port,
+                                          "nonce": endpoint.nonce}))
         return store, endpoint
     deadline = time.monotonic() + timeout_s
+    pause = _FIRST_POLL_S
     while True:
         data = json.loads(bytes(agent.get(_AGENT_KEY)).decode())  # waits until it is set
-        endpoint = Endpoint(str(data["addr"]), int(data["port"]))
-        try:
-            socket.create_connection((endpoint.addr, endpoint.port), timeout=2).close()
-            return _client_store(env, endpoint, timeout_s, collective_timeout_s), endpoint
-        except OSError:
-            if time.monotonic() > deadline:
-                raise RendezvousError(
-                    f"rank {env.rank} found rank 0's store at {endpoint.addr}:{endpoint.port} "
-                    f"on torchrun's store but could not reach it within {timeout_s:.0f}s."
-                ) from None
-            time.sleep(_POLL_S)
+        endpoint = Endpoint(str(data["addr"]), int(data["port"]), str(data.get("nonce", "")))
+        store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
+        if store is not None:
+            return store, endpoint
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"rank {env.rank} found rank 0's store at {endpoint} on torchrun's store but "
+                f"could not reach it within {timeout_s:.0f}s ({why}).")
+        time.sleep(pause)
+        pause = _backoff(pause)
 
 
 def attempt_prefix(restart: int) -> str:
@@ -153,62 +237,96 @@ def attempt_prefix(restart: int) -> str:
     return f"hpc_ddp_attempt/{restart}/"
 
 
-def _master_addr(env: DistEnv, host: str) -> str:
+def _master_addr(env: DistEnv, host: str, master_interface: str | None = None) -> str:
+    """What rank 0 publishes: a MASTER_ADDR the environment gives; else the address of
+    cluster.master_interface (e.g. ib0, where host names resolve to a slow management
+    network); else its host name (loopback for a run on one machine)."""
     if env.master_addr:
         return env.master_addr
-    return "127.0.0.1" if env.source in ("local", "single") else host
+    if env.source in ("local", "single"):
+        return "127.0.0.1"
+    if master_interface:
+        from hpc_ddp.rank import netif
+
+        found = netif.interfaces()
+        addr = netif.interface_address(master_interface, found)
+        if addr is None:
+            have = ", ".join(f"{name} {' '.join(a for _, a in addrs)}"
+                             for name, addrs in sorted(found.items()) if addrs)
+            raise RendezvousError(
+                f"cluster.master_interface={master_interface}: rank 0's node {host} has no "
+                f"interface {master_interface} with a routable address (it has: {have}). "
+                "Name one of those, or leave cluster.master_interface unset (the host name).")
+        return addr
+    return host
 
 
 def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
                   collective_timeout_s: float) -> Any:
-    import torch.distributed as dist
-
+    """A client of the store at a known address (MASTER_ADDR and MASTER_PORT given, or an
+    agent's): reached with a backoff until the timeout."""
     deadline = time.monotonic() + timeout_s
-    # Probe with a plain socket first: TCPStore's own connect retries with long random delays
-    # past its timeout, which would blur the deadline we promise.
-    _wait_reachable(env, endpoint, deadline, timeout_s)
-    store = dist.TCPStore(endpoint.addr, endpoint.port, env.world_size, False,
-                          timedelta(seconds=max(5.0, deadline - time.monotonic())),
-                          wait_for_workers=False)
-    store.set_timeout(timedelta(seconds=collective_timeout_s))
-    return store
-
-
-def _wait_reachable(env: DistEnv, endpoint: Endpoint, deadline: float, timeout_s: float) -> None:
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            remaining = max(0.1, min(2.0, deadline - time.monotonic()))
-            socket.create_connection((endpoint.addr, endpoint.port), timeout=remaining).close()
-            return
-        except OSError as exc:  # refused, unresolvable, unreachable, timed out
-            last = exc
-            time.sleep(_POLL_S)
-    raise RendezvousError(
-        f"rank {env.rank} could not reach rank 0 at {endpoint.addr}:{endpoint.port} within "
-        f"{timeout_s:.0f}s ({last or 'no answer'}). Check that {endpoint.addr} resolves and is "
-        "reachable from this node, and MASTER_ADDR if you set it."
-    )
+    pause = _FIRST_POLL_S
+    while True:
+        # A plain socket probe inside _try_store first: TCPStore's own connect retries with
+        # long random delays past its timeout, which would blur the deadline we promise.
+        store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
+        if store is not None:
+            return store
+        if time.monotonic() > deadline:
+            raise RendezvousError(
+                f"rank {env.rank} could not reach rank 0 at {endpoint} within "
+                f"{timeout_s:.0f}s ({why or 'no answer'}). Check that {endpoint.addr} "
+                "resolves and is reachable from this node, and MASTER_ADDR if you set it.")
+        time.sleep(pause)
+        pause = _backoff(pause)
 
 
 def _check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
-    """Every rank announces itself; rank 0 names the ranks that never came."""
-    from datetime import timedelta as _td
+    """Every rank announces itself and waits once for all (no polling: the store answers the
+    wait when the last rank's announcement sets the key); rank 0 names the ranks that never
+    came, and the others report rank 0's list."""
+    _announce(store, env, record)
+    _await_all(store, env, timeout_s)
 
+
+def _announce(store: Any, env: DistEnv, record: str) -> None:
     store.set(f"hpc_ddp/arrived/{env.rank}", record)
-    store.add("hpc_ddp/arrived", 1)
+    if int(store.add(_ARRIVED, 1)) == env.world_size:
+        store.set(_ALL_ARRIVED, "1")  # the last to arrive releases everyone's wait
+
+
+def _await_all(store: Any, env: DistEnv, timeout_s: float) -> None:
     # Rank 0 waits a little longer than the others try, so a rank that cannot reach it has
     # written its own reason (the address it tried) before rank 0 fails the job.
-    deadline = time.monotonic() + timeout_s + (_MASTER_MARGIN_S if env.is_master else 0)
-    while store.add("hpc_ddp/arrived", 0) < env.world_size:
-        if time.monotonic() > deadline:
-            raise RendezvousError(_missing_message(store, env, timeout_s))
-        time.sleep(_POLL_S)
+    margin = _MASTER_MARGIN_S if env.is_master else 0.0
+    if not _wait(store, _ALL_ARRIVED, timeout_s + margin):
+        if env.is_master:
+            message = _missing_message(store, env, timeout_s)
+            store.set(_MISSING, message)
+            time.sleep(1.0)  # the waiting ranks read it before this process (the store) ends
+            raise RendezvousError(message)
+        said = ""
+        if _wait(store, _MISSING, _MASTER_MARGIN_S + 5):
+            with contextlib.suppress(RuntimeError):  # the store went with rank 0 meanwhile
+                said = bytes(store.get(_MISSING)).decode()
+        raise RendezvousError(said or (
+            f"not every rank joined the rendezvous within {timeout_s:.0f}s; rank 0's log "
+            "(logs/rank0.log) names the ranks that never came."))
     # All present: a rank that leaves early must not take the store down under the others.
-    store.set_timeout(_td(seconds=max(timeout_s, 60)))
+    store.set_timeout(timedelta(seconds=max(timeout_s, 60)))
+
+
+def _wait(store: Any, key: str, timeout_s: float) -> bool:
+    try:
+        store.wait([key], timedelta(seconds=timeout_s))
+        return True
+    except RuntimeError:  # torch's DistStoreError: the wait timed out, or the store is gone
+        return False
 
 
 def _missing_message(store: Any, env: DistEnv, timeout_s: float) -> str:
+    """Rank 0 alone, once, on a failed rendezvous: one check per rank."""
     missing = [r for r in range(env.world_size) if not store.check([f"hpc_ddp/arrived/{r}"])]
     shown = ", ".join(
         f"{r} (expected on {env.expected_host(r)})" if env.expected_host(r) else str(r)

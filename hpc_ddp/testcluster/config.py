@@ -60,6 +60,12 @@ class ClusterConfig:
     bridge: str = "hpcddp0"
     # Node i (1-based) gets host number first_node_host + i - 1 in the subnet: 10.77.0.11 ...
     first_node_host: int = 11
+    # A second, IPv6-only network on every node's `ib0` (host numbers as above: fd77::b ...):
+    # the "fast fabric" that node names do not resolve to, as on clusters whose host names
+    # are the management network (cluster.master_interface=ib0 is tested on it).
+    fast_subnet: str = "fd77::/64"
+    fast_bridge: str = "hpcddp1"
+    fast_interface: str = "ib0"
     cluster_name: str = "hpcddp"
     # Recipe: the controller's name must be this machine's real hostname, or slurmctld exits
     # with "This host not a valid controller".
@@ -97,6 +103,17 @@ class ClusterConfig:
             name: str(net.network_address + self.first_node_host + i)
             for i, name in enumerate(self.node_names)
         }
+
+    @property
+    def fast_addresses(self) -> dict[str, str]:
+        net = ipaddress.ip_network(self.fast_subnet)
+        return {
+            name: str(net.network_address + self.first_node_host + i)
+            for i, name in enumerate(self.node_names)
+        }
+
+    def fast_veth(self, node: str) -> str:
+        return f"hpcddpf-{node.removeprefix('node')}"
 
     @property
     def controller_address(self) -> str:

@@ -8,6 +8,7 @@ removes whatever an earlier run left behind.
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,7 +51,23 @@ def setup(cfg: ClusterConfig) -> None:
         _ip("-n", ns, "addr", "add", f"{addr}/{cfg.prefix_len}", "dev", "eth0")
         _ip("-n", ns, "link", "set", "eth0", "up")
         _ip("-n", ns, "link", "set", "lo", "up")
+    _setup_fast_network(cfg)
     write_hosts_block(cfg)
+
+
+def _setup_fast_network(cfg: ClusterConfig) -> None:
+    """The IPv6-only second network (ClusterConfig.fast_subnet) on each node's ib0; nodad:
+    the addresses are usable at once (no duplicate address detection to wait for)."""
+    prefix = ipaddress.ip_network(cfg.fast_subnet).prefixlen
+    _ip("link", "add", cfg.fast_bridge, "type", "bridge")
+    _ip("link", "set", cfg.fast_bridge, "up")
+    for node, addr in cfg.fast_addresses.items():
+        ns, veth = cfg.netns(node), cfg.fast_veth(node)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", cfg.fast_interface, "netns", ns)
+        _ip("link", "set", veth, "master", cfg.fast_bridge, "up")
+        _ip("-n", ns, "-6", "addr", "add", f"{addr}/{prefix}", "dev", cfg.fast_interface,
+            "nodad")
+        _ip("-n", ns, "link", "set", cfg.fast_interface, "up")
 
 
 def netns_pids(cfg: ClusterConfig, node: str) -> list[int]:
@@ -83,13 +100,17 @@ def teardown(cfg: ClusterConfig) -> None:
             _ip("link", "del", cfg.host_veth(node), check=False)
         if netns_path(cfg, node).exists():
             _ip("netns", "del", cfg.netns(node), check=False)
-    if _link_exists(cfg.bridge):
-        _ip("link", "del", cfg.bridge, check=False)
+        if _link_exists(cfg.fast_veth(node)):
+            _ip("link", "del", cfg.fast_veth(node), check=False)
+    for bridge in (cfg.bridge, cfg.fast_bridge):
+        if _link_exists(bridge):
+            _ip("link", "del", bridge, check=False)
     remove_hosts_block()
 
 
 def is_up(cfg: ClusterConfig) -> bool:
-    return _link_exists(cfg.bridge) and all(netns_path(cfg, n).exists() for n in cfg.node_names)
+    return (_link_exists(cfg.bridge) and _link_exists(cfg.fast_bridge)
+            and all(netns_path(cfg, n).exists() for n in cfg.node_names))
 
 
 # --- /etc/hosts ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.test_slurm_submit import SMALL
 from tests.conftest import REPO, command_env
 
@@ -100,6 +101,24 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     if where != "salloc shell":
         assert "submit exited 143" in done.stdout and "Continue with:" in done.stdout
         assert 0 < got["resumed_from_step"] < 200, got
+
+
+def test_master_interface_is_the_fast_ipv6_only_network(
+        hpc_ddp: Run, slurm_cluster: TestCluster, slurm_env: dict[str, str],
+        tmp_path: Path) -> None:
+    # The nodes' names resolve to eth0 (IPv4, "management"); ib0 carries only IPv6. Rank 0
+    # publishes ib0's address, every rank reaches its store over IPv6, and Gloo runs on ib0.
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.master_interface=ib0",
+                              "trainer.max_steps=6", "wait=true", f"run_dir={run_dir}", *SMALL],
+                   env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [published] = [json.loads(p.read_text()) for p in (run_dir / "rendezvous").glob("*.json")]
+    assert published["addr"] == slurm_cluster.config.fast_addresses[published["host"]]
+    for rank in (0, 1):
+        record = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
+        assert record["env"].get("GLOO_SOCKET_IFNAME") == "ib0", record["env"]
+    assert summary(run_dir)["global_step"] == 6
 
 
 def test_torchrun_under_slurm_restarts_into_a_fresh_rendezvous(slurm_env: dict[str, str],
