@@ -133,8 +133,9 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
 
 def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
                                       tmp_path: Path, reference: dict) -> None:
-    # A run of at least 80 s cannot fit a 1-minute limit. USR2 comes 40 s ahead of the limit
-    # (or earlier: Slurm may send it up to 60 s early), so it needs several slices, with
+    # A run of at least 85 s of training cannot fit a 1-minute limit. USR2 comes 40 s ahead
+    # of the limit (or earlier: Slurm may send it up to 60 s early), so with at most ~20 s
+    # of training a slice it needs four or more, with
     # cluster.max_restarts=1: requeues that follow new checkpoints are not failures.
     # The run is sized from the module's measured reference (machines differ several-fold
     # in speed); that the weights come out bitwise is the requeue test's job, so the run is
@@ -149,7 +150,9 @@ def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
     job = job_id_of(done.stdout)
     finish_releasing_requeues(job, run_dir, slurm_env, timeout=900)
     summary = summary_of(run_dir)
-    assert summary["global_step"] == steps and summary["restarts"] >= 1
+    # Four slices at least (the case): the restart budget of 1 is never spent by
+    # requeues that made progress.
+    assert summary["global_step"] == steps and summary["restarts"] >= 3, summary
     from tests.integration.test_local_run import tb_scalars
 
     assert [s for s, _ in tb_scalars(run_dir / "tb", "train/loss")] == list(range(10, steps + 1,
