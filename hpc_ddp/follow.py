@@ -9,6 +9,7 @@ at once and the failing rank's last log lines are printed.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import Any, TextIO
@@ -43,12 +44,13 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
     try:
         while not job.done():
             pending = getattr(job, "pending", None)
-            reporter.waits(pending)
             if pending is not None and pending.never:
                 reporter.close()
                 print(f"job {job.job_id} {pending.line()}\nIt stays queued until cancelled: "
-                      f"python -m hpc_ddp.status {run.root} --cancel", file=out, flush=True)
+                      f"python -m hpc_ddp.status {shlex.quote(str(run.root))} --cancel",
+                      file=out, flush=True)
                 return 1
+            reporter.waits(pending)
             reporter.update(read_json(run.progress))
             if cancel_on_failure and failed_ranks(run):
                 failure_seen = failure_seen or time.monotonic()

@@ -267,6 +267,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return USAGE_EXIT_CODE
     except KeyboardInterrupt:  # Ctrl-C ends --watch; the jobs go on
         return 130
+    except BrokenPipeError:  # `... | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],

@@ -189,15 +189,18 @@ class Request:
 
 
 def target(request: Request, parts: Mapping[str, Partition]) -> list[Partition] | None:
-    """The partitions the job may go to (several: "a,b"); None when that is not known."""
+    """The partitions the job may go to (several: "a,b"; none named: the default first,
+    then every other, since a site's job_submit plugin may route it to any); None when that
+    is not known."""
     if request.partition is None:
         default = [p for p in parts.values() if p.default]
-        return default or None
+        return (default + [p for p in parts.values() if not p.default]) if default else None
     return [parts[n] for n in request.partition.split(",") if n in parts] or None
 
 
 def problem(request: Request, parts: Mapping[str, Partition]) -> UserError | None:
-    """Why the job can never start in its partition(s), or None (it can, or it is unknown)."""
+    """Why the job can never start in any partition it may go to, or None (it can, or it
+    is unknown); the message is about the first (the named or the default partition)."""
     if "all" in request.relaxed or not parts:
         return None
     if request.partition is not None:
@@ -212,7 +215,26 @@ def problem(request: Request, parts: Mapping[str, Partition]) -> UserError | Non
     if chosen is None:
         return None
     errors = [_partition_problem(request, p) for p in chosen]
-    return errors[0] if all(errors) else None
+    if not all(errors):
+        return None
+    # Said about the partition that comes closest (its fix asks for the least change).
+    best = max(range(len(chosen)), key=lambda i: _closeness(request, chosen[i]))
+    error = errors[best]
+    assert error is not None
+    if len(errors) == 1:
+        return error
+    others = "no other partition here can run it either" if request.partition is None \
+        else f"neither can {', '.join(p.name for i, p in enumerate(chosen) if i != best)}"
+    return UserError(error.key, error.value, f"{error.problem.rstrip('.')}; {others}.",
+                     error.fix)
+
+
+def _closeness(request: Request, part: Partition) -> tuple[int, ...]:
+    groups = part.groups
+    return (sum(g.count for g in groups if request.fits(g)),
+            max((g.gpus for g in groups), default=0),
+            max((g.cpus or 0 for g in groups), default=0),
+            max((g.memory_mb or 0 for g in groups), default=0), part.total_nodes, part.default)
 
 
 def _partition_problem(request: Request, part: Partition) -> UserError | None:
@@ -228,7 +250,7 @@ def _partition_problem(request: Request, part: Partition) -> UserError | None:
             said = (f"only {fitting} of partition {part.name}'s {part.total_nodes} nodes have "
                     f"{_share(request)}, the job asks for {request.nodes} such nodes")
         return UserError("nodes", request.nodes, f"can never start: {said}.",
-                         f"nodes={fitting} (or fewer).")
+                         f"nodes={fitting}.")
     if request.qos is not None:  # a QOS may exceed the partition's limits (flags OverPartQOS,
         return None              # PartitionMaxNodes, PartitionTimeLimit): Slurm decides
     return policy_problem(request, part)

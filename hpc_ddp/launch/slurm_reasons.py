@@ -17,11 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hpc_ddp.launch.slurm_fit import Partition, Request, target
+from hpc_ddp.launch.slurm_fit import Partition, Request, problem, target
 from hpc_ddp.launch.slurm_state import JobState
 
-# Reason codes told apart (or given figures) with the partitions' facts.
-NEEDS_FACTS = ("PartitionNodeLimit", "ReqNodeNotAvail", "PartitionTimeLimit")
+# Reason codes told apart (or given figures) with the partitions' facts. Slurm 22.05 gives a
+# job asking 8 of 4 nodes PartitionConfig or PartitionNodeLimit (seen on the test cluster).
+NEEDS_FACTS = ("PartitionNodeLimit", "PartitionConfig", "ReqNodeNotAvail", "PartitionTimeLimit")
+# ... of which these mean "never" only when the facts say so.
+_NEVER_IF_TOLD = ("PartitionNodeLimit", "ReqNodeNotAvail")
 # A limit the job alone exceeds (per job, per node, a minimum): it never passes it.
 _PER_JOB = re.compile(r"^(QOS|Assoc)(Max\w*Per(Job|Node)\w*|Min\w*)$")
 # A limit on the group's or user's usage: passed once other jobs end.
@@ -111,7 +114,7 @@ def _never(code: str, reason: str, request: Request | None,
     if code in NEEDS_FACTS:
         parts = facts() if request is not None else None
         said = _with_facts(code, reason, asks, parts) if parts else None
-        if said is not None or code != "PartitionTimeLimit":
+        if said is not None or code in _NEVER_IF_TOLD:
             return said
     if code == "PartitionTimeLimit":
         asked = f"={asks.time_min}" if request is not None else ""
@@ -164,23 +167,19 @@ def _with_facts(code: str, reason: str, asks: Request,
                     "(`sinfo -N` lists its nodes)",
                     f"change cluster.nodelist={asks.nodelist or 'null'}")
         return None
-    for part in target(asks, parts) or []:
-        name, nodes = part.name, asks.nodes
-        if code == "PartitionTimeLimit":
+    if code == "PartitionTimeLimit":
+        for part in target(asks, parts) or []:
             limit = part.max_time_min
             if limit is not None and asks.time_min > limit:
-                return (f"partition {name} allows at most {limit} minutes (MaxTime), the job "
-                        f"asks for {asks.time_min}", f"cluster.time_min={limit}")
-        elif nodes > part.total_nodes:
-            return (f"partition {name} has {part.total_nodes} nodes, the job asks for "
-                    f"{nodes}", f"nodes={part.total_nodes}")
-        elif part.max_nodes is not None and nodes > part.max_nodes:
-            return (f"partition {name} allows at most {part.max_nodes} nodes per job "
-                    f"(MaxNodes), the job asks for {nodes}", f"nodes={part.max_nodes}")
-        elif nodes < part.min_nodes:
-            return (f"partition {name} takes jobs of at least {part.min_nodes} nodes "
-                    f"(MinNodes), the job asks for {nodes}", f"nodes={part.min_nodes}")
-    return None
+                return (f"partition {part.name} allows at most {limit} minutes (MaxTime), the "
+                        f"job asks for {asks.time_min}", f"cluster.time_min={limit}")
+        return None
+    # PartitionNodeLimit, PartitionConfig: what the check before sbatch would have said (the
+    # partition's own limits included: Slurm says the job is held by them, whatever its QOS).
+    error = problem(replace(asks, qos=None), parts)
+    if error is None:
+        return None
+    return error.problem.removeprefix("can never start: ").rstrip("."), error.fix.rstrip(".")
 
 
 def _expand(expand: Callable[[str], list[str]], names: str) -> list[str]:

@@ -29,6 +29,8 @@ from tests.unit.slurm_records import (
 )
 
 TEST_CLUSTER = parse_sinfo(SINFO_2205)
+# Said when no partition is named: a site's job_submit plugin may route a job to any.
+ALSO = "; no other partition here can run it either"
 # A site with several partitions, nodes of several shapes and other versions' GRES text
 # (typed GPUs with socket affinity, shards), a default that is not the first line, limits.
 SITE = parse_sinfo("""cpu|120|64|256000|(null)|2-00:00:00|1-32|c[001-120]
@@ -87,15 +89,15 @@ def test_time_limits(text: str, minutes: int | None) -> None:
 
 @pytest.mark.parametrize("asks, start", [
     ({"nodes": 8}, "nodes=8: can never start: partition normal has 4 nodes, the job asks "
-                   "for 8. Fix: nodes=4"),
+                   f"for 8{ALSO}. Fix: nodes=4"),
     ({"cpus_per_task": 4}, "cluster.cpus_per_task=4: can never start: no node of partition "
-                           "normal has 4 CPUs per node (the most is 2). Fix: "
+                           f"normal has 4 CPUs per node (the most is 2){ALSO}. Fix: "
                            "cluster.cpus_per_task=2"),
     ({"tasks_per_node": 2, "cpus_per_task": 2},
      "cluster.cpus_per_task=2: can never start: no node of partition normal has "
      "cluster.tasks_per_node=2 x cluster.cpus_per_task=2 = 4 CPUs per node"),
     ({"mem_gb": 8.0}, "cluster.mem_gb=8.0: can never start: no node of partition normal has "
-                      "8192 MB of memory (the most is 3000 MB). Fix: cluster.mem_gb=2.9"),
+                      f"8192 MB of memory (the most is 3000 MB){ALSO}. Fix: cluster.mem_gb=2.9"),
     ({"gpus_per_node": 4}, "cluster.gpus_per_node=4: can never start: no node of partition "
                            "normal has 4 GPUs (the most is 2)"),
     ({"partition": "gpu"}, "cluster.partition=gpu: no such partition on this cluster (sinfo "
@@ -130,7 +132,7 @@ def test_a_site_with_several_partitions_and_node_shapes() -> None:
     said = refused(SITE, 4, gpus_per_node=8)
     assert said is not None and said.startswith(
         "nodes=4: can never start: only 2 of partition gpu's 18 nodes have 8 CPUs and 8 GPUs, "
-        "the job asks for 4 such nodes. Fix: nodes=2"), said
+        f"the job asks for 4 such nodes{ALSO}. Fix: nodes=2"), said
     assert refused(SITE, 2, gpus_per_node=8) is None
     said = refused(SITE, partition="cpu", gpus_per_node=1)
     assert said is not None and "choose a partition with GPUs" in said
@@ -153,6 +155,16 @@ def test_unknown_is_never_refused() -> None:
     assert refused({}, 8) is None
     empty = {"cloud": Partition("cloud", True, groups=(NodeGroup(0, None, None, 0),))}
     assert refused(empty, 8) is None  # nodes yet to come
+    # No partition named, the default has no GPUs, another has: a job_submit plugin may
+    # route the job there (many sites do), so only a job no partition can run is refused.
+    routed = parse_sinfo("cpu*|100|64|256000|(null)|infinite|1-infinite|c[1-100]\n"
+                         "gpu|8|64|512000|gpu:4|infinite|1-infinite|g[1-8]\n")
+    assert refused(routed, 2, gpus_per_node=4) is None
+    said = refused(routed, 2, gpus_per_node=8)  # said about the partition that comes closest
+    assert said is not None and said.startswith(
+        f"cluster.gpus_per_node=8: can never start: no node of partition gpu has 8 GPUs (the "
+        f"most is 4){ALSO}. Fix: cluster.gpus_per_node=4 or fewer"), said
+    assert refused(routed, 2, partition="cpu", gpus_per_node=4) is not None
 
 
 def test_one_sinfo_for_a_whole_sweep(tmp_path: Path) -> None:
@@ -176,6 +188,10 @@ def lazy(parts: dict[str, Partition] | None):  # type: ignore[no-untyped-def]
      "can never start (PartitionNodeLimit): partition normal has 4 nodes, the job asks for "
      "8: nodes=4"),
     ("PartitionNodeLimit", {"nodes": 4}, False, "not enough of its nodes are up"),
+    # 22.05 says PartitionConfig for the same job at times (seen on the test cluster).
+    ("PartitionConfig", {"nodes": 8}, True, "partition normal has 4 nodes, the job asks for "
+                                            "8: nodes=4"),
+    ("PartitionConfig", {"nodes": 2}, True, "does not fit partition normal's configuration"),
     ("PartitionTimeLimit", {"time_min": 600}, True, "cluster.time_min=600 is above"),
     ("DependencyNeverSatisfied", {"dependency": "afterok:12"}, True,
      "(cluster.sbatch_extra.dependency=afterok:12) failed or was cancelled: cancel this one"),
@@ -197,7 +213,9 @@ def lazy(parts: dict[str, Partition] | None):  # type: ignore[no-untyped-def]
 ])
 def test_pending_reasons_in_our_words(reason: str, asks: dict[str, Any], never: bool,
                                       words: str) -> None:
-    pending = explain(reason, Request(**{"nodes": 1, **asks}), lazy(TEST_CLUSTER))
+    # The partition is squeue's (slurm_reasons.pending_of): where the job waits.
+    pending = explain(reason, Request(**{"nodes": 1, "partition": "normal", **asks}),
+                      lazy(TEST_CLUSTER))
     assert pending.never is never
     assert words in pending.line(), pending.line()
 
@@ -209,7 +227,7 @@ def test_a_reason_needing_facts_asks_for_them_only_then() -> None:
         asked.append(1)
         return TEST_CLUSTER
 
-    request = Request(nodes=8)
+    request = Request(nodes=8, partition="normal")
     explain("JobHeldUser", request, facts)
     explain("Priority", request, facts)
     assert asked == []
@@ -264,5 +282,5 @@ def test_a_node_configuration_refusal_is_diagnosed_with_sinfo(tmp_path: Path) ->
     error = refusal(cfg, FailedJobError(SBATCH_NODE_CONFIG), {"PATH": str(folder)})
     assert error is not None and error.message.startswith(
         "nodes=8: sbatch refused the job: Batch job submission failed: Requested node "
-        "configuration is not available (partition normal has 4 nodes, the job asks for 8). "
-        "Fix: nodes=4"), error and error.message
+        "configuration is not available (partition normal has 4 nodes, the job asks for 8; "
+        "neither can urgent). Fix: nodes=4"), error and error.message
