@@ -7,8 +7,9 @@
     python -m hpc_ddp.status outputs/try1 --json
     python -m hpc_ddp.status outputs/try1 --watch --interval 30     # refresh every 30 s
 
-Per job: Slurm's state (sacct, squeue when accounting is absent) or the local state,
-restarts, current step, latest loss and eval accuracy.
+Per job: its state in one word (Slurm's pending reason beside a pending job, in words below
+the table, with the fix when the job can never start), restarts, current step, latest loss
+and eval accuracy. One squeue and at most one sacct call a refresh for a whole sweep.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def other_kind(path: Path) -> tuple[str, str] | None:
     return None
 
 
-class Looks:
+class Lookups:
     """What a status command keeps between refreshes: the partitions' facts (one sinfo,
     only once a pending reason needs them) and the runs' requests (from config.yaml)."""
 
@@ -92,7 +93,7 @@ class Looks:
         self.requests: dict[Path, Any] = {}
 
 
-def rows_of(runs: list[tuple[str, Path]], looks: Looks | None = None) -> list[dict[str, Any]]:
+def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
     from hpc_ddp.launch.slurm_state import query_many
@@ -100,12 +101,12 @@ def rows_of(runs: list[tuple[str, Path]], looks: Looks | None = None) -> list[di
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
     states = query_many(str(j["job_id"]) for j in jobs.values()
                         if j and j.get("kind") == "slurm")
-    looks = looks or Looks()
+    looks = looks or Lookups()
     return [row(label, run_dir, jobs[run_dir], states, looks) for label, run_dir in runs]
 
 
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
-        states: dict[str, Any] | None = None, looks: Looks | None = None) -> dict[str, Any]:
+        states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
     from hpc_ddp import events
     from hpc_ddp.launch.slurm_reasons import pending_of
     from hpc_ddp.launch.slurm_state import JobState
@@ -121,7 +122,7 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     else:
         found = Run(run_dir, job).job_state()
     if found.state == "PENDING":
-        looks = looks or Looks()
+        looks = looks or Lookups()
         pending = pending_of(found, run_dir, looks.facts, looks.requests)
     restarts = summary.get("restarts")
     if restarts is None:
@@ -278,7 +279,7 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
           manifest: dict[str, Any] | None, out: TextIO) -> int:
     if args.cancel:
         return _cancel(runs, manifest, out)
-    looks = Looks()
+    looks = Lookups()
     while True:
         rows = rows_of(runs, looks)
         if args.json:

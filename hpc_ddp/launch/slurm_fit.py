@@ -19,6 +19,7 @@ import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
@@ -150,17 +151,24 @@ class Request:
 
     @classmethod
     def of(cls, cfg: Config, environ: Mapping[str, str]) -> Request:
-        c = cfg.cluster
+        return cls.of_fields(cfg.nodes, vars(cfg.cluster), environ)
+
+    @classmethod
+    def of_fields(cls, nodes: int, c: Mapping[str, Any], environ: Mapping[str, str]
+                  ) -> Request:
+        """From the values of ``nodes`` and ``cluster.*`` (a Config's, or a run's
+        config.yaml read as plain YAML: status reads a sweep's thousand of them)."""
+        extra = c.get("sbatch_extra") or {}
         relaxed = {what for option, what in _RELAXING_OPTIONS.items()
-                   if any(option.startswith(key) for key in c.sbatch_extra)}
+                   if any(option.startswith(key) for key in extra)}
         relaxed |= {what for name, what in _RELAXING_ENV.items() if environ.get(name)}
         from_env = environ.get("SBATCH_PARTITION")
-        return cls(cfg.nodes, c.tasks_per_node or 1, c.cpus_per_task, c.mem_gb or None,
-                   c.gpus_per_node or 0,
-                   c.time_min, from_env or c.partition,
+        return cls(int(nodes), c.get("tasks_per_node") or 1, c.get("cpus_per_task") or 1,
+                   c.get("mem_gb") or None, c.get("gpus_per_node") or 0,
+                   c.get("time_min") or 60, from_env or c.get("partition"),
                    "SBATCH_PARTITION (environment)" if from_env else "cluster.partition",
-                   c.qos or environ.get("SBATCH_QOS") or None, c.constraint, c.nodelist,
-                   c.sbatch_extra.get("dependency"), frozenset(relaxed))
+                   c.get("qos") or environ.get("SBATCH_QOS") or None, c.get("constraint"),
+                   c.get("nodelist"), extra.get("dependency"), frozenset(relaxed))
 
     @property
     def mem_mb(self) -> int | None:

@@ -129,7 +129,7 @@ def test_following_a_1000_point_sweep_costs_two_slurm_calls_a_refresh(
         slurm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hpc_ddp.api import Run
     from hpc_ddp.follow import RunView
-    from hpc_ddp.status import Looks, main, rows_of, runs_of
+    from hpc_ddp.status import Lookups, main, rows_of, runs_of
 
     _hook()
     folder = tmp_path / "sweep1000"
@@ -140,7 +140,7 @@ def test_following_a_1000_point_sweep_costs_two_slurm_calls_a_refresh(
     try:
         assert len(arrays) == math.ceil(1000 / max_array_size(os.environ))  # 100 arrays
         runs, _ = runs_of(folder)
-        looks = Looks()
+        looks = Lookups()
         for _ in range(3):  # three refreshes of one `status --watch`
             t0 = time.monotonic()
             rows, calls = _counted(lambda: rows_of(runs, looks))
