@@ -22,11 +22,15 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.procs import pid_alive
 from hpc_ddp.rundir import RunDir, read_json, write_json
+
+if TYPE_CHECKING:
+    from hpc_ddp.launch.slurm_reasons import Pending
+    from hpc_ddp.launch.slurm_state import JobState
 
 JOB_FILE = "job.json"
 
@@ -250,26 +254,38 @@ class Run:
     # -- state -------------------------------------------------------------------------------
     @property
     def state(self) -> str:
-        """PENDING/RUNNING/COMPLETED/FAILED/CANCELLED... (Slurm's own words on Slurm)."""
-        if self.kind == "slurm":
-            from hpc_ddp.launch.slurm_state import query
+        """One word, the same for local runs and Slurm (docs/api.md#states): PENDING,
+        RUNNING, COMPLETED, FAILED, CANCELLED, TIMEOUT, REQUEUED, ...; Slurm's own text
+        ("CANCELLED by 1000") is ``job_state().raw``."""
+        return self.job_state().state
 
-            found = query(self.job_id)
-            return found.state if found else "UNKNOWN"
+    def job_state(self) -> JobState:
+        """The state now: ``.state`` (one word), ``.raw`` (Slurm's text), ``.exit_code``,
+        ``.reason`` (Slurm's pending reason); one squeue call (sacct once it has ended)."""
+        from hpc_ddp.launch.slurm_state import JobState, query
+
+        if self.kind == "slurm":
+            return query(self.job_id) or JobState("UNKNOWN")
         if not self.done():
-            return "RUNNING"
+            return JobState("RUNNING")
         from hpc_ddp.follow import failed_ranks
 
         if self.summary() is not None and not failed_ranks(self.files):
-            return "COMPLETED"
-        return "CANCELLED" if self._record.get("cancelled") else "FAILED"
+            return JobState("COMPLETED")
+        return JobState("CANCELLED" if self._record.get("cancelled") else "FAILED")
+
+    def pending_reason(self) -> Pending | None:
+        """Why a PENDING Slurm job waits, in words, and whether it can ever start
+        (``.never``, with ``.fix``); None when it is not pending."""
+        from hpc_ddp.launch.slurm_fit import lazy_partitions
+        from hpc_ddp.launch.slurm_reasons import pending_of
+
+        return pending_of(self.job_state(), self.run_dir, lazy_partitions()) \
+            if self.kind == "slurm" else None
 
     def done(self) -> bool:
         if self.kind == "slurm":
-            from hpc_ddp.launch.slurm_state import query
-
-            found = query(self.job_id)
-            return bool(found and found.finished)
+            return self.job_state().finished
         if self._handle is not None:
             return bool(self._handle.done())
         return not self._controller_alive()
@@ -323,15 +339,17 @@ class Run:
         """
         import io
 
-        from hpc_ddp.follow import follow
+        from hpc_ddp.follow import RunView, follow
 
         sink = (out or sys.stdout) if progress else io.StringIO()
-        view = _FollowView(self)
+        view = RunView(self)
         started = time.monotonic()
         code = follow(view, self.files, sink, poll_s=2.0 if self.kind == "slurm" else 0.5,
                       timeout_s=timeout, cancel_on_failure=self.kind != "slurm")
         if code == 0:
             return self.summary() or {}
+        if view.pending is not None and view.pending.never:
+            raise RunFailed(f"job {self.job_id} {view.pending.line()}")
         if timeout is not None and time.monotonic() - started >= timeout and not self.done():
             raise TimeoutError(f"{self!r} still running after {timeout:.0f}s")
         from hpc_ddp.follow import failure_report
@@ -378,35 +396,3 @@ class Run:
         from hpc_ddp import events
 
         return events.read(self.run_dir)
-
-
-class _FollowView:
-    """What follow() needs (job_id, state, done, cancel), with Slurm's exit code."""
-
-    def __init__(self, run: Run) -> None:
-        self.run = run
-        self.job_id = run.job_id
-
-    @property
-    def state(self) -> str:
-        return self.run.state
-
-    @property
-    def exit_code(self) -> str:
-        if self.run.kind != "slurm":
-            return ""
-        from hpc_ddp.launch.slurm_state import query
-
-        found = query(self.job_id)
-        return found.exit_code if found else ""
-
-    def done(self) -> bool:
-        return self.run.done()
-
-    def cancel(self, check: bool = False) -> None:
-        """After a rank failed (follow's grace is over): end the others now, as failed."""
-        if self.run.kind == "slurm":
-            self.run.cancel(check=check)
-        else:
-            self.run._stop_local(grace_s=0.0)
-

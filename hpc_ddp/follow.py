@@ -1,12 +1,15 @@
 """Follow a submitted job to its end: progress while it trains, a results table at the end.
 
-On a terminal a progress bar (rich); in a log, one plain line per logged step. If a rank
-fails, the others would wait in a collective until the timeout: the job is cancelled at once
-and the failing rank's last log lines are printed.
+On a terminal a progress bar (rich); in a log, one plain line per logged step. While a
+Slurm job is pending, why it waits (Slurm's reason in words); a job that can never start
+(its reason says so) is not waited for: the reason and its fix are printed instead. If a
+rank fails, the others would wait in a collective until the timeout: the job is cancelled
+at once and the failing rank's last log lines are printed.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from typing import Any, TextIO
@@ -40,6 +43,14 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
     started = time.monotonic()
     try:
         while not job.done():
+            pending = getattr(job, "pending", None)
+            if pending is not None and pending.never:
+                reporter.close()
+                print(f"job {job.job_id} {pending.line()}\nIt stays queued until cancelled: "
+                      f"python -m hpc_ddp.status {shlex.quote(str(run.root))} --cancel",
+                      file=out, flush=True)
+                return 1
+            reporter.waits(pending)
             reporter.update(read_json(run.progress))
             if cancel_on_failure and failed_ranks(run):
                 failure_seen = failure_seen or time.monotonic()
@@ -144,11 +155,51 @@ def progress_text(progress: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+class RunView:
+    """What follow() needs of a Run (job_id, state, exit_code, pending, done, cancel): one
+    Slurm query per done(), whose answer the other members reuse."""
+
+    def __init__(self, run: Any) -> None:
+        from hpc_ddp.launch.slurm_fit import lazy_partitions
+
+        self.run = run
+        self.job_id = run.job_id
+        self.pending: Any = None  # slurm_reasons.Pending while the job waits
+        self._last: Any = None
+        self._facts = lazy_partitions()
+        self._requests: dict[Any, Any] = {}
+
+    @property
+    def state(self) -> str:
+        return self._last.state if self._last is not None else str(self.run.state)
+
+    @property
+    def exit_code(self) -> str:
+        return self._last.exit_code if self._last is not None else ""
+
+    def done(self) -> bool:
+        if self.run.kind != "slurm":
+            return bool(self.run.done())
+        from hpc_ddp.launch.slurm_reasons import pending_of
+
+        self._last = self.run.job_state()
+        self.pending = pending_of(self._last, self.run.run_dir, self._facts, self._requests)
+        return bool(self._last.finished)
+
+    def cancel(self, check: bool = False) -> None:
+        """After a rank failed (follow's grace is over): end the others now, as failed."""
+        if self.run.kind == "slurm":
+            self.run.cancel(check=check)
+        else:
+            self.run._stop_local(grace_s=0.0)
+
+
 class _Reporter:
     def __init__(self, out: TextIO, since: float) -> None:
         self.out = out
         self.since = since  # progress written before this (an earlier attempt) is not news
         self.last_step: int | None = None
+        self.last_wait: str | None = None
         self.bar: Any = None
         if getattr(out, "isatty", lambda: False)():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -158,6 +209,19 @@ class _Reporter:
             self.bar.start()
             self.task = self.bar.add_task("starting: waiting for the first logged step",
                                           total=None, counter="")
+
+    def waits(self, pending: Any) -> None:
+        """Why the job waits (slurm_reasons.Pending), said when it changes."""
+        line = pending.line() if pending is not None else None
+        if line == self.last_wait:
+            return
+        self.last_wait = line
+        if line is None:
+            return
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"pending: {line}")
+        else:
+            print(f"pending: {line}", file=self.out, flush=True)
 
     def update(self, progress: dict[str, Any] | None) -> None:
         if not progress or progress.get("step") == self.last_step:

@@ -7,8 +7,9 @@
     python -m hpc_ddp.status outputs/try1 --json
     python -m hpc_ddp.status outputs/try1 --watch --interval 30     # refresh every 30 s
 
-Per job: Slurm's state (sacct, squeue when accounting is absent) or the local state,
-restarts, current step, latest loss and eval accuracy.
+Per job: its state in one word (Slurm's pending reason beside a pending job, in words below
+the table, with the fix when the job can never start), restarts, current step, latest loss
+and eval accuracy. One squeue and at most one sacct call a refresh for a whole sweep.
 """
 
 from __future__ import annotations
@@ -81,18 +82,55 @@ def other_kind(path: Path) -> tuple[str, str] | None:
     return None
 
 
-def row(label: str, run_dir: Path) -> dict[str, Any]:
+class Lookups:
+    """What a status command keeps between refreshes: the partitions' facts (one sinfo,
+    only once a pending reason needs them) and the runs' requests (from config.yaml)."""
+
+    def __init__(self) -> None:
+        from hpc_ddp.launch.slurm_fit import lazy_partitions
+
+        self.facts = lazy_partitions()
+        self.requests: dict[Path, Any] = {}
+
+
+def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
+    """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
+    sacct call (a whole sweep, whatever its size)."""
+    from hpc_ddp.launch.slurm_state import query_many
+
+    jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
+    states = query_many(str(j["job_id"]) for j in jobs.values()
+                        if j and j.get("kind") == "slurm")
+    looks = looks or Lookups()
+    return [row(label, run_dir, jobs[run_dir], states, looks) for label, run_dir in runs]
+
+
+def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
+        states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
+    from hpc_ddp import events
+    from hpc_ddp.launch.slurm_reasons import pending_of
+    from hpc_ddp.launch.slurm_state import JobState
+
     summary = read_json(run_dir / "summary.json") or {}
     progress = read_json(run_dir / "progress.json") or {}
-    job = read_json(run_dir / JOB_FILE)
-    state = Run(run_dir, job).state if job else "NOT SUBMITTED"
-    from hpc_ddp import events
-
+    job = job if job is not None else read_json(run_dir / JOB_FILE)
+    pending = None
+    if not job:
+        found = JobState("NOT SUBMITTED")
+    elif job.get("kind") == "slurm" and states is not None:
+        found = states.get(str(job["job_id"])) or JobState("UNKNOWN")
+    else:
+        found = Run(run_dir, job).job_state()
+    if found.state == "PENDING":
+        looks = looks or Lookups()
+        pending = pending_of(found, run_dir, looks.facts, looks.requests)
     restarts = summary.get("restarts")
     if restarts is None:
         restarts = sum(1 for e in events.read(run_dir) if e.get("kind") == "requeue")
     return {"label": label, "run_dir": str(run_dir), "job_id": job and job.get("job_id"),
-            "state": state, "restarts": restarts,
+            "state": found.state, "slurm_state": found.raw, "reason": found.reason,
+            "pending": pending.line() if pending else None,
+            "never": bool(pending and pending.never), "restarts": restarts,
             "step": summary.get("global_step", progress.get("step")),
             "total_steps": summary.get("total_steps", progress.get("total_steps")),
             "loss": summary.get("final_train_loss", progress.get("loss")),
@@ -117,7 +155,7 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
         return format(value, spec) if spec and isinstance(value, int | float) else str(value)
 
     header = ("run", "job", "state", "restarts", "step", "loss", "eval acc")
-    lines = [header] + [(r["label"], fmt(r["job_id"]), r["state"], fmt(r["restarts"]),
+    lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), fmt(r["restarts"]),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
                          fmt(r["eval_accuracy"], ".4f")) for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
@@ -129,13 +167,37 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
                   if isinstance(top["eval_accuracy"], int | float)
                   else f"eval loss {top['eval_loss']:.4f}")
         text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
-    return text
+    return "\n".join([text, *notes(rows, is_sweep)])
+
+
+def _state_cell(r: dict[str, Any]) -> str:
+    reason = r.get("reason") if r["state"] == "PENDING" else ""
+    return f"{r['state']} ({str(reason).split(',')[0]})" if reason else str(r["state"])
+
+
+def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
+    """A line per pending reason, in words (the ones that mean "never" first, with the
+    fix); a sweep's points sharing one are named together."""
+    said: dict[str, list[str]] = {}
+    for r in sorted(rows, key=lambda r: not r.get("never")):
+        if r.get("pending"):
+            said.setdefault(r["pending"], []).append(str(r["label"] if is_sweep else
+                                                         f"job {r['job_id']}"))
+    lines = []
+    for line, who in said.items():
+        named = ", ".join(who) if len(who) <= 6 else \
+            f"{', '.join(who[:3])}, ... {who[-1]} ({len(who)} points)"
+        lines.append(f"{named}: {line}" if is_sweep else f"{who[0]} {line}")
+    if any(r.get("never") for r in rows):
+        lines.append("(a job that can never start stays queued until cancelled: --cancel)")
+    return lines
 
 
 def finished(rows: list[dict[str, Any]]) -> bool:
+    """Every job has ended, or can never start (watching it would never end)."""
     from hpc_ddp.launch.slurm_state import TERMINAL
 
-    return all(r["state"] in (*TERMINAL, "FAILED", "NOT SUBMITTED") for r in rows)
+    return all(r["state"] in (*TERMINAL, "NOT SUBMITTED") or r.get("never") for r in rows)
 
 
 def plot(runs: list[tuple[str, Path]], out_png: Path) -> None:
@@ -206,14 +268,20 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return USAGE_EXIT_CODE
     except KeyboardInterrupt:  # Ctrl-C ends --watch; the jobs go on
         return 130
+    except BrokenPipeError:  # `... | head`: the reader has all it wanted
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
           manifest: dict[str, Any] | None, out: TextIO) -> int:
     if args.cancel:
         return _cancel(runs, manifest, out)
+    looks = Lookups()
     while True:
-        rows = [row(label, run_dir) for label, run_dir in runs]
+        rows = rows_of(runs, looks)
         if args.json:
             print(json.dumps({"runs": rows, "best": best(rows)}, indent=2), file=out)
         elif args.watch and out.isatty():
@@ -233,20 +301,51 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
     if manifest is not None and manifest.get("kind") == "slurm" and manifest.get("arrays"):
         import subprocess
 
+        rows = rows_of(runs)
+        unstarted = sum(never_started(Path(r["run_dir"]), r["state"]) for r in rows)
         subprocess.run(["scancel", *manifest["arrays"]], check=False)
         print(f"cancelled job array(s) {', '.join(manifest['arrays'])}", file=out)
+        if unstarted:
+            print(f"{unstarted} of {len(rows)} points had never started: nothing ran there, "
+                  "nothing is lost", file=out)
         return 0
     for label, run_dir in runs:
         job = read_json(run_dir / JOB_FILE)
         if not job:
             continue
-        if Run(run_dir, job).cancel():
-            print(f"cancelled {label} (job {job['job_id']}); continue it with: "
-                  f"{resume_command(run_dir)}", file=out)
-        else:
+        run = Run(run_dir, job)
+        before = run.job_state()
+        if not run.cancel():
             print(f"{label} (job {job['job_id']}) had ended already; nothing to cancel",
                   file=out)
+        elif never_started(run_dir, before.state):
+            print(f"cancelled {label} (job {job['job_id']}) before it ever started: nothing "
+                  f"trained, nothing to resume. To run it after all (from step 0"
+                  f"{_fix_of(run_dir, before)}): {resume_command(run_dir)}", file=out)
+        else:
+            print(f"cancelled {label} (job {job['job_id']}); continue it with: "
+                  f"{resume_command(run_dir)}", file=out)
     return 0
+
+
+def never_started(run_dir: Path, state: str) -> bool:
+    """A pending job that never ran: no rank record, progress or checkpoint (a requeued job
+    is PENDING again, with them)."""
+    from hpc_ddp.rundir import RunDir
+
+    files = RunDir(run_dir)
+    return state == "PENDING" and not any(
+        p.exists() for p in (files.ranks, files.progress, files.checkpoints, files.summary))
+
+
+def _fix_of(run_dir: Path, state: Any) -> str:
+    from hpc_ddp.launch.slurm_fit import lazy_partitions
+    from hpc_ddp.launch.slurm_reasons import pending_of
+
+    pending = pending_of(state, run_dir, lazy_partitions())
+    if pending is None or not pending.never:
+        return ""
+    return f"; it could never start as it was, so first: {pending.fix}"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,11 @@ from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
+from hpc_ddp.launch.sbatch_refusal import no_client, refusal, sbatch_key_line
 from hpc_ddp.rank.task import TrainingTask
+
+__all__ = ["check_client", "describe", "dry_run", "executor_parameters", "refusal", "render",
+           "sbatch_key_line", "submit"]
 from hpc_ddp.rundir import RunDir
 
 # Slurm names and hostlists: letters, digits and the punctuation Slurm uses in them. Anything
@@ -30,10 +34,6 @@ from hpc_ddp.rundir import RunDir
 _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:\[\]\-+%@=|&!*()]+$")
 # Environment variable submitit reads (in the tasks) to know which signal means "requeue".
 _SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
-_NO_CLIENT_FIX = ("use cluster=local to run on this machine, or submit from a login node of "
-                  "the Slurm cluster.")
-_NO_CONTROLLER_FIX = ("submit from a login node of the cluster, or point SLURM_CONF at its "
-                      "slurm.conf (export SLURM_CONF=/path/to/slurm.conf), or use cluster=local.")
 
 
 def check_shell_safety(cfg: Config) -> None:
@@ -169,59 +169,7 @@ def dry_run(cfg: Config, run: RunDir) -> str:
 def check_client(environ: Mapping[str, str]) -> None:
     """Refuse a Slurm submission where no ``sbatch`` is on PATH, in one line with the fix."""
     if not shutil.which("sbatch", path=environ.get("PATH", os.defpath)):
-        raise _no_client("sbatch")
-
-
-def _no_client(tool: str) -> UserError:
-    return UserError("cluster.kind", "slurm", f"no Slurm here: {tool} is not on PATH.",
-                     _NO_CLIENT_FIX)
-
-
-def refusal(cfg: Config, exc: BaseException,
-            environ: Mapping[str, str] | None = None) -> UserError | None:
-    """The one-line UserError for a submission that sbatch refused or could not make
-    (None: ``exc`` is not about the submission, let it through).
-
-    When no controller answers ``scontrol ping`` that is the reason, whatever sbatch said;
-    otherwise the message carries sbatch's own key line, not its whole stderr."""
-    from submitit.core.utils import FailedJobError
-
-    from hpc_ddp.launch.resolve import slurm_available
-
-    environ = os.environ if environ is None else environ
-    if isinstance(exc, FileNotFoundError) and "sbatch" in str(exc.filename or exc):
-        return _no_client("sbatch")
-    if isinstance(exc, RuntimeError) and 'detect "srun"' in str(exc):
-        # submitit builds a plain SlurmExecutor (which wants srun here) for job arrays.
-        return _no_client("srun")
-    if not isinstance(exc, FailedJobError):
-        return None
-    said = sbatch_key_line(str(exc))
-    if not slurm_available(environ):
-        return UserError("cluster.kind", "slurm",
-                         f"no Slurm controller answers (scontrol ping); sbatch said: "
-                         f"{said.rstrip('.')}.",
-                         _NO_CONTROLLER_FIX)
-    if "temporarily unavailable" in said.lower():  # EAGAIN: slurmctld takes no more jobs now
-        fix = ("the controller holds as many jobs as it takes (MaxJobCount in `scontrol show "
-               "config`; finished jobs count for MinJobAge seconds) or is too busy: wait and "
-               "submit again, or send fewer points at a time.")
-    else:
-        fix = ("check partition, account, nodes and GPUs against `sinfo` (and "
-               "cluster.sbatch_extra, if set); `dry_run=true` prints the script.")
-    return UserError("cluster", cfg.cluster.partition or "(default partition)",
-                     f"sbatch refused the job: {said.rstrip('.')}.", fix)
-
-
-def sbatch_key_line(stderr: str, limit: int = 300) -> str:
-    """The line of sbatch's stderr that says why (``Batch job submission failed: ...`` or a
-    fatal error), else its first error line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for marks in (("submission failed", "fatal"), ("error",)):
-        for line in lines:
-            if any(mark in line.lower() for mark in marks):
-                return line[:limit]
-    return (lines[0] if lines else "(no message)")[:limit]
+        raise no_client("sbatch")
 
 
 @contextlib.contextmanager
@@ -247,10 +195,14 @@ def sbatch_errors(cfg: Config, environ: Mapping[str, str] | None = None) -> Iter
 
 def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
            environ: Mapping[str, str] | None = None) -> Any:
-    """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob."""
+    """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob.
+    A job that could never start is refused first (one sinfo call, slurm_fit)."""
+    from hpc_ddp.launch import slurm_fit
+
     environ = os.environ if environ is None else environ
     check_shell_safety(cfg)
     check_client(environ)
+    slurm_fit.check([cfg], environ)
     executor = make_executor(cfg, run)
     with sbatch_errors(cfg, environ):
         return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))

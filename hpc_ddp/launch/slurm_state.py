@@ -1,4 +1,11 @@
-"""A Slurm job's state from accounting (sacct), with squeue as the fallback.
+"""Slurm jobs' states: squeue for what the controller holds, sacct for what has ended.
+
+One ``squeue`` and at most one ``sacct`` per look, for one job or a whole sweep: array
+tasks are asked for by their array's id, so a 1,000-point sweep in 100 arrays is still two
+calls (a status refresh every 5 s must not become ~100 calls a second against slurmctld
+and slurmdbd). squeue comes first because its state and pending reason are live (accounting
+keeps the reason a job had when it was submitted); sacct answers for jobs squeue no longer
+lists, with Slurm's raw text ("CANCELLED by 1000") and the exit code.
 
 submitit's own ``done()`` trusts its result files, which an earlier attempt of a requeued
 job leaves behind; following a job that requeues itself needs Slurm's word.
@@ -7,59 +14,146 @@ job leaves behind; following a job that requeues itself needs Slurm's word.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # States after which the job will not run again (REQUEUED, PENDING, RUNNING, PREEMPTED and
 # SUSPENDED are not: a requeued or preempted job comes back). https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE")
+# squeue -o: job id (an array task as 123_4, one per line with -r), state, pending reason,
+# partition(s). https://slurm.schedmd.com/squeue.html#OPT_format
+SQUEUE_FORMAT = "%i|%T|%r|%P"
+SACCT_FIELDS = "JobID,State,ExitCode,Reason"
+
+
+def normalise(raw: str) -> str:
+    """Slurm's state text as one word scripts can compare: "CANCELLED by 1000" -> CANCELLED,
+    "CANCELLED+" (a fixed-width column cut it) -> CANCELLED; "" stays ""."""
+    words = raw.split()
+    return words[0].rstrip("+").upper() if words else ""
 
 
 @dataclass(frozen=True)
 class JobState:
+    """``state``: one word (CANCELLED, not "CANCELLED by 0"); ``raw``: Slurm's own text;
+    ``reason``: Slurm's pending reason ("" for none), e.g. PartitionNodeLimit; ``partition``:
+    where the job waits or runs (squeue's word; "" when only accounting answered)."""
+
     state: str
     exit_code: str = ""
+    reason: str = ""
+    raw: str = ""
+    partition: str = ""
+
+    @classmethod
+    def of(cls, raw: str, exit_code: str = "", reason: str = "",
+           partition: str = "") -> JobState:
+        reason = reason.strip()
+        return cls(normalise(raw), exit_code.strip(), "" if reason == "None" else reason,
+                   raw.strip(), partition.strip())
 
     @property
     def finished(self) -> bool:
-        # "CANCELLED by 1000" -> CANCELLED; an empty state (a record sacct has not filled
-        # yet) is not an end.
-        return next(iter(self.state.split()), "") in TERMINAL
+        # An empty state (a record sacct has not filled yet) is not an end.
+        return normalise(self.state) in TERMINAL
 
 
 def query(job_id: str, environ: Mapping[str, str] | None = None) -> JobState | None:
-    """The job's state now (None while neither sacct nor squeue knows it yet)."""
+    """The job's state now (None while neither squeue nor sacct knows it): one squeue call
+    while the controller holds the job, one sacct more on the look that finds it ended."""
+    return query_many([job_id], environ).get(job_id)
+
+
+def query_many(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
+               ) -> dict[str, JobState]:
+    """The states of all these jobs (array tasks as ``123_4``) in one squeue call and at
+    most one sacct call, whatever their number; a job neither knows is left out."""
     env = dict(os.environ if environ is None else environ)
-    out = _run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode", "-j", job_id], env)
-    if out:
-        state, _, code = out.splitlines()[0].partition("|")
-        return JobState(state.strip(), code.strip())
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"], env)
-    if out:
-        return JobState(out.splitlines()[0].strip())
-    return _array_element(job_id, env) if "_" in job_id else None
+    ids = list(dict.fromkeys(str(i) for i in job_ids))
+    if not ids:
+        return {}
+    live = parse_squeue(_run(squeue_command(_asked(ids)), env))
+    found = {i: live[i] for i in ids if i in live}
+    ended = [i for i in ids if i not in found or found[i].finished]
+    if ended:
+        accounted = parse_sacct(_run(sacct_command(_asked(ended)), env))
+        for i in ended:
+            state = accounted.get(i)
+            if state is not None:
+                found[i] = state
+    return found
 
 
-def _array_element(job_id: str, env: dict[str, str]) -> JobState | None:
-    """An array task that never started (still pending, or cancelled while pending) has no
-    record of its own: accounting lists it in a range such as 123_[4-9]."""
-    from hpc_ddp import hostlist
+def _asked(ids: Sequence[str]) -> list[str]:
+    """The ids to name on the command line: an array task's array (123_4 -> 123; squeue -r
+    and sacct then list every task of it, including the ones that never started)."""
+    return list(dict.fromkeys(i.split("_")[0] for i in ids))
 
-    array = job_id.split("_")[0]
-    out = _run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode", "-j", array], env)
-    for line in out.splitlines():
-        ids, state, code = (line.split("|") + ["", ""])[:3]
-        try:
-            # "123_[4-9%2]": the range, without the array's %N throttle.
-            bare = ids.split("%")[0] + ("]" if "%" in ids else "")
-            members = hostlist.expand(bare) if "[" in bare else [bare]
-        except ValueError:
+
+def squeue_command(asked: Sequence[str]) -> list[str]:
+    command = ["squeue", "-h", "-r", "-j", ",".join(asked), "-o", SQUEUE_FORMAT]
+    if len(asked) > 1:
+        # With one job id squeue loads that job only; with several it loads the whole queue
+        # unless one user is named (slurm_load_job_user): ours. Another user's job is then
+        # left to sacct. https://slurm.schedmd.com/squeue.html#OPT_user
+        command += ["-u", str(os.getuid())]
+    return command
+
+
+def sacct_command(asked: Sequence[str]) -> list[str]:
+    # -X: the job's allocation, not its steps; -P: '|'-separated, never cut to a width. With
+    # -j, sacct reports the latest job of each id (a requeued job's current record).
+    return ["sacct", "-X", "-n", "-P", "-o", SACCT_FIELDS, "-j", ",".join(asked)]
+
+
+def parse_squeue(text: str) -> dict[str, JobState]:
+    """``squeue -o '%i|%T|%r|%P'`` lines -> {job id: state}."""
+    found: dict[str, JobState] = {}
+    for line in text.splitlines():
+        ids, state, rest = (line.split("|", 2) + ["", ""])[:3]
+        reason, _, partition = rest.rpartition("|") if "|" in rest else (rest, "", "")
+        for job_id in _members(ids.strip()):
+            found[job_id] = JobState.of(state, "", reason, partition)
+    return found
+
+
+def parse_sacct(text: str) -> dict[str, JobState]:
+    """``sacct -X -P -o JobID,State,ExitCode,Reason`` lines -> {job id: state}. An array
+    task that never started (still pending, or cancelled while pending) has no record of
+    its own: accounting lists it in a range such as ``123_[4-9]`` or ``123_[4-9%2]``."""
+    ranged: dict[str, JobState] = {}
+    own: dict[str, JobState] = {}
+    for line in text.splitlines():
+        ids, state, code, reason = (line.split("|", 3) + ["", "", ""])[:4]
+        for job_id in _members(ids.strip()):
+            # A task's own record wins over a range that still lists it (seen in 22.05: a
+            # task released from a held array keeps its place in the range's record).
+            (ranged if "[" in ids else own)[job_id] = JobState.of(state, code, reason)
+    return {**ranged, **own}
+
+
+_RANGE = re.compile(r"^(?P<array>\d+)_\[(?P<tasks>[\d,\-:]+)(?:%\d+)?\]$")
+
+
+def _members(ids: str) -> list[str]:
+    """The job ids a record stands for: itself, or every task of an array range."""
+    match = _RANGE.match(ids)
+    if not match:
+        return [ids] if ids else []
+    members = []
+    for part in match["tasks"].split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
             continue
-        if job_id in members:
-            return JobState(state.strip(), code.strip())
-    return None
+        stop = int(last or first)
+        members += [f"{match['array']}_{t}" for t in
+                    range(int(first), stop + 1, int(step) if step.isdigit() and step != "0"
+                          else 1)]
+    return members
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> str:

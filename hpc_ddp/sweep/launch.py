@@ -135,8 +135,11 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     kind = plans[0].cfg.cluster.kind
     if kind == "slurm":
         from hpc_ddp.launch.slurm import check_client
+        from hpc_ddp.launch.slurm_fit import check
 
         check_client(environ)
+        # One sinfo for the whole sweep: a point no node can run is refused before any is sent.
+        check([p.cfg for p in plans], environ, [f"{p.index}: {p.label()}" for p in points])
     if plans[0].cfg.preflight and not _preflight(plans, folder, out):
         print(f"error: the preflight checks failed (above); nothing was submitted. Their "
               f"report is in {folder / PREFLIGHT}; the same sweep.dir may be used again.",

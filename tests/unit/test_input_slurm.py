@@ -178,7 +178,8 @@ def test_a_refusal_carries_sbatchs_reason(tmp_path: Path) -> None:
     error = slurm.refusal(cfg, FailedJobError(f"sbatch: warning: x\n{BAD_PARTITION}"),
                           {"PATH": str(folder)})
     assert error is not None
-    assert error.message.startswith("cluster=nope: sbatch refused the job: sbatch: error: Batch "
+    # The key the user set and its value, then sbatch's words.
+    assert error.message.startswith("cluster.partition=nope: sbatch refused the job: Batch "
                                     "job submission failed: Invalid partition name specified")
     assert slurm.refusal(cfg, RuntimeError("other"), {"PATH": str(folder)}) is None
     missing = FileNotFoundError(2, "No such file or directory", "sbatch")
