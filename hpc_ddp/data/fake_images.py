@@ -23,7 +23,8 @@ def jpeg(width: int, height: int, seed: int, tint: tuple[int, int, int] = (0, 0,
     rng = np.random.default_rng(seed)
     cell = max(4, min(width, height) // 12)
     coarse = rng.random((height // cell + 2, width // cell + 2, 3)) * 180
-    field = Image.fromarray(coarse.astype("uint8")).resize((width, height), Image.BICUBIC)
+    field = Image.fromarray(coarse.astype("uint8")).resize((width, height),
+                                                           Image.Resampling.BICUBIC)
     pixels = np.asarray(field, dtype=np.float32) + rng.normal(0, 12, (height, width, 3))
     pixels += np.asarray(tint, dtype=np.float32)
     buffer = io.BytesIO()

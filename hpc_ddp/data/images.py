@@ -64,7 +64,7 @@ def decoder(name: str) -> Callable[[bytes], Any]:
         from PIL import Image
 
         with Image.open(io.BytesIO(data)) as image:
-            array = np.asarray(image.convert("RGB"))
+            array = np.array(image.convert("RGB"))  # writable (asarray: a read-only view)
         return torch.from_numpy(array).permute(2, 0, 1)
 
     if resolve_decoder(name) != "simplejpeg":

@@ -36,7 +36,7 @@ _EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png"}
 
 def pack_folder(src: str, dst: str, splits: Sequence[str] = ("train", "val"),
                 samples_per_shard: int = SAMPLES_PER_SHARD, seed: int = 0,
-                out: TextIO = sys.stderr) -> dict[str, Any]:
+                out: TextIO | None = None) -> dict[str, Any]:
     """An image folder (``src/<split>/<class>/<file>``) -> shards in ``dst``; the index."""
     from hpc_ddp.data.image_folder import check_root
 
@@ -64,11 +64,12 @@ def pack_folder(src: str, dst: str, splits: Sequence[str] = ("train", "val"),
 
 def pack_factory(target: str, kwargs: dict[str, Any], dst: str,
                  samples_per_shard: int = SAMPLES_PER_SHARD, seed: int = 0,
-                 quality: int | None = None, out: TextIO = sys.stderr) -> dict[str, Any]:
+                 quality: int | None = None, out: TextIO | None = None) -> dict[str, Any]:
     """A data factory's (train, eval) sets (the data._target_ contract) -> shards."""
     from hpc_ddp.data.sets import num_classes_of
     from hpc_ddp.targets import build
 
+    target = target.replace(":", ".")  # Hydra's instantiate takes the dotted form
     made = build("data", target, kwargs, auto={"rank": 0, "world_size": 1, "seed": seed})
     pairs = _train_and_eval(made, target)
     count = num_classes_of(made) or num_classes_of(pairs[0][1])
@@ -137,7 +138,7 @@ def _shuffled(items: list[Any], seed: int) -> list[Any]:
 
 
 def write_split(dst: str, split: str, samples: Iterable[tuple[bytes, str, int]], total: int,
-                samples_per_shard: int, out: TextIO) -> list[dict[str, Any]]:
+                samples_per_shard: int, out: TextIO | None) -> list[dict[str, Any]]:
     """Write a split's shards; [{"file", "samples", "bytes"}] of each."""
     folder = Path(dst).expanduser() / split
     folder.mkdir(parents=True, exist_ok=True)
@@ -205,9 +206,9 @@ def _write_index(dst: str, classes: list[str], splits: dict[str, list[dict[str, 
 
 
 class _Progress:
-    def __init__(self, split: str, total: int, out: TextIO,
+    def __init__(self, split: str, total: int, out: TextIO | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.split, self.total, self.out, self.clock = split, total, out, clock
+        self.split, self.total, self.out, self.clock = split, total, out or sys.stderr, clock
         self.started = self.last = clock()
         self.count = 0
 
