@@ -15,6 +15,7 @@ copy, the longest staging time (one all-reduce of four numbers).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,7 @@ from hpc_ddp.data.staging import Staged
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir, write_json
 
+log = logging.getLogger(__name__)
 DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
 
 
@@ -59,8 +61,13 @@ def stage_path(root: str, cfg: Config, rank: Any, run_dir: RunDir,
     from hpc_ddp.data.stage_node import stage
 
     report = _progress_writer(run_dir, rank.host) if rank.env.is_master else None
-    return stage(root, cfg.data.stage_dir, rank.env, rank.host, rank.store, environ, report,
-                 key)
+    staged = stage(root, cfg.data.stage_dir, rank.env, rank.host, rank.store, environ, report,
+                   key)
+    how = ("copied here" if staged.by_me else "an earlier start's copy" if staged.reused
+           and rank.env.local_rank == 0 else "this node's copy")
+    log.info("data.stage: rank %d on %s reads %s (%s)", rank.env.rank, rank.host, staged.root,
+             how)
+    return staged
 
 
 def _progress_writer(run_dir: RunDir, host: str) -> Any:
