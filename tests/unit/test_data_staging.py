@@ -209,3 +209,58 @@ def test_a_failing_node_fails_every_rank_with_its_message(tmp_path: Path) -> Non
     for rank, (_, _, error) in results.items():
         assert error is not None, rank
         assert "cannot be made on node nodeB" in error, error
+
+
+class _Alone:
+    """What stage_data needs of a joined rank, for one process without a store."""
+
+    env = alone()
+    host = "nodeA"
+    store = None
+
+
+def test_a_target_factory_is_given_the_copy_as_its_root(tmp_path: Path) -> None:
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.data.sets import build_datasets
+    from hpc_ddp.data.stage_run import stage_data
+    from hpc_ddp.rundir import RunDir
+
+    src = folder(tmp_path / "src", files=6)
+    cfg = compose(["data._target_=tests.usercode.parts.files_under", f"+data.root={src}",
+                   "data.stage=true", f"data.stage_dir={tmp_path / 'stage'}"])
+    staged_cfg, summary = stage_data(cfg, _Alone(), RunDir(tmp_path / "run"), {})
+    root = Path(staged_cfg.data.kwargs["root"])
+    assert root.is_relative_to(tmp_path / "stage") and summary is not None
+    assert summary["nodes_staged"] == 1 and summary["files"] == 6 and summary["root"] == str(root)
+    assert len(build_datasets(staged_cfg.data, 0).train) == 6  # read from the copy
+    assert stage_data(compose([]), _Alone(), RunDir(tmp_path), {}) == (compose([]), None)
+
+
+def test_rank_0_progress_reaches_the_console_of_wait(tmp_path: Path) -> None:
+    import io
+    import json
+    import time
+
+    from hpc_ddp.follow import _Reporter
+
+    out = io.StringIO()
+    reporter = _Reporter(out, since=time.time() - 1)
+    progress = {"step": 0, "time": time.time(),
+                "stage": {"done": 3 * 2**29, "total": 2**31, "rate": 2.1e8, "host": "node1"}}
+    reporter.update(json.loads(json.dumps(progress)))
+    reporter.update(progress)  # the same figures are not said twice
+    assert out.getvalue() == "staging data on node1: 1.50 of 2.00 GiB (75%), 210 MB/s\n"
+
+
+def test_submit_checks_a_tar_root_and_a_shards_index(tmp_path: Path) -> None:
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.launch.check_code import check_parts
+
+    archive = tmp_path / "images.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.add(folder(tmp_path / "images"), arcname="images")
+    check_parts(compose(["data=image_folder", f"data.root={archive}", "data.stage=true"]))
+    with pytest.raises(UserError, match="add data.stage=true"):
+        check_parts(compose(["data=image_folder", f"data.root={archive}"]))
+    with pytest.raises(UserError, match="python -m hpc_ddp.data pack"):
+        check_parts(compose(["data=shards", f"data.root={tmp_path}"]))
