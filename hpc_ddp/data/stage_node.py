@@ -65,14 +65,18 @@ def stage(root: str, stage_dir: str | None, env: DistEnv, host: str, store: Any,
           key: str = "data.root") -> Staged:
     """This node's copy of ``root`` (made here if needed); every rank of the job calls it.
     ``store``: the rendezvous store (None: this process is alone, it stages for itself)."""
-    base = stage_dir or staging.default_stage_dir(environ)
+    import hashlib
+
     alone = store is None
     store = _OwnStore() if store is None else store
-    source = staging.source_of(root, key)
-    prefix = f"hpc_ddp/stage/{env.restart}/{source.key}"
+    # Keys of this staging in the store: the same on every rank, whatever fails below.
+    prefix = f"hpc_ddp/stage/{env.restart}/{hashlib.sha256(root.encode()).hexdigest()[:12]}"
     node_key = f"{prefix}/n{env.node_rank}"
     failure: BaseException | None = None
-    try:
+    try:  # every failure is agreed on below, so that no rank waits for a failed one
+        base = _expanded(stage_dir, environ, host) if stage_dir else \
+            staging.default_stage_dir(environ)
+        source = staging.source_of(root, key)
         fp = _fingerprint(source, env.is_master or alone, store, prefix)
         staged = _on_node(source, fp, base, env.local_rank == 0 or alone, host, store,
                           node_key, report)
@@ -84,6 +88,20 @@ def stage(root: str, stage_dir: str | None, env: DistEnv, host: str, store: Any,
     if failure is not None:
         raise failure
     return staged
+
+
+def _expanded(stage_dir: str, environ: Mapping[str, str], host: str) -> str:
+    """``$VARS`` of this node's environment (data.stage_dir='$SLURM_TMPDIR/x') and ``~``."""
+    import re
+
+    def value(match: re.Match[str]) -> str:
+        name = match[1] or match[2]
+        if name not in environ:
+            raise UserError("data.stage_dir", stage_dir, f"names ${name}, which is not set on "
+                            f"node {host}.", "name a variable every node sets, or a path.")
+        return environ[name]
+
+    return os.path.expanduser(re.sub(r"\$\{(\w+)\}|\$(\w+)", value, stage_dir))
 
 
 def _text(exc: BaseException) -> str:

@@ -264,3 +264,12 @@ def test_submit_checks_a_tar_root_and_a_shards_index(tmp_path: Path) -> None:
         check_parts(compose(["data=image_folder", f"data.root={archive}"]))
     with pytest.raises(UserError, match="python -m hpc_ddp.data pack"):
         check_parts(compose(["data=shards", f"data.root={tmp_path}"]))
+
+
+def test_stage_dir_variables_are_the_nodes_own(tmp_path: Path) -> None:
+    src = folder(tmp_path / "src")
+    env = {"LOCAL": str(tmp_path / "local")}
+    staged = stage_node.stage(str(src), "${LOCAL}/s", alone(), "nodeA", None, env)
+    assert staged.root.is_relative_to(tmp_path / "local" / "s")
+    with pytest.raises(UserError, match=r"names \$SLURM_TMPDIR, which is not set on node nodeA"):
+        stage_node.stage(str(src), "$SLURM_TMPDIR/s", alone(), "nodeA", None, {})
