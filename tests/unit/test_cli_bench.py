@@ -162,7 +162,8 @@ def test_bench_data_runs_every_contender_side_by_side(tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
     assert main(["data", "--workers", "0", "--images", "16", "--sizes", "24x20", "--crop",
-                 "16", "--batch", "4", "--rounds", "1", "--decode-s", "0.02", "--out", str(out)]) == 0
+                 "16", "--batch", "4", "--rounds", "1", "--decode-s", "0.02",
+                 "--out", str(out)]) == 0
     result = json.loads((out / "data.json").read_text())
     rows = {r["contender"]: r for r in result["rows"]}
     assert list(rows) == ["textbook", "folder", "folder (pil)", "shards"]
