@@ -169,3 +169,22 @@ def test_the_trainer_resumes_mid_epoch_bitwise(packed: Path, tmp_path: Path,
     a, b = whole.model.module.state_dict(), second.model.module.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise, across the epoch boundary
     assert whole.global_step == second.global_step == 18 and whole.epoch == second.epoch == 1
+
+
+def test_the_gpu_decoder_path_crops_what_the_cpu_path_crops(packed: Path) -> None:
+    """data.decoder=cuda's batch path (raw bytes and boxes from the workers, one batched
+    decode in the training process), run here on the CPU device: the same boxes and flips
+    as the CPU path, pixels within rounding (tests/gpu runs it on CUDA)."""
+    from torch.utils.data import DataLoader
+
+    from hpc_ddp.data.gpu_decode import GpuDecoded
+    from hpc_ddp.data.shards import ShardSet
+
+    shards = ShardSet(str(packed), "train", 0, 2, 3, 32, True, True, "pil", 8)
+    cpu = list(DataLoader(shards.batches(4), batch_size=None))
+    raw = GpuDecoded(DataLoader(shards.batches(4, raw=True), batch_size=None), 32, "cpu")
+    decoded = list(raw)
+    assert len(decoded) == len(cpu) == len(raw)
+    for (a, la), (b, lb) in zip(cpu, decoded, strict=True):
+        assert torch.equal(la, lb) and a.shape == b.shape and b.dtype == torch.uint8
+        assert (a.float() - b.float()).abs().mean() < 3  # float vs uint8 resize: rounding
