@@ -5,9 +5,10 @@ What it costs at 1,000 nodes x 8 ranks, per rank and independent of the world si
 - rank 0 fingerprints the source once per job start (its listing, on the shared file system)
   and publishes it in the rendezvous store; no other rank touches the source unless its node
   must stage;
-- every rank makes a fixed number of store requests: two waits, which the store answers when
-  the key is set (TCPStore holds a WAIT on the server and replies when the key arrives: no
-  client polls; torch/csrc/distributed/c10d/TCPStore.cpp), and one set or check;
+- every rank makes a fixed handful of store requests: at most two waits, which the store
+  answers when the key is set (TCPStore holds a WAIT on the server and replies when the key
+  arrives: no client polls; torch/csrc/distributed/c10d/TCPStore.cpp), and a few sets,
+  checks and gets of short values;
 - the node-level barrier is a lock file on the node's own disk: the others block in
   ``flock`` until the stager releases it (the kernel wakes them; nothing is polled, nothing
   reaches the shared file system), and a stager that dies releases it with its process, so a
