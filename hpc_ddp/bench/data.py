@@ -107,7 +107,7 @@ def contenders(root: Path, size: int, batch: int, workers: int) -> dict[str, Cal
 
 
 def measure(sizes: Sequence[tuple[int, int]], images: int, crop: int, batch: int,
-            workers: int, rounds: int, work: Path, decode_s: float = 1.0) -> dict[str, Any]:
+            workers: int, rounds: int, work: Path, decode_s: float = 2.0) -> dict[str, Any]:
     rows = []
     for width, height in sizes:
         root = make_data(work / f"{width}x{height}", width, height, images)
@@ -133,7 +133,7 @@ def measure(sizes: Sequence[tuple[int, int]], images: int, crop: int, batch: int
             "decoders": decoder_rates(sizes, decode_s)}
 
 
-def decoder_rates(sizes: Sequence[tuple[int, int]], seconds: float = 1.0
+def decoder_rates(sizes: Sequence[tuple[int, int]], seconds: float = 2.0
                   ) -> list[dict[str, Any]]:
     """Decodes per second on one core: Pillow, torchvision.io.decode_jpeg, simplejpeg (what
     data.decoder=auto chooses by)."""
@@ -156,16 +156,19 @@ def decoder_rates(sizes: Sequence[tuple[int, int]], seconds: float = 1.0
     rows = []
     for width, height in sizes:
         data = [fake_images.jpeg(width, height, seed) for seed in range(8)]
-        for name, decode in decoders.items():
-            with warnings.catch_warnings():  # torchvision 0.29 warns on every call
-                warnings.simplefilter("ignore")
-                decode(data[0])
-                count, started = 0, time.perf_counter()
-                while time.perf_counter() - started < seconds:
-                    decode(data[count % len(data)])
-                    count += 1
-            rows.append({"source": f"{width}x{height}", "decoder": name,
-                         "per_s": count / (time.perf_counter() - started)})
+        rates: dict[str, list[float]] = {name: [] for name in decoders}
+        with warnings.catch_warnings():  # torchvision 0.29 warns on every call
+            warnings.simplefilter("ignore")
+            for _ in range(5):  # interleaved rounds, the median: a busy machine's noise
+                for name, decode in decoders.items():
+                    decode(data[0])
+                    count, started = 0, time.perf_counter()
+                    while time.perf_counter() - started < seconds / 5:
+                        decode(data[count % len(data)])
+                        count += 1
+                    rates[name].append(count / (time.perf_counter() - started))
+        rows += [{"source": f"{width}x{height}", "decoder": name,
+                  "per_s": statistics.median(values)} for name, values in rates.items()]
     return rows
 
 
@@ -256,7 +259,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--crop", type=int, default=224, help="training crop side")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per contender")
-    parser.add_argument("--decode-s", type=float, default=1.0,
+    parser.add_argument("--decode-s", type=float, default=2.0,
                         help="seconds of each decoder's one-core measurement")
     parser.add_argument("--out", default="bench_data", help="folder for data.json, data.png")
     args = parser.parse_args(argv)
