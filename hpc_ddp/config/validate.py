@@ -332,9 +332,14 @@ def _validate_loading(cfg: Config) -> None:
     if d.decoder == "cuda" and d.target is None and d.name != "shards":
         raise UserError("data.decoder", d.decoder, f"decodes shards on the GPU, not {d.name}.",
                         "use data=shards (python -m hpc_ddp.data pack), or data.decoder=auto.")
-    if d.stage and d.target is None and d.name == "synthetic":
+    own_loop = cfg.entry is not None or cfg.script is not None  # reads data.root itself
+    if d.stage and d.target is None and d.name == "synthetic" and not own_loop:
         raise UserError("data.stage", True, "synthetic data is made in memory: there is "
                         "nothing to copy.", "drop data.stage, or stage a data set on disk.")
+    if d.stage and d.target is None and own_loop and not d.root:
+        raise UserError("data.root", "null", "data.stage=true copies data.root to each node "
+                        "for your program, but none is set.", "set data.root=/shared/path, or "
+                        "drop data.stage.")
     if d.stage and d.target is not None and not d.kwargs.get("root"):
         raise UserError("data.root", "null", "data.stage=true copies your factory's root "
                         "argument to each node and passes it the copy, but none is set.",

@@ -191,8 +191,8 @@ def _reuse(version: Path, source: Source, host: str, manifest: dict[str, Any],
         log.info("staging: reusing the copy of %s on %s at %s (%s, %d files, staged %s)",
                  source.path, host, version, staging.gib(manifest["bytes"]), manifest["files"],
                  time.strftime("%Y-%m-%d %H:%M", time.localtime(manifest["staged_at"])))
-    return Staged(staging.data_root(version), str(source.path), int(manifest["bytes"]),
-                  int(manifest["files"]), 0.0, True, False, host)
+    return Staged(staging.data_root(version, source.kind), str(source.path),
+                  int(manifest["bytes"]), int(manifest["files"]), 0.0, True, False, host)
 
 
 def _make(source: Source, fp: str, home: Path, base: str, host: str,
@@ -221,8 +221,8 @@ def _make(source: Source, fp: str, home: Path, base: str, host: str,
     progress.emit()
     log.info("staged %s on %s: %d files, %s in %.1fs (%.1f MB/s) at %s", source.path, host,
              files, staging.gib(size), seconds, size / max(seconds, 1e-9) / 1e6, home / fp)
-    return Staged(staging.data_root(home / fp), str(source.path), size, files, seconds, False,
-                  True, host)
+    return Staged(staging.data_root(home / fp, source.kind), str(source.path), size, files,
+                  seconds, False, True, host)
 
 
 def _remove_unused_versions(home: Path, keep: str) -> None:

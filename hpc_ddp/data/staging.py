@@ -276,13 +276,14 @@ def _extract(path: Path, data: Path, progress: Progress) -> tuple[int, int]:
     return files, size
 
 
-def data_root(version: Path) -> Path:
-    """What replaces the source: the copy, or the one folder a tar held (imagenet.tar ->
-    imagenet/)."""
+def data_root(version: Path, kind: str) -> Path:
+    """What replaces the source: the copy of a folder; of a tar, the one folder it held
+    (imagenet.tar -> imagenet/), else what it held."""
     data = version / "data"
-    entries = list(data.iterdir())
-    if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
-        return entries[0]
+    if kind == "tar":
+        entries = list(data.iterdir())
+        if len(entries) == 1 and entries[0].is_dir() and not entries[0].is_symlink():
+            return entries[0]
     return data
 
 

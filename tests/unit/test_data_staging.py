@@ -273,3 +273,9 @@ def test_stage_dir_variables_are_the_nodes_own(tmp_path: Path) -> None:
     assert staged.root.is_relative_to(tmp_path / "local" / "s")
     with pytest.raises(UserError, match=r"names \$SLURM_TMPDIR, which is not set on node nodeA"):
         stage_node.stage(str(src), "$SLURM_TMPDIR/s", alone(), "nodeA", None, {})
+
+
+def test_a_folder_of_one_folder_stays_itself(tmp_path: Path) -> None:
+    (tmp_path / "src" / "train").mkdir(parents=True)  # a tar's one folder is its root; not so
+    (tmp_path / "src" / "train" / "x.bin").write_bytes(b"x")  # for a folder
+    assert (stage(tmp_path / "src", tmp_path / "stage").root / "train" / "x.bin").is_file()
