@@ -7,8 +7,9 @@
 It builds rank 0's data set and loader exactly as the trainer does (hpc_ddp.data.loaders),
 and every rank's sampler over that data set (the trainer's sampler, with the trainer's
 arguments), without starting any process. Every data kind works: the built-in ones, a
-`_target_` factory's map-style data sets, and an iterable data set (which shards itself, so
-its shards are read rank by rank instead of drawn from a sampler).
+`_target_` factory's map-style data sets, an iterable data set (which shards itself, so
+its shards are read rank by rank instead of drawn from a sampler), and shards (data=shards),
+whose every rank's order is drawn from the sample counts alone, no shard read.
 """
 
 from __future__ import annotations
@@ -42,17 +43,19 @@ class DataReport:
     batch_dtypes: dict[str, str]
     samples_per_s: float
     problems: list[str] = field(default_factory=list)
-    # "map-style" (hpc_ddp's sampler shards it) or "iterable" (it shards itself).
+    # "map-style" (hpc_ddp's sampler shards it), "iterable" (it shards itself) or "shards".
     kind: str = "map-style"
     num_classes: int | None = None
     eval_size: int | None = None
+    # shards: the train batches of each rank per epoch (all equal, or some rank would hang).
+    batches_per_rank: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def __str__(self) -> str:
-        per_rank = (len(self.indices[0]) if self.kind == "map-style" else
+        per_rank = (len(self.indices[0]) if self.kind != "iterable" else
                      ", ".join(str(v[0]) for v in self.indices.values()))
         rows = [
             ("world size", self.world_size), ("data", self.kind),
@@ -60,6 +63,8 @@ class DataReport:
             ("eval size", "none" if self.eval_size is None else self.eval_size),
             ("classes", self.num_classes or "not said"),
             ("samples per rank", per_rank), ("padding", self.padded),
+            *([("batches per rank", _spread(self.batches_per_rank))]
+              if self.batches_per_rank else []),
             ("shards disjoint", self.disjoint), ("shards cover the data", self.covers_dataset),
             ("set_epoch reshuffles", self.reshuffled_by_set_epoch),
             ("batch", ", ".join(f"{k} {v} {self.batch_dtypes[k]}"
@@ -90,6 +95,8 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
     first = build_loaders(cfg.data, t.batch_size, 0, world_size, t.seed)
     sets = first.sets
     progress = _Progress(world_size)
+    if hasattr(sets.train, "order"):
+        return _shard_report(cfg, first, world_size, epoch, batches, progress)
     if first.sampler is None:
         return _iterable_report(cfg, first, world_size, epoch, batches, progress)
     dataset = sets.train
@@ -144,6 +151,47 @@ def _iterable_report(cfg: Config, first: Any, world_size: int, epoch: int, batch
     return DataReport(world_size, total, counts, True, True, 0, False, shapes, dtypes, speed,
                       problems, kind="iterable", num_classes=first.sets.num_classes,
                       eval_size=_size(first.sets.eval))
+
+
+def _shard_report(cfg: Config, first: Any, world_size: int, epoch: int, batches: int,
+                  progress: _Progress) -> DataReport:
+    """Shards: every rank's order of the epoch from the index alone (shard_index.py)."""
+    from hpc_ddp.data.shard_index import rank_order
+
+    shards = first.sets.train
+    counts, size = shards.split.counts, shards.split.total
+
+    def order(rank: int, at: int) -> list[int]:
+        return rank_order(counts, rank, world_size, cfg.trainer.seed, at,
+                          cfg.data.shuffle_buffer).tolist()  # type: ignore[no-any-return]
+
+    indices = {}
+    for rank in range(world_size):
+        indices[rank] = order(rank, epoch)
+        progress.update(rank + 1)
+    union = [i for shard in indices.values() for i in shard]
+    padded = len(union) - size
+    disjoint = len(set(union)) == len(union) - padded
+    covers = set(union) == set(range(size))
+    per_batch = cfg.trainer.batch_size
+    counted = [-(-len(indices[r]) // per_batch) for r in range(world_size)]
+    reshuffled = order(0, epoch + 1) != indices[0]
+    problems = [text for bad, text in (
+        (not disjoint, "ranks share samples beyond the padding"),
+        (not covers, "some samples are never seen"),
+        (len(set(counted)) > 1, "ranks get different numbers of batches: they would hang"),
+        (not reshuffled, "set_epoch does not change the order: every epoch would be the same"),
+    ) if bad]
+    shapes, dtypes, speed, _ = _time_loader(first, epoch, batches)
+    return DataReport(world_size, size, indices, disjoint, covers, padded, reshuffled, shapes,
+                      dtypes, speed, problems, kind="shards", num_classes=first.sets.num_classes,
+                      eval_size=None if first.sets.eval is None else first.sets.eval.split.total,
+                      batches_per_rank=counted)
+
+
+def _spread(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low} to {high} (unequal)"
 
 
 def _size(dataset: Any) -> int | None:

@@ -194,12 +194,21 @@ class RunView:
             self.run._stop_local(grace_s=0.0)
 
 
+def stage_text(stage: dict[str, Any]) -> str:
+    """"staging data on node1: 1.2 of 4.0 GiB (30%), 210 MB/s"."""
+    done, total = stage.get("done", 0), stage.get("total", 0)
+    share = f" ({100 * done / total:.0f}%)" if total else ""
+    return (f"staging data on {stage.get('host', '?')}: {done / 2**30:.2f} of "
+            f"{total / 2**30:.2f} GiB{share}, {stage.get('rate', 0) / 1e6:.0f} MB/s")
+
+
 class _Reporter:
     def __init__(self, out: TextIO, since: float) -> None:
         self.out = out
         self.since = since  # progress written before this (an earlier attempt) is not news
         self.last_step: int | None = None
         self.last_wait: str | None = None
+        self.staged_at: float | None = None
         self.bar: Any = None
         if getattr(out, "isatty", lambda: False)():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -224,6 +233,9 @@ class _Reporter:
             print(f"pending: {line}", file=self.out, flush=True)
 
     def update(self, progress: dict[str, Any] | None) -> None:
+        if progress and isinstance(progress.get("stage"), dict):
+            self._staging(progress)
+            return
         if not progress or progress.get("step") == self.last_step:
             return
         if progress.get("time", self.since) < self.since:
@@ -237,6 +249,17 @@ class _Reporter:
                             description=text, counter=counter)
         else:
             print(f"{counter}  {text}", file=self.out, flush=True)
+
+    def _staging(self, progress: dict[str, Any]) -> None:
+        """Rank 0's node copying the data set (data.stage): bytes and rate."""
+        if progress.get("time", self.since) < self.since or progress["time"] == self.staged_at:
+            return
+        self.staged_at = progress["time"]
+        text = stage_text(progress["stage"])
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+        else:
+            print(text, file=self.out, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

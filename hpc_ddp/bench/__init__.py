@@ -15,4 +15,7 @@ Subcommands (``hpc_ddp/bench/__main__.py``):
   entries  what running your own code costs: a function entry's step against the same loop
          bare, and (--slurm-nodes N) a script under script= against a bare srun
          (``hpc_ddp/bench/entries.py``, docs/your-code.md).
+  data   images/s per core of the image-folder and shards loaders against the textbook
+         ImageFolder + PIL + DataLoader, same workers, and staging rates
+         (``hpc_ddp/bench/data.py``, docs/data.md).
 """

@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("hpc_ddp.bench.sweep",
               "submitting a big sweep (held jobs): arrays, one sbatch per point, bare sbatch"),
     "entries": ("hpc_ddp.bench.entries", "your code: what a function entry and a script cost"),
+    "data": ("hpc_ddp.bench.data",
+             "image loading: folder and shards loaders vs the textbook one; staging rates"),
 }
 
 

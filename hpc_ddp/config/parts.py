@@ -25,7 +25,8 @@ TARGET = "_target_"
 HYDRA_KEYS = ("_partial_", "_args_", "_recursive_", "_convert_")
 # Keys of a `_target_` part that remain hpc_ddp's own (typed, never passed to the callable).
 OWN_KEYS: dict[str, tuple[str, ...]] = {
-    "data": ("num_workers", "batched", "pin_memory", "persistent_workers", "prefetch_factor"),
+    "data": ("num_workers", "batched", "pin_memory", "persistent_workers", "prefetch_factor",
+             "stage", "stage_dir"),
 }
 # Keys that moved, and where to: a user's old override gets the new spelling.
 MOVED = {"optim.schedule": "scheduler=<cosine|linear|constant>",

@@ -99,19 +99,21 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    # synthetic | cifar10 | image_folder; None when a `_target_` builds the data sets.
+    # synthetic | cifar10 | image_folder | shards; None when a `_target_` builds the data sets.
     name: str | None = "synthetic"
     # cifar10: the folder holding cifar-10-batches-py/. image_folder: the folder holding the
-    # train and eval splits, each one folder per class (ImageNet's layout). Ranks never download.
+    # train and eval splits, each one folder per class (ImageNet's layout), or a tar of it
+    # (with stage=true). shards: what `python -m hpc_ddp.data pack` wrote. Ranks never
+    # download.
     root: str | None = None
-    # image_folder: the split folders under root.
+    # image_folder and shards: the split folders under root.
     train_split: str = "train"
     eval_split: str = "val"
     # Check CIFAR-10's files against torchvision's MD5 sums when loading (cifar10 only).
     verify_checksum: bool = True
-    # Image side in pixels: synthetic images are made at this size, image_folder crops to it;
-    # cifar10 is always 32. Up to 64 the built-in ResNets get a 3x3 stride-1 stem and no
-    # max-pool (the usual CIFAR adaptation); larger images keep the ImageNet stem.
+    # Image side in pixels: synthetic images are made at this size, image_folder and shards
+    # crop to it; cifar10 is always 32. Up to 64 the built-in ResNets get a 3x3 stride-1 stem
+    # and no max-pool (the usual CIFAR adaptation); larger images keep the ImageNet stem.
     image_size: int = 32
     # Synthetic set sizes (cifar10 has its fixed 50000/10000).
     train_size: int = 4096
@@ -120,7 +122,8 @@ class DataConfig:
     noise: float = 2.5
     # Training augmentation. synthetic/cifar10: random crop (pad 4) and horizontal flip per
     # batch, drawn from a checkpointed generator (a resumed run sees the same ones);
-    # image_folder: random resized crop and flip per image (the usual ImageNet recipe).
+    # image_folder and shards: random resized crop and flip per image (the usual ImageNet
+    # recipe), drawn per sample from the seed, epoch and position (exact on resume).
     augment: bool = False
     # DataLoader worker processes per rank. None (auto): 0 on CPU, where a batch is one slice
     # of in-memory tensors and a worker only competes with the model for the task's cores
@@ -138,6 +141,18 @@ class DataConfig:
     persistent_workers: bool = True
     # Batches each worker prepares ahead (only with num_workers > 0). None: torch's default, 2.
     prefetch_factor: int | None = None
+    # Copy the data set (data.root: a folder, a tar, shards; a `_target_` factory's root
+    # argument) to node-local disk before training, once per node; every rank then reads the
+    # copy, and a requeue on the same node reuses it (docs/data.md).
+    stage: bool = False
+    # Where each node keeps its copy. None (auto): $SLURM_TMPDIR, else $TMPDIR, else /tmp.
+    stage_dir: str | None = None
+    # JPEG decoding (image_folder, shards): auto (simplejpeg where installed, else Pillow:
+    # the faster, measured in docs/performance.md) | pil | simplejpeg | cuda (nvJPEG on the
+    # rank's GPU; shards only).
+    decoder: str = "auto"
+    # shards: the samples of a rank's stream shuffled together (within the shards' shuffle).
+    shuffle_buffer: int = 8192
     # `_target_`: a callable returning (train, eval) data sets, a dict with "train" and "eval",
     # or one with `.train`/`.eval`; `kwargs`: its arguments. The loader keys above stay ours.
     target: str | None = None

@@ -17,7 +17,8 @@ from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.errors import UserError, shown
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50")
-DATASETS = ("synthetic", "cifar10", "image_folder")
+DATASETS = ("synthetic", "cifar10", "image_folder", "shards")
+DECODERS = ("auto", "pil", "simplejpeg", "cuda")
 LOSSES = ("cross_entropy",)
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("cosine", "linear", "constant")
@@ -310,6 +311,12 @@ def _validate_data(cfg: Config) -> None:
         raise UserError("data.root", shown(d.root), "image_folder needs the folder that holds "
                         f"{d.train_split}/ and {d.eval_split}/ (one folder per class in each).",
                         "pass data.root=/path/to/imagenet-style/folder.")
+    if d.name == "shards" and not d.root:
+        raise UserError("data.root", shown(d.root), "shards needs the folder that "
+                        "`python -m hpc_ddp.data pack` wrote.",
+                        "pass data.root=/path/to/shards (pack an image folder first: python -m "
+                        "hpc_ddp.data pack SRC DST).")
+    _validate_loading(cfg)
     if d.name == "cifar10" and not d.root:
         raise UserError(
             "data.root",
@@ -318,6 +325,35 @@ def _validate_data(cfg: Config) -> None:
             "pass data.root=/path (fetch it once with "
             "`python -m hpc_ddp.data download cifar10 root=/path`).",
         )
+
+
+def _validate_loading(cfg: Config) -> None:
+    """Staging and the image decoders (docs/data.md)."""
+    d = cfg.data
+    _at_least("data.shuffle_buffer", d.shuffle_buffer, 1, "set 1 (no shuffle within a rank's "
+              "stream) or more, e.g. 8192.")
+    if d.decoder not in DECODERS:
+        raise UserError("data.decoder", d.decoder, "is not a decoder.",
+                        f"use one of {', '.join(DECODERS)}.")
+    if d.decoder == "cuda" and d.target is None and d.name != "shards":
+        raise UserError("data.decoder", d.decoder, f"decodes shards on the GPU, not {d.name}.",
+                        "use data=shards (python -m hpc_ddp.data pack), or data.decoder=auto.")
+    own_loop = cfg.entry is not None or cfg.script is not None  # reads data.root itself
+    if d.stage and d.target is None and d.name == "synthetic" and not own_loop:
+        raise UserError("data.stage", True, "synthetic data is made in memory: there is "
+                        "nothing to copy.", "drop data.stage, or stage a data set on disk.")
+    if d.stage and d.target is None and own_loop and not d.root:
+        raise UserError("data.root", "null", "data.stage=true copies data.root to each node "
+                        "for your program, but none is set.", "set data.root=/shared/path, or "
+                        "drop data.stage.")
+    if d.stage and d.target is not None and not d.kwargs.get("root"):
+        raise UserError("data.root", "null", "data.stage=true copies your factory's root "
+                        "argument to each node and passes it the copy, but none is set.",
+                        "set data.root=/shared/path (your factory takes root=), or "
+                        "data.stage=false.")
+    if d.stage_dir is not None and not str(d.stage_dir).strip():
+        raise UserError("data.stage_dir", d.stage_dir, "is empty.",
+                        "give a node-local folder, or null ($SLURM_TMPDIR, $TMPDIR, /tmp).")
 
 
 def _validate_optim(cfg: Config) -> None:

@@ -1,9 +1,17 @@
-"""Fetch a dataset on a machine with internet (a login node), once, before training.
+"""Prepare a data set once, before training: fetch it, or pack it into shards.
 
     python -m hpc_ddp.data download cifar10 root=/shared/datasets
+    python -m hpc_ddp.data pack SRC DST [samples_per_shard=1000] [seed=0] [splits=train,val]
+                                        [quality=N] [key=value ...]
 
-Writes cifar-10-batches-py/ under root (creating root); train with data=cifar10
-data.root=<root>. Exit codes: 0 done, 1 the download failed, 2 bad usage.
+download (on a machine with internet, a login node) writes cifar-10-batches-py/ under root;
+train with data=cifar10 data.root=<root>.
+
+pack writes WebDataset shards of SRC into DST (docs/data.md); train with data=shards
+data.root=DST. SRC is an image folder (SRC/<split>/<class>/<image>, the files packed as they
+are) or a data factory, pkg.module:function or pkg.module.function (what data._target_ names,
+called with the key=value arguments; its images encoded as PNG, or JPEG with quality=N).
+Exit codes: 0 done, 1 the download failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -13,10 +21,12 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
-SUBCOMMANDS = ("download",)
+SUBCOMMANDS = ("download", "pack")
+PACK_OPTIONS = ("samples_per_shard", "seed", "splits", "quality")
 DATASETS = ("cifar10",)
 
 
@@ -68,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__)
         return 0
+    if args and args[0] == "pack":
+        return _pack(args[1:])
     try:
         _, root = parse(args)
         path = check_root(root)
@@ -75,6 +87,89 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
     return _download(path)
+
+
+def parse_pack(args: Sequence[str]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """(SRC, DST, pack options, a factory's arguments) of ``pack SRC DST [key=value ...]``."""
+    example = "e.g. python -m hpc_ddp.data pack /data/imagenet /data/imagenet-shards."
+    words = [a for a in args if "=" not in a]
+    if len(words) < 2:
+        raise UserError("SRC DST", " ".join(words), "needs a source and a destination.",
+                        example)
+    if len(words) > 2:
+        raise UserError("argument", words[2], "is not understood.", example)
+    options: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {}
+    for arg in (a for a in args if "=" in a):
+        key, _, value = arg.partition("=")
+        if key in PACK_OPTIONS:
+            options[key] = _pack_option(key, value)
+        else:
+            kwargs[key] = _literal(value)
+    src, dst = words
+    if Path(dst).expanduser().resolve() == Path(src).expanduser().resolve():
+        raise UserError("DST", dst, "is the source itself.", "write the shards elsewhere.")
+    if not Path(src).expanduser().is_dir() and not ("." in src or ":" in src):
+        raise UserError("SRC", src, "is neither a folder nor a data factory's import path "
+                        "(pkg.module:function).", example)
+    if Path(src).expanduser().is_dir() and kwargs:
+        raise UserError("argument", next(iter(kwargs)), "is a factory's argument, but SRC "
+                        "is a folder.", f"use only {', '.join(PACK_OPTIONS)} with a folder.")
+    return src, dst, options, kwargs
+
+
+_PACK_EXAMPLES = {"samples_per_shard": 1000, "seed": 0, "quality": 95}
+
+
+def _pack_option(key: str, value: str) -> Any:
+    if key == "splits":
+        splits = [s for s in value.split(",") if s]
+        if not splits:
+            raise UserError(key, value, "names no split.", "e.g. splits=train,val.")
+        return splits
+    low, high = (1, 100) if key == "quality" else (1 if key == "samples_per_shard" else 0, None)
+    number = int(value) if value.isdigit() else None
+    if number is None or number < low or (high is not None and number > high):
+        top = f" and at most {high}" if high else ""
+        raise UserError(key, value, f"must be a whole number of at least {low}{top}.",
+                        f"e.g. {key}={_PACK_EXAMPLES[key]}.")
+    return number
+
+
+def _literal(value: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+
+
+def _pack(args: Sequence[str]) -> int:
+    from hpc_ddp.data import pack
+
+    try:
+        src, dst, options, kwargs = parse_pack(args)
+        Path(dst).expanduser().mkdir(parents=True, exist_ok=True)
+        if Path(src).expanduser().is_dir():
+            quality = options.pop("quality", None)
+            if quality is not None:
+                raise UserError("quality", quality, "re-encodes a factory's images; an image "
+                                "folder's files are packed as they are.", "drop quality=.")
+            index = pack.pack_folder(src, dst, **options)
+        else:
+            options.pop("splits", None)
+            index = pack.pack_factory(src, kwargs, dst, **options)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except OSError as exc:
+        print(f"error: packing into {dst} failed: {exc}", file=sys.stderr)
+        return 1
+    counts = ", ".join(f"{split} {sum(s['samples'] for s in shards)} samples in "
+                       f"{len(shards)} shards" for split, shards in index["splits"].items())
+    print(f"packed {src} into {dst}: {counts}; train with data=shards data.root={dst}")
+    return 0
 
 
 def _download(path: Path) -> int:

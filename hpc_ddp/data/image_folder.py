@@ -1,12 +1,12 @@
 """Images in ImageNet's folder layout: ``root/<split>/<class>/<image>`` (JPEG or PNG).
 
-torchvision's ImageFolder finds the files and the classes (sorted folder names); images are
-decoded by Pillow (torchvision.io's decoders are deprecated since torchvision 0.29) into uint8
-tensors and cropped there, so a batch leaves the loader
-as uint8 [N, 3, S, S] and is normalised on the device, like the other image data sets.
-Training: a random resized crop and a horizontal flip (``augment``); evaluation: a resize to
-S / 0.875 and a centre crop (the usual ImageNet recipe). The random draws come from torch's
-RNG, which a checkpoint captures, so with ``num_workers=0`` a resumed run draws the same ones.
+torchvision's ImageFolder finds the files and the classes (sorted folder names); each file is
+decoded by the fastest decoder at hand and cropped on uint8 tensors (images.py), so a batch
+leaves the loader as uint8 [N, 3, S, S] and is normalised on the device, like the other image
+data sets. Training: a random resized crop and a horizontal flip (``augment``); evaluation: a
+resize to S / 0.875 and a centre crop (the usual ImageNet recipe). Each sample's random draws
+come from the run's seed, the epoch and the sample's number (images.sample_random), so a
+resumed run draws the same ones whatever the number of loader workers.
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.data import images
 from hpc_ddp.errors import UserError
 
-# ImageNet's channel statistics (of [0, 1] pixels).
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+MEAN, STD = images.MEAN, images.STD
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".JPG", ".JPEG", ".PNG")
-# Evaluation resizes to image_size / this, then crops the centre (224 -> 256 -> 224).
-CENTER_CROP_FRACTION = 0.875
 
 
 def check_root(root: str, splits: tuple[str, ...]) -> dict[str, list[str]]:
@@ -51,43 +48,49 @@ def check_root(root: str, splits: tuple[str, ...]) -> dict[str, list[str]]:
     return found
 
 
-def decode(path: str) -> Any:
-    """A file -> uint8 [3, H, W] (grey and RGBA images become RGB)."""
-    from PIL import Image
-    from torchvision.transforms.v2.functional import pil_to_tensor
+class ImageFiles:
+    """(uint8 [3, S, S], label) per file of ``root/split``; ``set_epoch`` changes the crops
+    (through shared memory, so loader workers that persist between epochs see it too)."""
 
-    with Image.open(path) as image:
-        return pil_to_tensor(image.convert("RGB"))
+    def __init__(self, folder: str, size: int, train: bool, seed: int, decoder: str) -> None:
+        import torch
+        from torchvision.datasets import ImageFolder
+
+        found = ImageFolder(folder, loader=_unused, is_valid_file=_is_image)
+        self.samples: list[tuple[str, int]] = found.samples
+        self.classes: list[str] = found.classes
+        self.size, self.train, self.seed, self.decoder = size, train, seed, decoder
+        self._epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch[0] = epoch
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        path, label = self.samples[index]
+        with open(path, "rb") as handle:
+            data = handle.read()
+        image = images.load(data, images.decoder(self.decoder), self.size, self.train,
+                            self.seed, int(self._epoch[0]), index)
+        return image, label
 
 
-class _Crop:
-    """uint8 [3, H, W] -> uint8 [3, S, S]: a random resized crop (+ flip), or resize + centre."""
-
-    def __init__(self, size: int, train: bool) -> None:
-        from torchvision.transforms import v2
-
-        if train:
-            self.transform = v2.Compose([v2.RandomResizedCrop(size, antialias=True),
-                                         v2.RandomHorizontalFlip()])
-        else:
-            self.transform = v2.Compose([
-                v2.Resize(round(size / CENTER_CROP_FRACTION), antialias=True),
-                v2.CenterCrop(size)])
-
-    def __call__(self, image: Any) -> Any:
-        return self.transform(image)
-
-
-def load_split(root: str, split: str, image_size: int, train: bool) -> Any:
-    """torchvision's ImageFolder over ``root/split`` with our decoder and crops."""
-    from torchvision.datasets import ImageFolder
-
+def load_split(root: str, split: str, image_size: int, train: bool, seed: int = 0,
+               decoder: str = "auto") -> ImageFiles:
+    """The files of ``root/split`` with our decoder and crops."""
+    images.resolve_decoder(decoder)  # a decoder that is not installed fails here, once
     try:
-        return ImageFolder(str(Path(root).expanduser() / split), loader=decode,
-                           transform=_Crop(image_size, train), is_valid_file=_is_image)
+        return ImageFiles(str(Path(root).expanduser() / split), image_size, train, seed,
+                          decoder)
     except FileNotFoundError as exc:  # a class folder without images
         raise UserError("data.root", root, f"{split}/: {exc}.",
                         "every class folder needs at least one .jpg/.jpeg/.png file.") from None
+
+
+def _unused(path: str) -> Any:
+    raise AssertionError("ImageFiles reads the files itself")
 
 
 def _is_image(path: str) -> bool:

@@ -3,7 +3,9 @@
 The loader settings left on auto (``None`` in :class:`DataConfig`) are chosen here from the
 device and the task's CPUs (:func:`loader_settings`); docs/performance.md has the measurements
 behind each choice. None of them changes which samples a batch holds or their order: the
-sampler runs in the main process and workers only slice the tensors.
+sampler runs in the main process and workers only slice the tensors or decode the files
+(whose random crops come from each sample's own seed, images.py); shards order themselves
+the same way for any number of workers (shards.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from hpc_ddp.data.tensor_dataset import BatchedSampler, ImageTensorDataset
 
 # Workers beyond this feed no GPU faster: a batch is a slice of memory, not a decoded file.
 MAX_AUTO_WORKERS = 4
+# Files to decode: one core decodes ~700 224-px ImageNet-sized JPEGs a second
+# (docs/performance.md) and a GPU trains ResNet-50 on thousands: every core of the task but
+# the main process's, up to this.
+MAX_DECODE_WORKERS = 16
 
 
 @dataclass
@@ -34,11 +40,19 @@ class Loaders:
     def train_size(self) -> int:
         return len(self.sets.train)
 
+    @property
+    def seekable(self) -> bool:
+        """The train loader starts where set_position says (an iterable data set without
+        set_position starts at its beginning: the trainer skips into it)."""
+        return self.sampler is not None or hasattr(self.sets.train, "set_position")
+
     def set_position(self, epoch: int, start: int) -> None:
         """Next pass over the train set: epoch ``epoch`` from this rank's ``start``-th sample.
-        (An iterable data set is told the epoch if it takes it; the trainer skips into it.)"""
+        (A data set is told the epoch if it takes it: image files draw their crops from it.)"""
         if self.sampler is not None:
             self.sampler.set_position(epoch, start)
+        if hasattr(self.sets.train, "set_position"):
+            self.sets.train.set_position(epoch, start)
         elif hasattr(self.sets.train, "set_epoch"):
             self.sets.train.set_epoch(epoch)
 
@@ -58,14 +72,18 @@ class LoaderSettings:
     batched: bool
 
 
-def loader_settings(cfg: DataConfig, device_type: str, cpus_per_task: int) -> LoaderSettings:
-    """Resolve the auto (None) loader options for a rank on ``device_type`` (pure)."""
+def loader_settings(cfg: DataConfig, device_type: str, cpus_per_task: int,
+                    decodes: bool = False) -> LoaderSettings:
+    """Resolve the auto (None) loader options for a rank on ``device_type`` (pure);
+    ``decodes``: the samples are files to decode (image_folder, shards)."""
     cuda = device_type == "cuda"
     workers = cfg.num_workers
     if workers is None:
         # CPU: the model needs every core of the task, and slicing a batch costs microseconds.
-        # CUDA: the main process launches kernels; slicing and pinning move to workers.
-        workers = min(max(cpus_per_task - 1, 0), MAX_AUTO_WORKERS) if cuda else 0
+        # CUDA: the main process launches kernels; slicing and pinning move to workers, and
+        # decoding files takes every core there is.
+        most = MAX_DECODE_WORKERS if decodes else MAX_AUTO_WORKERS
+        workers = min(max(cpus_per_task - 1, 1 if decodes else 0), most) if cuda else 0
     pin = cuda if cfg.pin_memory is None else cfg.pin_memory and cuda
     return LoaderSettings(num_workers=workers, pin_memory=pin,
                           persistent_workers=cfg.persistent_workers and workers > 0,
@@ -80,14 +98,15 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
     import torch
     from torch.utils.data import DataLoader, Subset
 
-    settings = loader_settings(cfg, device_type, cpus_per_task)
     sets = sets or build_datasets(cfg, seed, rank, world_size)
+    settings = loader_settings(cfg, device_type, cpus_per_task, sets.decodes)
     train_set, eval_set = sets.train, sets.eval
     # A generator of its own: creating a loader iterator then leaves the global RNG alone,
     # so a run resumed mid-epoch draws the same random numbers as an uninterrupted one.
     loader_gen = torch.Generator().manual_seed(seed + 1_000 * rank)
     if sets.iterable:
-        return _iterable_loaders(sets, batch_size, settings, loader_gen)
+        return _iterable_loaders(sets, batch_size, settings, loader_gen,
+                                 cfg.decoder == "cuda" and device_type == "cuda")
     # The batched path needs a data set that gives a whole batch for a list of indices.
     batched = settings.batched and isinstance(train_set, ImageTensorDataset) and (
         eval_set is None or isinstance(eval_set, ImageTensorDataset))
@@ -118,17 +137,28 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
 
 
 def _iterable_loaders(sets: DataSets, batch_size: int, settings: LoaderSettings,
-                      loader_gen: Any) -> Loaders:
-    """An IterableDataset shards itself per rank (and per worker, if it uses workers)."""
+                      loader_gen: Any, gpu_decode: bool = False) -> Loaders:
+    """An IterableDataset shards itself per rank (and per worker, if it uses workers); shards
+    make whole batches in the workers (``gpu_decode``: encoded, decoded on the GPU)."""
     from torch.utils.data import DataLoader
 
     common: dict[str, Any] = dict(num_workers=settings.num_workers,
                                   pin_memory=settings.pin_memory,
-                                  persistent_workers=settings.persistent_workers,
-                                  batch_size=batch_size)
+                                  persistent_workers=settings.persistent_workers)
     if settings.prefetch_factor is not None:
         common["prefetch_factor"] = settings.prefetch_factor
-    settings = dataclasses.replace(settings, batched=False)
-    evaluation = DataLoader(sets.eval, **common) if sets.eval is not None else None
-    return Loaders(DataLoader(sets.train, generator=loader_gen, **common), evaluation, None,
-                   sets, settings)
+    settings = dataclasses.replace(settings, batched=hasattr(sets.train, "batches"))
+
+    def loader(dataset: Any, **extra: Any) -> Any:
+        if not hasattr(dataset, "batches"):
+            return DataLoader(dataset, batch_size=batch_size, **common, **extra)
+        made = DataLoader(dataset.batches(batch_size, raw=gpu_decode), batch_size=None,
+                          **common, **extra)
+        if gpu_decode:
+            from hpc_ddp.data.gpu_decode import GpuDecoded
+
+            return GpuDecoded(made, dataset.image_size)
+        return made
+
+    evaluation = loader(sets.eval) if sets.eval is not None else None
+    return Loaders(loader(sets.train, generator=loader_gen), evaluation, None, sets, settings)

@@ -1,5 +1,5 @@
-"""The train and eval data sets a config names: built in (synthetic, cifar10, image_folder) or
-built by a user's `_target_` factory.
+"""The train and eval data sets a config names: built in (synthetic, cifar10, image_folder,
+shards) or built by a user's `_target_` factory.
 
 A factory returns ``(train, eval)``, ``{"train": ..., "eval": ...}`` or an object with
 ``.train`` / ``.eval``; eval may be None (no evaluation). Each set is a map-style Dataset
@@ -32,6 +32,8 @@ class DataSets:
     stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # Random crop and flip of whole uint8 batches on the device (synthetic/cifar10 augment).
     batch_augment: bool = False
+    # Samples are files to decode (image_folder, shards): loader workers pay off on any device.
+    decodes: bool = False
 
     @property
     def iterable(self) -> bool:
@@ -57,9 +59,23 @@ def build_datasets(cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 
 
         classes = image_folder.check_root(cfg.root, (cfg.train_split, cfg.eval_split))
         return DataSets(
-            image_folder.load_split(cfg.root, cfg.train_split, cfg.image_size, cfg.augment),
-            image_folder.load_split(cfg.root, cfg.eval_split, cfg.image_size, False),
-            len(classes[cfg.train_split]), (image_folder.MEAN, image_folder.STD))
+            image_folder.load_split(cfg.root, cfg.train_split, cfg.image_size, cfg.augment,
+                                    seed, cfg.decoder),
+            image_folder.load_split(cfg.root, cfg.eval_split, cfg.image_size, False, seed,
+                                    cfg.decoder),
+            len(classes[cfg.train_split]), (image_folder.MEAN, image_folder.STD),
+            decodes=True)
+    if cfg.name == "shards":
+        from hpc_ddp.data import images
+        from hpc_ddp.data.shards import ShardSet
+
+        decoder = "auto" if cfg.decoder == "cuda" else cfg.decoder  # cuda: on the batch
+        train, evaluation = (ShardSet(cfg.root, split, rank, world_size, seed, cfg.image_size,
+                                      split == cfg.train_split, cfg.augment, decoder,
+                                      cfg.shuffle_buffer)
+                             for split in (cfg.train_split, cfg.eval_split))
+        return DataSets(train, evaluation, len(train.classes) or None,
+                        (images.MEAN, images.STD), decodes=True)
     from hpc_ddp.data.cifar10 import load_split
     from hpc_ddp.data.tensor_dataset import MEAN, STD
 

@@ -95,7 +95,23 @@ def _data_classes(cfg: Config) -> int | None:
     if d.name == "image_folder" and d.root:
         from hpc_ddp.data import image_folder
 
+        if Path(d.root).expanduser().is_file():  # a tar: its classes are known once extracted
+            from hpc_ddp.data.staging import source_of
+
+            source_of(d.root)
+            if not d.stage:
+                raise UserError("data.root", d.root, "is a tar: image_folder reads a folder.",
+                                "add data.stage=true (each node extracts it to local disk), "
+                                "or extract it once and point data.root at the folder.")
+            return None
         return len(image_folder.check_root(d.root, (d.train_split, d.eval_split))[d.train_split])
+    if d.name == "shards" and d.root:
+        from hpc_ddp.data.shard_index import read_index, split_of
+
+        index = read_index(d.root)  # before launch: a folder pack never wrote fails here
+        for split in (d.train_split, d.eval_split):
+            split_of(index, d.root, split)
+        return len(index.get("classes", [])) or None
     return 10  # synthetic and cifar10
 
 

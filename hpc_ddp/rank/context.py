@@ -72,6 +72,9 @@ class Context:
         # In a script hpc_ddp supervises: where rank 0 notes an agreed stop for the
         # supervisor (script.py), and ctx.summary beside it.
         self.stop_file: Path | None = None
+        # The joined rank (store, host) for ctx.stage(); None in a script (its supervisor
+        # staged data.root already: $HPC_DDP_DATA_ROOT).
+        self.rank_info: Any = None
 
     # -- who this rank is ------------------------------------------------------------------
     @property
@@ -115,6 +118,36 @@ class Context:
     def app(self) -> dict[str, Any]:
         """Your own config keys (the ``app`` group)."""
         return self.cfg.app
+
+    # -- data ----------------------------------------------------------------------------
+    @property
+    def data_root(self) -> Path | None:
+        """``data.root``: with data.stage=true, this node's copy of it (stage_run.py)."""
+        import os
+
+        from hpc_ddp.data.stage_run import DATA_ROOT_ENV
+
+        if os.environ.get(DATA_ROOT_ENV):  # a script: its supervisor staged it
+            return Path(os.environ[DATA_ROOT_ENV])
+        d = self.cfg.data  # staged: its root is already the copy
+        root = d.kwargs.get("root") if d.target is not None else d.root
+        return Path(str(root)) if root else None
+
+    def stage(self, path: str | Path) -> Path:
+        """Copy ``path`` (a folder or a tar, on the shared file system) to this node's local
+        disk under data.stage_dir, once per node, and return the copy (a tar's one top
+        folder, if it holds one). A collective: every rank calls it, with the same path. A
+        requeue on the same node reuses the copy (docs/data.md)."""
+        from hpc_ddp.data.stage_run import stage_path
+
+        if self.rank_info is None:
+            raise RuntimeError("ctx.stage() works in a function entry; in a script, set "
+                               "data.stage=true and read $HPC_DDP_DATA_ROOT")
+        import os
+
+        staged = stage_path(str(path), self.cfg, self.rank_info, self.run, os.environ,
+                            key="ctx.stage")
+        return staged.root
 
     # -- stopping --------------------------------------------------------------------------
     def should_stop(self) -> bool:

@@ -49,12 +49,17 @@ def resolve(path: str) -> Callable[[Context], Any]:
 
 
 def call(cfg: Config, rank: Rank, run: RunDir, cause: str | None, stop: StopRequest,
-         environ: MutableMapping[str, str]) -> dict[str, Any] | None:
-    """Run the entry on this rank; the summary on rank 0 (None elsewhere)."""
+         environ: MutableMapping[str, str], staged: dict[str, Any] | None = None
+         ) -> dict[str, Any] | None:
+    """Run the entry on this rank; the summary on rank 0 (None elsewhere). ``staged``: the
+    data.stage summary (``cfg.data.root`` is then this node's copy)."""
     assert cfg.entry is not None
     fn = resolve(cfg.entry)
     environ.update(rank.torchrun_env())
     ctx = Context(cfg, run, rank.env, rank.device, rank.host, stop, cause)
+    ctx.rank_info = rank  # what ctx.stage() needs: the store, the host
+    if staged is not None:
+        ctx.summary["data_stage"] = staged
     # Reproducible by default, the same on every rank (a model built before DDP starts equal
     # everywhere); ctx.load() sets a resumed rank's streams back to where they were.
     rng.seed_all(cfg.trainer.seed)

@@ -112,7 +112,13 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
     on_slurm = "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
     stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
     with joined(cfg, run, environ, group=False) as rank:
-        child = Child(command(cfg), child_environment(cfg, rank, environ, run, cause))
+        from hpc_ddp.data.stage_run import DATA_ROOT_ENV, stage_data
+
+        _, staged = stage_data(cfg, rank, run, environ)  # data.stage: this node's copy
+        child_env = child_environment(cfg, rank, environ, run, cause)
+        if staged is not None:
+            child_env[DATA_ROOT_ENV] = staged["root"]
+        child = Child(command(cfg), child_env)
         children.append(child)
         if stop.code != stopping.NONE and not on_slurm:  # signalled while joining
             child.signal(signal.SIGTERM if stop.code == stopping.TERM else
@@ -123,13 +129,13 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         report_done(rank, code)
         if rank.env.is_master:
             wait_for_all(rank, stop)
-        return _outcome(code, child, stop, cfg, rank, run, environ, started)
+        return _outcome(code, child, stop, cfg, rank, run, environ, started, staged)
     return None
 
 
 def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank,
-             run: RunDir, environ: MutableMapping[str, str],
-             started: float) -> dict[str, Any] | None:
+             run: RunDir, environ: MutableMapping[str, str], started: float,
+             staged: dict[str, Any] | None = None) -> dict[str, Any] | None:
     step = _checkpoint_step(run)
     stopped_file = stop_file(run, rank)
     if code == 0 and stopped_file.is_file():
@@ -151,7 +157,8 @@ def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank
     summary = {"program": f"script {shown(cfg)}",
                "world_size": rank.env.world_size, "num_nodes": rank.env.num_nodes,
                "train_time_s": time.perf_counter() - started, "exit_codes": _exit_codes(rank),
-               "global_step": step, "restarts": rank.env.restart}
+               "global_step": step, "restarts": rank.env.restart,
+               **({"data_stage": staged} if staged is not None else {})}
     return write_summary(rank, run, {**{k: v for k, v in result.items() if k not in summary},
                                      **summary, "result": result})
 

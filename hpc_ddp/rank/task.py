@@ -62,11 +62,15 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     stop.install(cfg.cluster.signal)
     with joined(cfg, run_dir, environ) as rank:
         try:
+            from hpc_ddp.data.stage_run import stage_data
+
+            # data.stage: every node's copy first; the program reads it (stage_run.py).
+            cfg, staged = stage_data(cfg, rank, run_dir, environ)
             if cfg.entry is not None:
                 from hpc_ddp.rank.entry import call
 
-                return call(cfg, rank, run_dir, cause, stop, environ)
-            return _train(cfg, rank, run_dir, cause, stop)
+                return call(cfg, rank, run_dir, cause, stop, environ, staged)
+            return _train(cfg, rank, run_dir, cause, stop, staged)
         except StopTraining as stopped:
             after_stop(stopped.code, stopped.step, stop, cfg, rank, run_dir, environ)
         except Exception as exc:
@@ -75,7 +79,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
 
 
 def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
-           stop: StopRequest) -> dict[str, Any] | None:
+           stop: StopRequest, staged: dict[str, Any] | None = None) -> dict[str, Any] | None:
     from hpc_ddp.trainer.loop import Trainer
 
     trainer = Trainer(cfg, rank.env, run_dir, rank.device, stop)
@@ -84,6 +88,8 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
     summary = trainer.train()
     if not rank.env.is_master:
         return None
+    if staged is not None:
+        summary["data_stage"] = staged
     summary = write_summary(rank, run_dir, summary)
     log.info("done: step %d, eval %s; summary in %s", summary["global_step"],
              summary["eval_metrics"], run_dir.summary)

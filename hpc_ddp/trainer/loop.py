@@ -216,7 +216,7 @@ class Trainer:
         self.loaders.set_position(self.epoch, self.micro_in_epoch * t.batch_size)
         self.model.train()
         batches = iter(self.loaders.train)
-        if self.loaders.sampler is None:  # an iterable data set cannot start mid-epoch: skip
+        if not self.loaders.seekable:  # an iterable data set without set_position: skip
             for _ in range(self.micro_in_epoch):
                 next(batches)
         for batch in batches:

@@ -223,10 +223,18 @@ def test_iterable_data_trains_with_the_builtin_trainer(hpc_ddp: Run, tmp_path: P
 def test_a_module_runs_as_python_m(hpc_ddp: Run, tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    (tmp_path / "data" / "a").mkdir(parents=True)  # and data.stage for a script
+    (tmp_path / "data" / "a" / "x.bin").write_bytes(b"x")
     done = hpc_ddp("submit", ["cluster=local", "script=-m tests.usercode.script_mod",
+                              f"data.root={tmp_path / 'data'}", "data.stage=true",
+                              f"data.stage_dir={tmp_path / 'stage'}",
                               f"run_dir={tmp_path / 'run'}", "--", str(out), "x y"])
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    copy = Path(records[0]["data_root"])  # $HPC_DDP_DATA_ROOT: the node's copy, one for both
+    assert copy.is_relative_to(tmp_path / "stage") and records[1]["data_root"] == str(copy)
+    assert (copy / "a" / "x.bin").read_bytes() == b"x"  # the folder itself, not its one folder
+    assert summary_of(tmp_path / "run")["data_stage"]["files"] == 1
     assert [r["rank"] for r in records] == ["0", "1"] and records[0]["world"] == "2"
     assert records[0]["name"] == "__main__"
     assert records[0]["argv"][1:] == [str(out), "x y"]

@@ -31,7 +31,7 @@ def test_alone_it_lists_the_benchmarks_and_starts_none(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     assert main([]) == 0
     out = capsys.readouterr().out
-    assert all(f"  {name} " in out for name in ("comm", "train", "sweep", "entries"))
+    assert all(f"  {name} " in out for name in ("comm", "train", "sweep", "entries", "data"))
     assert not list(tmp_path.iterdir())  # no job, no run folder
 
 
@@ -156,3 +156,27 @@ def test_check_timeout() -> None:
     check_timeout(1.0)
     with pytest.raises(UserError):
         check_timeout(0.0)
+
+
+def test_bench_data_runs_every_contender_side_by_side(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert main(["data", "--workers", "0", "--images", "16", "--sizes", "24x20", "--crop",
+                 "16", "--batch", "4", "--rounds", "1", "--decode-s", "0.02",
+                 "--out", str(out)]) == 0
+    result = json.loads((out / "data.json").read_text())
+    rows = {r["contender"]: r for r in result["rows"]}
+    assert list(rows) == ["textbook", "folder", "folder (pil)", "shards"]
+    assert rows["textbook"]["ratio"] == 1.0 and all(r["images_per_s"] > 0 for r in rows.values())
+    assert [s["source"] for s in result["stage"]] == ["folder", "folder.tar", "shards"]
+    assert {d["decoder"] for d in result["decoders"]} >= {"pil", "torchvision"}
+    printed = capsys.readouterr().out
+    assert "target shards >= 2.0x textbook" in printed and "staging to local disk" in printed
+
+
+@pytest.mark.parametrize("args, said", [(["--sizes", "64"], "--sizes"),
+                                        (["--images", "3"], "--images=3")])
+def test_bench_data_options_are_checked(args: list[str], said: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["data", *args]) == 2
+    assert said in capsys.readouterr().err

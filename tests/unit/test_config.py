@@ -39,7 +39,7 @@ def test_overrides_reach_the_typed_config(overrides: list[str], attr: str, value
     (["+trainer.bogus=1"], "trainer.bogus=1", "no such key"),
     (["trainer.batch_size=abc"], "trainer.batch_size=abc", "could not be converted"),
     (["model=foo"], "model=foo", "resnet18, resnet50, timm, tiny_cnn, torchvision"),
-    (["data=foo"], "data=foo", "cifar10, image_folder, synthetic"),
+    (["data=foo"], "data=foo", "cifar10, image_folder, shards, synthetic"),
     (["data=cifar10"], "data.root=null", "hpc_ddp.data download"),
     (["optim.lr=0"], "optim.lr=0", "positive"),
     (["scheduler.name=poly"], "scheduler.name=poly", "cosine, linear, constant"),

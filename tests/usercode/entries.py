@@ -53,3 +53,11 @@ def fails_once(ctx: Any) -> dict[str, Any]:
     if ctx.rank == 1 and attempt == "0":
         raise RuntimeError("rank 1 fails in torchrun's first attempt")
     return {**report(ctx), "attempt": attempt}
+
+
+def staged(ctx: Any) -> dict[str, Any]:
+    """data.root as staged for this node (ctx.data_root), and one more folder staged by
+    ctx.stage() (app.extra)."""
+    extra = ctx.stage(ctx.app["extra"])
+    files = sorted(p.name for p in extra.rglob("*") if p.is_file())
+    return {"data_root": str(ctx.data_root), "extra": str(extra), "extra_files": files}

@@ -96,3 +96,34 @@ class StuckOnRank1(Dataset):  # type: ignore[type-arg]
 
 def stuck_on_rank1(flag: str, rank: int) -> tuple[Any, Any]:
     return StuckOnRank1(flag, rank), StuckOnRank1(flag, -1, size=32)
+
+
+class _Pictures(Dataset):  # type: ignore[type-arg]
+    """uint8 [3, 10, 10] images of three classes (a factory's samples for pack)."""
+
+    classes = ["a", "b", "c"]
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return torch.full((3, 10, 10), 40 * (i % 3), dtype=torch.uint8), i % 3
+
+
+def image_data(size: int = 12) -> tuple[Any, Any]:
+    return _Pictures(size), _Pictures(3)
+
+
+def files_under(root: str) -> tuple[Any, Any]:
+    """A data set of the files under ``root`` (one sample per file: its length), which logs
+    the root it was given (the staging cluster test reads it from the rank log)."""
+    import logging
+    from pathlib import Path
+
+    logging.getLogger(__name__).info("data factory root %s", root)
+    sizes = sorted(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
+    x = torch.tensor(sizes, dtype=torch.float32).unsqueeze(1).repeat(1, 8) / 1000
+    return TensorDataset(x, torch.arange(len(sizes)) % 2), None

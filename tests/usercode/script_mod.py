@@ -12,5 +12,6 @@ if __name__ == "__main__":
     out = sys.argv[1]
     with open(os.path.join(out, f"rank{dist.get_rank()}.json"), "w") as handle:
         json.dump({"name": __name__, "argv": sys.argv, "rank": os.environ["RANK"],
-                   "world": os.environ["WORLD_SIZE"]}, handle)
+                   "world": os.environ["WORLD_SIZE"],
+                   "data_root": os.environ.get("HPC_DDP_DATA_ROOT")}, handle)
     dist.destroy_process_group()
