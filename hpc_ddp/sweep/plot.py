@@ -126,7 +126,7 @@ def _metric_panel(ax: Any, axis: tuple[str, list[str]], params: list[dict[str, A
     for group, found in groups.items():
         found.sort()
         ax.plot([x for x, _ in found], [y for _, y in found], marker="o", label=group)
-    if numeric and spans_decades([p.get(x_key) for p in params]):
+    if numeric and spans_decades([float(p[x_key]) for p in params]):
         ax.set_xscale("log")
     if spans_decades([v for v in values if v is not None]):
         ax.set_yscale("log")
