@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 
 NOISE = "The hostname of the client socket cannot be retrieved"
@@ -43,6 +44,10 @@ def filter_stderr() -> bool:
     except OSError:
         return False
     read, write = os.pipe()
+    # Blocked while the filter starts: a stop signal in that moment waits for this process
+    # (delivered right after), and cannot kill the filter before its trap ignores it.
+    stops = {getattr(signal, f"SIG{name}") for name in _IGNORED.split()}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
         _processes.append(subprocess.Popen(
             ["sh", "-c", f'trap "" {_IGNORED}; exec "$0" --line-buffered -v -F -e "$1"', grep,
@@ -52,6 +57,8 @@ def filter_stderr() -> bool:
         os.close(write)
         os.close(target)
         return False
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     os.dup2(write, 2)  # Python's sys.stderr writes to fd 2 too
     for fd in (read, write, target):
         os.close(fd)
