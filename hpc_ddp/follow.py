@@ -122,7 +122,36 @@ def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:
     return "\n".join(head).replace(f"{LOCAL_MARK} ", "")
 
 
+def last_stop(run: RunDir) -> dict[str, Any] | None:
+    """The stop the run ended with (events.jsonl's last line, when it is a stop)."""
+    from hpc_ddp import events
+
+    found = events.read(run.root)
+    if not found or found[-1].get("kind") != "stop":
+        return None
+    try:  # a stop of an earlier submission (job.json is rewritten by each) is not this one's
+        submitted = (run.root / "job.json").stat().st_mtime
+    except OSError:
+        submitted = 0.0
+    return found[-1] if found[-1].get("time", 0.0) >= submitted else None
+
+
+def stop_report(run: RunDir, job: Any) -> str | None:
+    """A stop someone asked for (a signal, a cancel) is not a failure: where it stopped and
+    how to go on; None when the run did not end with such a stop."""
+    from hpc_ddp.rundir import resume_command
+
+    stop = last_stop(run)
+    if stop is None or failed_ranks(run):
+        return None
+    return (f"job {job.job_id} stopped at step {stop.get('step')} ({stop.get('cause')}); the "
+            f"checkpoint is saved. Continue with: {resume_command(run.root)}")
+
+
 def failure_report(run: RunDir, job: Any) -> str:
+    stopped = stop_report(run, job)
+    if stopped is not None:
+        return stopped
     ranks = failed_ranks(run)
     state = getattr(job, "state", "?")
     lines = [f"job {job.job_id} failed (state {state})."]
@@ -242,6 +271,8 @@ class _Reporter:
             return
         self.last_step = progress["step"]
         text = progress_text(progress)
+        if progress.get("stopped"):  # the agreed stop's step: a checkpoint, not a speed
+            text = f"{text}  stopped: checkpoint saved".strip()
         total = progress.get("total_steps") or None
         counter = f"step {progress['step']}" + (f"/{total}" if total else "")
         if self.bar is not None:

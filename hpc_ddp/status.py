@@ -201,33 +201,10 @@ def finished(rows: list[dict[str, Any]]) -> bool:
 
 
 def plot(runs: list[tuple[str, Path]], out_png: Path) -> None:
-    """Training loss and eval accuracy of every run, one line each, in one PNG."""
-    import matplotlib
+    """The runs' curves and, for a sweep, the final metric by hyperparameter (sweep/plot.py)."""
+    from hpc_ddp.sweep.plot import plot_runs
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for label, run_dir in runs:
-        job = read_json(run_dir / JOB_FILE) or {"kind": "local", "job_id": "?"}
-        scalars = Run(run_dir, job).scalars() if (run_dir / "tb").is_dir() else {}
-        for ax, tag in ((loss_ax, "train/loss"), (acc_ax, "eval/accuracy")):
-            if scalars.get(tag):
-                steps, values = zip(*scalars[tag], strict=True)
-                ax.plot(steps, values, marker="o", markersize=3, label=label)
-    for ax, title in ((loss_ax, "train/loss"), (acc_ax, "eval/accuracy")):
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    loss_ax.legend(fontsize=7)
-    fig.tight_layout()
-    try:
-        fig.savefig(out_png, dpi=100)
-    except OSError as exc:
-        raise UserError("--plot", str(out_png), f"cannot be written ({exc.strerror or exc}).",
-                        "choose a file in a folder you can write.") from None
-    finally:
-        plt.close(fig)
+    plot_runs(runs, out_png)
 
 
 def check_args(args: argparse.Namespace) -> None:

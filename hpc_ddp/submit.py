@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         args, script_args = split_script_args(args)
         args = take_config_dir(args)
         show_cfg = "--cfg" in args
+        check_cfg_flag(args)
         multirun = "-m" in args or "--multirun" in args
         overrides = [a for a in args if a not in ("--cfg", "-m", "--multirun")]
         unknown = [a for a in overrides if a.startswith("-")]
@@ -83,6 +84,22 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     except BrokenPipeError:  # `... --cfg | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+# Hydra's --cfg takes which config to print (job, hydra, all); ours prints the resolved one.
+_HYDRA_CFG_VALUES = ("job", "hydra", "all")
+
+
+def check_cfg_flag(args: Sequence[str]) -> None:
+    """``--cfg job`` (a Hydra habit) is refused with the fix, not read as an override."""
+    for i, arg in enumerate(args):
+        value = arg.partition("=")[2] if arg.startswith("--cfg=") else (
+            args[i + 1] if arg == "--cfg" and i + 1 < len(args) else None)
+        if arg.startswith("--cfg=") or value in _HYDRA_CFG_VALUES:
+            raise UserError("--cfg", value, "takes no argument here: it prints the resolved "
+                            "config (Hydra's job config, with the derived values filled in).",
+                            "write --cfg alone, e.g. python -m hpc_ddp.submit model=resnet18 "
+                            "--cfg.")
 
 
 def split_script_args(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -149,12 +166,9 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
           f"  rank-0 log:  {run_dir.rank_log(0)}\n"
           f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}", file=out,
           flush=True)
-    if cfg.cluster.kind == "slurm":
-        print(f"  follow:      squeue -j {run.job_id}   (sacct -j {run.job_id} once it ends; "
-              f"python -m hpc_ddp.submit ... wait=true follows it)", file=out, flush=True)
     if not cfg.wait:
-        print(f"  status:      python -m hpc_ddp.status {shlex.quote(str(run_dir.root))}",
-              file=out, flush=True)
+        for line in next_steps(cfg.cluster.kind, run_dir.root, run.job_id):
+            print(line, file=out, flush=True)
         return 0
     try:
         run.wait(out=out)
@@ -163,6 +177,16 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
     except KeyboardInterrupt as exc:
         return interrupted(run, out, exc)
     return 0
+
+
+def next_steps(kind: str, root: Any, job_id: str) -> list[str]:
+    """What follows a run that was submitted without wait=true (with it, the command does)."""
+    where = shlex.quote(str(root))
+    if kind != "slurm":
+        return [f"  status:      python -m hpc_ddp.status {where}"]
+    return [f"  follow:      python -m hpc_ddp.status {where} --watch",
+            f"               (in Python: hpc_ddp.Run.from_dir({str(root)!r}).wait(); "
+            f"squeue -j {job_id})"]
 
 
 def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
@@ -178,12 +202,37 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
           "once, losing the steps since the last checkpoint)...", file=out, flush=True)
     try:
         run.cancel(grace_s=120.0)
+        killed = False
     except KeyboardInterrupt:
         run.cancel(grace_s=0.0)
+        killed = True
     from hpc_ddp.rundir import resume_command
 
-    print(f"stopped. Continue with: {resume_command(run.run_dir)}", file=out, flush=True)
+    print(f"{stopped_how(run.files, killed)} Continue with: {resume_command(run.run_dir)}",
+          file=out, flush=True)
     return code
+
+
+def stopped_how(files: Any, killed: bool) -> str:
+    """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
+    with the steps after its last checkpoint lost, counted from the last logged step."""
+    from hpc_ddp.follow import last_stop
+    from hpc_ddp.rank.checkpoint import latest_step
+    from hpc_ddp.rundir import read_json
+
+    saved = latest_step(files.checkpoints)
+    stop = last_stop(files)
+    if stop is not None and not killed:
+        return f"stopped at step {stop.get('step')} with a checkpoint; nothing is lost."
+    checkpoint = "no checkpoint yet" if saved is None else f"the latest checkpoint is step {saved}"
+    if not killed:  # the ranks ended without recording a stop (e.g. before the first step)
+        return f"stopped; {checkpoint}."
+    progress = read_json(files.progress) or {}
+    reached = progress.get("step")
+    if not isinstance(reached, int) or (saved or 0) >= reached:
+        return f"killed; {checkpoint}, and no logged step after it is lost."
+    return (f"killed at step {reached} (the last one logged) or a little later; {checkpoint}: "
+            f"{reached - (saved or 0)} step(s) are lost and will be trained again.")
 
 
 class _SubmitModule(types.ModuleType):

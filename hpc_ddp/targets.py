@@ -141,6 +141,8 @@ def build(part: str, target: str, kwargs: Mapping[str, Any], given: Mapping[str,
         made = instantiate(node, **given)
     except Exception as exc:
         cause = exc.__cause__ or exc
+        if isinstance(cause, UserError):  # already one line with its own fix (model=timm)
+            raise cause from None
         raise TargetError(key, target, f"raised {type(cause).__name__}: {_first_line(cause)}.",
                           f"check the arguments under {part} (--cfg shows them) and "
                           f"{target} itself.") from exc

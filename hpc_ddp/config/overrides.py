@@ -116,8 +116,18 @@ def _parse_error(item: str, exc: Exception, parser: Any) -> UserError:
                          f"quote a string that holds commas: {prefix}{key}='{value}'.")
     return UserError(
         f"{prefix}{key}", value, f"cannot be parsed ({str(exc).splitlines()[0]}).",
-        f"quote the value ({prefix}{key}='{value}') when it holds brackets, commas, spaces or "
-        "quotes; see https://hydra.cc/docs/advanced/override_grammar/basic/.")
+        f"quote the value for Hydra and the whole override for the shell "
+        f"({shell_quoted(f'{prefix}{key}', value)}) when it holds brackets, commas, spaces, "
+        "quotes, ^ or =; see https://hydra.cc/docs/advanced/override_grammar/basic/.")
+
+
+def shell_quoted(key: str, value: str) -> str:
+    """``"key='value'"``: the inner quotes are Hydra's, the outer ones the shell's (which
+    would otherwise remove the inner ones); single quotes alone where the value holds a
+    character double quotes leave to the shell."""
+    if any(c in value for c in "\"$`!\\"):
+        return f"{key}='{value}'"
+    return f"\"{key}='{value}'\""
 
 
 def _unparsable(overrides: Sequence[str]) -> str:

@@ -82,11 +82,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _pack(args[1:])
     try:
         _, root = parse(args)
+        made = first_missing(Path(root).expanduser().absolute())
         path = check_root(root)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    return _download(path)
+    code = _download(path)
+    if code != 0 and made is not None:  # a failed download leaves no folder it made behind
+        import shutil
+
+        shutil.rmtree(made, ignore_errors=True)
+    return code
+
+
+def first_missing(path: Path) -> Path | None:
+    """The outermost folder of ``path`` that does not exist yet (what mkdir -p would make)."""
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
 
 
 def parse_pack(args: Sequence[str]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:

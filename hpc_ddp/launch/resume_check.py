@@ -37,11 +37,20 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
                         "be loaded (it holds " + ", ".join(f"{k}={old}" for k, old, _ in changed)
                         + ").", "drop that override to continue the run, or start a new "
                         "run_dir (resume=false) for the new network.")
-    step = _step_of(checkpoint.latest_path(run.checkpoints))
+    latest = checkpoint.latest_path(run.checkpoints)
+    step = _step_of(latest)
     if cfg.trainer.max_steps is not None and step is not None and step >= cfg.trainer.max_steps:
         raise UserError("trainer.max_steps", cfg.trainer.max_steps, f"the run is at step {step} "
                         "already, so nothing would be trained.",
                         f"give trainer.max_steps above {step} to train further.")
+    epochs = _epochs_done(latest) if cfg.trainer.max_steps is None else None
+    if epochs is not None and epochs >= cfg.trainer.epochs:
+        # The same outcome as a max_steps the run has reached: a job that would only queue,
+        # start, load and write the summary again (its checkpoint holds the final eval).
+        raise UserError("trainer.epochs", cfg.trainer.epochs, f"the run has completed {epochs} "
+                        f"epoch(s) already (step {step}), so nothing would be trained.",
+                        f"give trainer.epochs above {epochs} (or trainer.max_steps above "
+                        f"{step}) to train further.")
     old, new = _optimizer(before), _optimizer(cfg)
     if old != new:
         raise UserError("optim", new, f"differs from the checkpoint's optimizer ({old}), "
@@ -52,6 +61,21 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
 
 def _optimizer(cfg: Config) -> str:
     return cfg.optim.name or f"_target_={cfg.optim.target}"
+
+
+def _epochs_done(path: Path | None) -> int | None:
+    """Full epochs the checkpoint's run completed (its counters; the file is mapped, not
+    read whole); None when it cannot say."""
+    if path is None:
+        return None
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        epoch = state["counters"]["epoch"]
+    except Exception:  # a corrupt or foreign file: the ranks' load names what is wrong
+        return None
+    return epoch if isinstance(epoch, int) else None
 
 
 def _step_of(path: Path | None) -> int | None:

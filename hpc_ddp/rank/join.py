@@ -33,11 +33,16 @@ class RunRefused(RuntimeError):
 
 
 class RunStopped(SystemExit):
-    """The run stopped before its end without being requeued; the message says how to go on."""
+    """The run stopped before its end without being requeued; the message says how to go on.
 
-    def __init__(self, message: str) -> None:
+    ``requested``: the stop someone asked for (Ctrl-C, a cancel, a signal by hand), logged as
+    a stop, not as a failure; otherwise (no requeue left) it is recorded as the run's error.
+    """
+
+    def __init__(self, message: str, requested: bool = False) -> None:
         super().__init__(1)
         self.message = message
+        self.requested = requested
 
     def __str__(self) -> str:
         return self.message
@@ -268,6 +273,9 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
 
 def _record_failure(run_dir: RunDir, env: DistEnv, host: str, exc: BaseException) -> None:
     if isinstance(exc, KeyboardInterrupt | SystemExit) and not isinstance(exc, RunStopped):
+        return
+    if isinstance(exc, RunStopped) and exc.requested:  # events.jsonl holds the stop
+        log.warning("rank %d on %s %s", env.rank, host, exc)
         return
     text = "".join(traceback.format_exception(exc))
     log.error("rank %d on %s failed: %s", env.rank, host, exc)

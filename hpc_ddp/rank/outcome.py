@@ -57,7 +57,7 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
     if job is None:
         events.append(run_dir.root, {"kind": "stop", **record})
         raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved. "
-                         f"Continue with: {resume_hint}")
+                         f"Continue with: {resume_hint}", requested=True)
     if code == stopping.TERM:
         # Preemption: Slurm itself requeues the job (PreemptMode=REQUEUE); a scancel ends it.
         events.append(run_dir.root, {"kind": "stop", **record})

@@ -8,7 +8,11 @@ from pathlib import Path
 
 
 def setup(path: Path, rank: int, host: str, echo: bool) -> None:
-    """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress)."""
+    """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress).
+    stderr itself loses torch's one known meaningless line (quiet_stderr.py)."""
+    from hpc_ddp.rank.quiet_stderr import filter_stderr
+
+    filter_stderr()
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s [rank {rank} {host}] %(levelname)s %(message)s",
                             "%H:%M:%S")

@@ -56,6 +56,12 @@ class StopRequest:
             previous = signal.signal(signum, handler)
             if chain and callable(previous):
                 self._chained[signum] = previous
+        # Slurm sends SIGCONT with the SIGTERM that ends a requeued or cancelled job
+        # (https://slurm.schedmd.com/scancel.html); it only resumes a stopped process, and
+        # submitit's handler for it logs "Bypassing signal SIGCONT" as a warning. Its default
+        # action again (any other handler, a script's own, is left alone).
+        if is_submitit_bypass(signal.getsignal(signal.SIGCONT)):
+            signal.signal(signal.SIGCONT, signal.SIG_DFL)
 
     def _on_requeue(self, signum: int, frame: Any) -> None:
         self.code = max(self.code, REQUEUE)
@@ -72,6 +78,11 @@ class StopRequest:
             self._forward(signum)
         if signum in self._chained:
             self._chained[signum](signum, frame)
+
+
+def is_submitit_bypass(handler: Any) -> bool:
+    """submitit's handler that only logs a signal (submitit/core/job_environment.py)."""
+    return getattr(handler, "__qualname__", "") == "SignalHandler.bypass"
 
 
 def signal_number(name: str) -> int:

@@ -92,7 +92,8 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
         summary["data_stage"] = staged
     summary = write_summary(rank, run_dir, summary)
     log.info("done: step %d, eval %s; summary in %s", summary["global_step"],
-             summary["eval_metrics"], run_dir.summary)
+             " ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                      for k, v in summary["eval_metrics"].items()) or "none", run_dir.summary)
     return summary
 
 

@@ -67,6 +67,8 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
             configs = compose_many(lists)
         for current, overrides, cfg in zip(points, lists, configs, strict=True):
             point = current  # named in the error below if planning this point fails
+            if cfg.sweep.dir != str(folder):  # --cfg and config.yaml show where the point is
+                cfg = replace(cfg, sweep=replace(cfg.sweep, dir=str(folder)))
             auto = cfg.cluster.kind == "auto"
             if auto and auto_kind:  # resolve cluster=auto once (scontrol ping), not per point
                 cfg = replace(cfg, cluster=replace(cfg.cluster, kind=auto_kind))
@@ -169,7 +171,8 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
         write_json(folder / MANIFEST, manifest)
         phases.write(environ, len(points))
         print(table(manifest, folder), file=out)
-        print(f"{len(points)} points in {len(manifest['arrays'])} job array(s); follow with: "
+        print(f"{_count(len(points), 'point')} in {len(manifest['arrays'])} job array(s); "
+              "follow with: "
               f"python -m hpc_ddp.status {folder} --watch", file=out)
         return 0
     return _run_locally(manifest, plans, folder, out)
@@ -214,7 +217,8 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
         return "\n".join(f"# point {p.index}: {p.label()}\n{to_yaml(plan.cfg)}"
                          for p, plan in zip(points, plans, strict=True))
     if plans[0].cfg.cluster.kind != "slurm":
-        lines = [f"would run {len(plans)} points here, {plans[0].cfg.sweep.parallel or 1} at "
+        lines = [f"would run {_count(len(plans), 'point')} here, "
+                 f"{plans[0].cfg.sweep.parallel or 1} at "
                  f"a time, into {folder}; nothing was started."]
         lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
                   for p, plan in zip(points, plans, strict=True)]
@@ -230,8 +234,12 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
     finally:
         if not existed:  # submitit's executor makes its folder; a dry run leaves none
             shutil.rmtree(folder, ignore_errors=True)
-    return "\n".join(scripts) + f"\n# {len(plans)} points in {len(scripts)} job array(s); " \
-        "nothing was submitted."
+    return "\n".join(scripts) + f"\n# {_count(len(plans), 'point')} in {len(scripts)} job " \
+        "array(s); nothing was submitted."
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
@@ -333,8 +341,10 @@ def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, o
                 ok = run.state == "COMPLETED"
                 failed += not ok
                 summary = run.summary() or {}
-                print(f"point {i}: {'done' if ok else 'FAILED'}  eval accuracy "
-                      f"{summary.get('eval_accuracy')}", file=out, flush=True)
+                from hpc_ddp.follow import summary_line
+
+                print(f"point {i}: {'done' if ok else 'FAILED'}"
+                      + (f"  {summary_line(summary)}" if summary else ""), file=out, flush=True)
         time.sleep(0.5)
     return failed
 
@@ -348,9 +358,20 @@ def _show_progress(running: list[tuple[int, api.Run]], shown: dict[int, float], 
         if not progress or now - shown.get(i, 0.0) < every_s:
             continue
         shown[i] = now
-        print(f"point {i}: step {progress.get('step')}/{progress.get('total_steps')}  loss "
-              f"{progress.get('loss', float('nan')):.4f}  "
-              f"{progress.get('samples_per_s', 0.0):.0f} samples/s", file=out, flush=True)
+        print(f"point {i}: {progress_line(progress)}", file=out, flush=True)
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """"step 40/64  loss 1.3086  16320 samples/s  epoch 1" (what is known of it: no total for a
+    loop that gave none); a stop's: "stopped at step 520 of 100000, checkpoint saved"."""
+    from hpc_ddp.follow import progress_text
+
+    total = progress.get("total_steps")
+    if progress.get("stopped"):
+        return (f"stopped at step {progress.get('step')}" + (f" of {total}" if total else "")
+                + ", checkpoint saved")
+    return f"step {progress.get('step')}" + (f"/{total}" if total else "") + (
+        f"  {progress_text(progress)}" if progress_text(progress) else "")
 
 
 def table(manifest: dict[str, Any], folder: Path) -> str:

@@ -113,8 +113,9 @@ def activated(env: dict[str, str]) -> dict[str, str]:
 
 def sbatch_and_wait(args: list[str], folder: Path, env: dict[str, str],
                     timeout: float = 300) -> tuple[str, str]:
-    """``sbatch args`` from ``folder`` (output in folder/slurm-<job>.out), waited for by polling
-    squeue (``sbatch --wait`` only looks every 30 s or so): (final state, the output)."""
+    """``sbatch args`` from ``folder`` (output in folder/slurm-<job>.out, or the run dir's),
+    waited for by polling squeue (``sbatch --wait`` only looks every 30 s or so): (final
+    state, the output)."""
     done = subprocess.run(["sbatch", "--parsable", f"--output={folder}/slurm-%j.out", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=60,
                           check=True)
@@ -131,7 +132,8 @@ def sbatch_and_wait(args: list[str], folder: Path, env: dict[str, str],
         if state and state not in ("RUNNING", "COMPLETING"):
             break
         time.sleep(0.2)
-    log = "".join(p.read_text() for p in folder.glob(f"slurm-{job}.out"))
+    # jobs/train.sbatch writes its output into the run dir (<run dir>/logs/slurm-<job>.out).
+    log = "".join(p.read_text() for p in sorted(folder.glob(f"**/slurm-{job}.out")))
     return state, log
 
 
@@ -146,6 +148,8 @@ def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_pa
     assert summary["world_size"] == 4 and summary["global_step"] == 20
     assert summary["nodes"] == sorted(set(summary["hosts"])) and len(summary["nodes"]) == 2
     assert "hpc_ddp: done, step 20" in log
+    logs = list((run_dir / "logs").glob("slurm-*.out"))  # the job's output is the run's
+    assert len(logs) == 1 and "hpc_ddp: done, step 20" in logs[0].read_text()
 
 
 def test_forgotten_srun_is_explained(slurm_env: dict[str, str], tmp_path: Path) -> None:

@@ -71,6 +71,9 @@ def test_example_notebook_runs_headless(tmp_path: Path) -> None:
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
+    # Its runs are where every run goes (outputs/ of its folder), not in a /tmp folder.
+    (runs,) = (tmp_path / "outputs").glob("notebook-*")
+    assert {p.name for p in runs.iterdir()} == {"run", "mine", "loop", "loss.png"}
     assert any("shards disjoint" in o.get("text", "") for o in outputs)
     # The _target_ network and the notebook's own function ran (their cells assert it).
     assert any("sum_of_ranks" in str(o.get("data", {})) for o in outputs)

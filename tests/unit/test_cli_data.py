@@ -63,6 +63,21 @@ def test_no_internet_is_said_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "needs internet access" in capsys.readouterr().err
 
 
+def test_a_failed_download_leaves_no_folder_it_made(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_then_offline(root: str) -> Path:
+        (Path(root) / "cifar-10-python.tar.gz.part").write_bytes(b"x")
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(cifar10, "download", half_then_offline)
+    assert main(["download", "cifar10", f"root={tmp_path / 'new' / 'data'}"]) == 1
+    assert not (tmp_path / "new").exists()  # nothing left of what the command made
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    assert main(["download", "cifar10", f"root={kept}"]) == 1
+    assert kept.is_dir()  # a folder that was there stays
+
+
 def test_a_full_disk_is_not_blamed_on_the_internet(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

@@ -52,7 +52,10 @@ def test_overrides_reach_the_typed_config(overrides: list[str], attr: str, value
      "cluster.tasks_per_node=2", "cluster.gpus_per_node=4"),
     (["cluster.job_name=a b"], "cluster.job_name=a b", "plain name"),
     (["trainer.device=tpu"], "trainer.device=tpu", "auto, cpu, cuda"),
-    (["optim.lr=[1"], "optim.lr=[1", "quote the value (optim.lr='[1')"),
+    (["optim.lr=[1"], "optim.lr=[1", "the whole override for the shell (\"optim.lr='[1'\")"),
+    (["nccl.socket_ifname=^docker,lo"], "nccl.socket_ifname=^docker,lo",
+     "(\"nccl.socket_ifname='^docker,lo'\") when it holds brackets, commas, spaces, quotes, "
+     "^ or ="),
     (["nodes=2", "cluster.nodelist=node[1-2]"], "cluster.nodelist=node[1-2]",
      "cluster.nodelist='node[1-2]'"),
 ])

@@ -49,3 +49,32 @@ def test_what_the_checkpoint_can_take_passes(tmp_path: Path) -> None:
 def test_without_a_checkpoint_anything_goes(tmp_path: Path) -> None:
     run = _run_at_step(tmp_path, None)
     check_resumable(compose([*FIRST, "resume=true", "model=resnet18", "optim=adamw"]), run)
+
+
+def _epochs_run(tmp_path: Path, epochs_done: int) -> tuple[RunDir, list[str]]:
+    """A run of trainer.epochs=2 whose latest checkpoint says ``epochs_done`` epochs."""
+    import torch
+
+    first = ["cluster=local", "model=tiny_cnn", "trainer.epochs=2"]
+    run = RunDir(tmp_path / "run")
+    write_run_config(run, compose(first), first)
+    run.checkpoints.mkdir(parents=True)
+    name = "step_000000064.pt"
+    torch.save({"counters": {"epoch": epochs_done, "global_step": 64}}, run.checkpoints / name)
+    (run.checkpoints / LATEST).write_text(name)
+    return run, first
+
+
+def test_a_finished_epochs_run_is_refused_like_a_finished_max_steps_run(tmp_path: Path) -> None:
+    # One behaviour for both ways of giving a run its length (quickstart.md "Resume a run").
+    run, first = _epochs_run(tmp_path, 2)
+    with pytest.raises(UserError, match=r"trainer\.epochs=2: the run has completed 2 epoch\(s\) "
+                       r"already \(step 64\).*Fix: give trainer\.epochs above 2"):
+        check_resumable(compose([*first, "resume=true"]), run)
+    check_resumable(compose([*first, "resume=true", "trainer.epochs=3"]), run)
+    check_resumable(compose([*first, "resume=true", "trainer.max_steps=80"]), run)
+
+
+def test_an_epochs_run_stopped_mid_way_resumes(tmp_path: Path) -> None:
+    run, first = _epochs_run(tmp_path, 1)
+    check_resumable(compose([*first, "resume=true"]), run)

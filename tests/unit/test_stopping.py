@@ -80,3 +80,33 @@ def test_an_earlier_jobs_reasons_are_not_reported_for_a_new_one() -> None:
     history = [{**rq("6", 100, attempt=0), "cause": "old job's time limit"}]
     assert events.last_reason(history, 0, job="7") is None
     assert events.last_reason(history, 0, job="6") == "old job's time limit"
+
+
+def test_submitits_sigcont_warning_is_silenced(caplog: pytest.LogCaptureFixture) -> None:
+    """Slurm's SIGCONT at a requeue or cancel: submitit's handler logged "Bypassing signal
+    SIGCONT" as a warning on every rank; after install it is the default action (a no-op
+    for a running process), and a handler of the user's own is kept."""
+    from submitit.core.job_environment import SignalHandler
+
+    saved = [signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT)]
+    try:
+        bypass = SignalHandler.__new__(SignalHandler)
+        bypass._logger = __import__("logging").getLogger("submitit")
+        signal.signal(signal.SIGCONT, bypass.bypass)
+        os.kill(os.getpid(), signal.SIGCONT)
+        assert "Bypassing signal SIGCONT" in caplog.text  # what ranks logged before
+        caplog.clear()
+        StopRequest().install("USR2")
+        assert signal.getsignal(signal.SIGCONT) == signal.SIG_DFL
+        os.kill(os.getpid(), signal.SIGCONT)
+        assert "Bypassing" not in caplog.text
+
+        def mine(signum: int, frame: object) -> None:
+            pass
+
+        signal.signal(signal.SIGCONT, mine)
+        StopRequest().install("USR2")
+        assert signal.getsignal(signal.SIGCONT) is mine
+    finally:
+        for s, h in zip((signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT), saved, strict=True):
+            signal.signal(s, h)

@@ -58,3 +58,29 @@ def test_each_point_keeps_the_cluster_it_asked_for(tmp_path: Path) -> None:
     _, _, plans = plan_points(["optim.lr=0.1,0.2", f"sweep.dir={tmp_path / 't'}"], tmp_path,
                               NO_SLURM)
     assert {p.cfg.cluster.kind for p in plans} == {"local"}
+
+
+def test_local_sweep_lines_are_rounded_and_a_stop_says_so() -> None:
+    from hpc_ddp.follow import summary_line
+    from hpc_ddp.sweep.launch import progress_line
+
+    assert progress_line({"step": 40, "total_steps": 64, "loss": 1.30861234,
+                          "samples_per_s": 16320.7, "epoch": 1}) == \
+        "step 40/64  loss 1.3086  16321 samples/s  epoch 1"
+    # A stop's progress has no speed (not "0 samples/s") and says what happened.
+    assert progress_line({"step": 520, "total_steps": 100000, "loss": 0.0003, "stopped": 1.0,
+                          "epoch": 16}) == "stopped at step 520 of 100000, checkpoint saved"
+    assert progress_line({"step": 7, "total_steps": None, "sum_of_ranks": 1.0}) == \
+        "step 7  sum_of_ranks 1"  # a loop that gave no total
+    assert summary_line({"global_step": 20, "eval_loss": 1.650234, "eval_accuracy": 0.404296875}
+                        ) == "step 20, eval loss 1.6502, eval accuracy 0.4043"
+
+
+def test_a_sweeps_cfg_shows_its_folder(tmp_path: Path) -> None:
+    out = io.StringIO()
+    assert launch(["optim.lr=0.1", f"sweep.dir={tmp_path / 'lr'}"], out, cwd=tmp_path,
+                  environ={}, show_cfg=True) == 0
+    assert f"\nsweep:\n  dir: {tmp_path / 'lr'}\n" in out.getvalue()
+    dry = io.StringIO()
+    launch(["optim.lr=0.1", "cluster=local", "dry_run=true"], dry, cwd=tmp_path, environ={})
+    assert dry.getvalue().startswith("would run 1 point here,")

@@ -287,3 +287,10 @@ def test_timm_is_optional_and_says_so() -> None:
         return
     with pytest.raises(UserError, match=r"model=timm: needs the timm package.*pip install"):
         build_model(cfg.model, 32, 10)
+    # The submit side says it in the same one line, not wrapped in "raised UserError: ...".
+    import hpc_ddp
+
+    with pytest.raises(UserError) as refused:
+        hpc_ddp.plan(["model=timm", "model.arch=resnet18", "cluster=local"], environ={})
+    assert refused.value.message.startswith("model=timm: needs the timm package")
+    assert "raised" not in refused.value.message

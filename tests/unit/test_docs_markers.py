@@ -1,0 +1,89 @@
+"""Every code block of the docs says what it is (tests/docblocks.py); the matcher that checks
+shown output against real output is itself checked here. Milliseconds: nothing is run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import docblocks
+from tests.docblocks import Block, Marker, mismatch, parse_marker
+
+
+@pytest.mark.parametrize("page", docblocks.pages())
+def test_every_block_is_marked(page: str) -> None:
+    problems = docblocks.marker_problems(page)
+    if page in docblocks.NOT_MARKED_YET:
+        unmarked = [p for p in problems if "has no marker" in p]
+        assert unmarked, (f"{page} is marked now: take it off docblocks.NOT_MARKED_YET "
+                          f"({docblocks.NOT_MARKED_YET[page]})")
+        problems = [p for p in problems if "has no marker" not in p]
+    assert not problems, "\n".join(problems)
+
+
+def test_a_new_unmarked_block_fails_with_the_fix(tmp_path, monkeypatch) -> None:
+    page = tmp_path / "docs" / "new.md"
+    page.parent.mkdir()
+    page.write_text("# New\n\n```bash\npython -m hpc_ddp.submit\n```\n\n<!-- doc: site -->\n"
+                    "```bash\nsbatch x\n```\n<!-- doc: local -->\n\ntext\n")
+    monkeypatch.setattr(docblocks, "REPO", tmp_path)
+    problems = docblocks.marker_problems("docs/new.md")
+    assert problems[0].startswith("docs/new.md:11: a doc marker with no block")
+    assert problems[1].startswith("docs/new.md:3: this ```bash block has no marker. Put a "
+                                  "marker on the line above the block, e.g. <!-- doc: local -->")
+    assert "site needs a reason" in problems[2]
+
+
+@pytest.mark.parametrize("body, marker", [
+    ("local", Marker("local")),
+    ("cluster", Marker("cluster")),
+    ("local output: python -m hpc_ddp.submit --cfg", Marker("local", "python -m hpc_ddp.submit "
+                                                               "--cfg", output=True)),
+    ("site: needs a partition named gpu", Marker("site", "needs a partition named gpu")),
+    ("file: conf/config.yaml", Marker("file", "conf/config.yaml")),
+    ("text", Marker("text")),
+])
+def test_markers_read(body: str, marker: Marker) -> None:
+    assert parse_marker(body) == marker
+
+
+@pytest.mark.parametrize("body, problem", [
+    ("run", "unknown kind 'run'"),
+    ("gpu", "gpu needs a reason"),
+    ("local: why", "local takes no argument"),
+    ("site output: x", "only local and cluster take 'output'"),
+    ("local output", "an output marker names its command"),
+])
+def test_bad_markers_say_why(body: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_marker(body)
+
+
+@pytest.mark.parametrize("shown, actual", [
+    ("step 64/64  loss 1.0256  11337 samples/s", "step 64/64 loss 0.9 2000 samples/s"),
+    ("hpc_ddp: local job <id>: 2 ranks", "hpc_ddp: local job 12345: 2 ranks"),
+    ("run dir: .../try1", "run dir:     /home/me/outputs/try1"),
+    ("a\n...\nd", "a\nb\nc\nd"),
+    ("a\n...", "a"),
+    ("error: x=1: no such key.", "\nerror: x=7: no such key.\n\n"),
+])
+def test_output_that_fits(shown: str, actual: str) -> None:
+    assert mismatch(shown, actual) is None
+
+
+@pytest.mark.parametrize("shown, actual, says", [
+    ("step 64/64  loss 1.0", "step 64/64  accuracy 1.0", "doc's line 1"),
+    ("a\nb", "a\nc", "doc's line 2: 'b'"),
+    ("a", "a\nb", "more lines than the doc shows"),
+    ("results:\n  restarts 0", "results:", "doc's line 2"),
+])
+def test_output_that_does_not_fit(shown: str, actual: str, says: str) -> None:
+    problem = mismatch(shown, actual)
+    assert problem is not None and says in problem
+
+
+def test_session_blocks_split_into_commands_and_their_output() -> None:
+    block = Block("x.md", 1, "console", "$ a \\\n  --b\nout 1\n$ c\nerror: bad\n", Marker("local"))
+    steps = list(docblocks.steps(block))
+    assert [(s.command, s.shown) for s in steps] == [("a \\\n  --b", "out 1"), ("c", "error: bad")]
+    plain = Block("x.md", 1, "bash", "a\nb", Marker("local"))
+    assert [(s.command, s.shown) for s in docblocks.steps(plain)] == [("a\nb", None)]

@@ -1,0 +1,73 @@
+"""What the submit command says after a submission and after Ctrl-C (no run needed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hpc_ddp import events
+from hpc_ddp.errors import UserError
+from hpc_ddp.follow import stop_report
+from hpc_ddp.rank.checkpoint import LATEST
+from hpc_ddp.rundir import RunDir
+from hpc_ddp.submit import check_cfg_flag, next_steps, stopped_how
+
+
+def test_a_slurm_submission_says_what_follows_it(tmp_path: Path) -> None:
+    root = tmp_path / "runs" / "r 1"
+    lines = next_steps("slurm", root, "42")
+    assert lines[0] == f"  follow:      python -m hpc_ddp.status '{root}' --watch"
+    assert f"hpc_ddp.Run.from_dir({str(root)!r}).wait()" in lines[1] and "squeue -j 42" in lines[1]
+    assert not any("wait=true" in line for line in lines)  # re-submitting is refused: not a way
+    assert next_steps("local", root, "7") == [f"  status:      python -m hpc_ddp.status '{root}'"]
+
+
+@pytest.mark.parametrize("args", [["--cfg", "job"], ["model=x", "--cfg", "hydra"], ["--cfg=all"]])
+def test_hydras_cfg_values_are_refused_with_the_fix(args: list[str]) -> None:
+    with pytest.raises(UserError, match=r"takes no argument here.*write --cfg alone"):
+        check_cfg_flag(args)
+    check_cfg_flag(["--cfg", "model=resnet18"])  # an override after it is fine
+
+
+def _run(tmp_path: Path, saved: int | None, logged: int | None) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    (run.root / "job.json").write_text("{}")
+    if saved is not None:
+        run.checkpoints.mkdir()
+        (run.checkpoints / f"step_{saved:09d}.pt").write_bytes(b"")
+        (run.checkpoints / LATEST).write_text(f"step_{saved:09d}.pt")
+    if logged is not None:
+        run.progress.write_text(json.dumps({"step": logged, "time": time.time()}))
+    return run
+
+
+def test_a_graceful_stop_says_nothing_is_lost(tmp_path: Path) -> None:
+    run = _run(tmp_path, 831, 830)
+    events.append(run.root, {"kind": "stop", "step": 831, "cause": "SIGTERM (Ctrl-C ...)"})
+    said = stopped_how(run, killed=False)
+    assert said == "stopped at step 831 with a checkpoint; nothing is lost."
+    # follow's report of such a run: a stop, not a failure
+    report = stop_report(run, type("Job", (), {"job_id": "7"})())
+    assert report is not None and report.startswith("job 7 stopped at step 831 (SIGTERM")
+    assert "failed" not in report and "resume=true" in report
+
+
+def test_a_kill_says_how_many_steps_are_lost(tmp_path: Path) -> None:
+    said = stopped_how(_run(tmp_path, 80, 97), killed=True)
+    assert said == ("killed at step 97 (the last one logged) or a little later; the latest "
+                    "checkpoint is step 80: 17 step(s) are lost and will be trained again.")
+
+
+def test_a_kill_before_any_checkpoint(tmp_path: Path) -> None:
+    said = stopped_how(_run(tmp_path, None, 30), killed=True)
+    assert said.endswith("no checkpoint yet: 30 step(s) are lost and will be trained again.")
+
+
+def test_a_stop_of_an_earlier_submission_is_not_this_ones(tmp_path: Path) -> None:
+    run = _run(tmp_path, 40, 40)
+    events.append(run.root, {"kind": "stop", "step": 40, "cause": "x", "time": 1.0})
+    assert stop_report(run, type("Job", (), {"job_id": "7"})()) is None
