@@ -37,9 +37,7 @@ QUIET_KINDS = ("gpu", "site", "skip")  # not run; the reason is required
 KINDS = (*RUN_KINDS, *QUIET_KINDS, "file", "text")
 # Pages whose blocks are not marked yet, with why; a page on this list fails once it is
 # fully marked (then take it off).
-NOT_MARKED_YET: dict[str, str] = {
-    "docs/slurm.md": "the lead edits it (issue 14) and marks its blocks after merging",
-}
+NOT_MARKED_YET: dict[str, str] = {}
 HELP = ("Put a marker on the line above the block, e.g. <!-- doc: local --> (run here), "
         "<!-- doc: cluster --> (run on the test cluster), <!-- doc: local output: COMMAND --> "
         "(COMMAND's output), <!-- doc: gpu: WHY -->, <!-- doc: site: WHY -->, "
