@@ -53,3 +53,20 @@ def fails_once(ctx: Any) -> dict[str, Any]:
     if ctx.rank == 1 and attempt == "0":
         raise RuntimeError("rank 1 fails in torchrun's first attempt")
     return {**report(ctx), "attempt": attempt}
+
+
+def where(ctx: Any) -> dict[str, Any]:
+    """Where each rank runs: its host, Python, the Slurm commands it can see, the container
+    marker podman leaves (/run/.containerenv); rank 0 returns every rank's, in rank order."""
+    import shutil
+    import socket
+    import sys
+
+    mine = {"host": socket.gethostname(), "python": sys.executable,
+            "virtual_env": os.environ.get("VIRTUAL_ENV"),
+            "slurm_tools": {t: shutil.which(t) for t in ("scontrol", "squeue", "srun", "sh")},
+            "podman_marker": os.path.exists("/run/.containerenv"),
+            "usr_bin": os.path.isdir("/usr/bin")}
+    found: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(found, mine)
+    return {"ranks": found}
