@@ -99,6 +99,7 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
             kind = "step"  # inside an allocation: a step of it, not a job queued behind it
     if kind == "step" and alloc is None:
         raise step.no_allocation_error()
+    container = _container_for(cluster, kind, cwd)
     if kind == "local":
         derive = cluster.gpus_per_node is None and cfg.trainer.device != "cpu"
         seen = (device_count or cuda_device_count)() if derive else 0
@@ -112,8 +113,7 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
         tasks = cluster.tasks_per_node or gpus or 1
         layout = Layout(tasks, gpus, f"cluster.gpus_per_node={gpus}" if gpus else "CPU job")
     cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=layout.tasks_per_node,
-                                  gpus_per_node=layout.gpus_per_node,
-                                  container=_container_for(cluster, kind, cwd))
+                                  gpus_per_node=layout.gpus_per_node, container=container)
     run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
     wait = cfg.wait if cfg.wait is not None else kind in ("local", "step")
     return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),

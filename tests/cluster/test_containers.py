@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from hpc_ddp.testcluster import podman
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.test_fault_tolerance import finish_releasing_requeues, wait_for_step
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
-from tests.conftest import REPO
+from tests.conftest import REPO, command_env
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -55,10 +56,10 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 def test_podman_trains_requeues_through_the_relay_and_sweeps(
         hpc_ddp: Run, in_podman: tuple[list[str], dict[str, str], Any], tmp_path: Path) -> None:
     overrides, env, setup = in_podman
-    # A sweep of a function entry (2 points x 2 nodes) goes out first and returns at once;
+    # A sweep of a function entry (2 points of 1 node) goes out first and returns at once;
     # its array runs beside the training job on the nodes' second CPUs.
     sweep = tmp_path / "sweep"
-    swept = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", *overrides,
+    swept = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=1", *overrides,
                                "entry=tests.usercode.entries:where", "app.point=1,2",
                                f"sweep.dir={sweep}"], env=env)
     assert swept.returncode == 0, swept.stdout + swept.stderr
@@ -88,13 +89,33 @@ def test_podman_trains_requeues_through_the_relay_and_sweeps(
         time.sleep(1)
         points = sorted(sweep.glob("*/summary.json"))
     for path in points:
-        ranks = json.loads(path.read_text())["result"]["ranks"]
-        assert len(ranks) == 2 and len({r["host"] for r in ranks}) == 2
-        for seen in ranks:  # inside: no shell, no Slurm command, podman's marker
-            assert seen["slurm_tools"] == {"scontrol": None, "squeue": None, "srun": None,
-                                           "sh": None}
-            assert seen["podman_marker"] and not seen["usr_bin"]
-            assert seen["python"] == sys.executable
+        (seen,) = json.loads(path.read_text())["result"]["ranks"]
+        assert_inside_podman(seen)
+    assert podman.leftover_containers(setup, env) == []
+
+
+def assert_inside_podman(seen: dict[str, Any]) -> None:
+    """What tests.usercode.entries:where saw: no shell, no Slurm command, podman's marker."""
+    assert seen["slurm_tools"] == {"scontrol": None, "squeue": None, "srun": None, "sh": None}
+    assert seen["podman_marker"] and not seen["usr_bin"]
+    assert seen["python"] == sys.executable
+
+
+def test_podman_in_a_step_of_an_allocation(
+        in_podman: tuple[list[str], dict[str, str], Any], tmp_path: Path) -> None:
+    overrides, env, setup = in_podman
+    run_dir = tmp_path / "run"
+    submit = shlex.join([sys.executable, "-m", "hpc_ddp.submit", "cluster=step", "nodes=2",
+                         *overrides, "entry=tests.usercode.entries:where",
+                         f"run_dir={run_dir}"])
+    done = subprocess.run(["salloc", "-N2", "-Q", "bash", "-c", submit], cwd=REPO,
+                          env=command_env(env), capture_output=True, text=True, timeout=240,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = summary_of(run_dir)["result"]["ranks"]
+    assert sorted(r["host"] for r in ranks) == ["node1", "node2"]
+    for seen in ranks:
+        assert_inside_podman(seen)
     assert podman.leftover_containers(setup, env) == []
 
 
