@@ -20,9 +20,11 @@ pytestmark = pytest.mark.cluster
 FAST = ["trainer.rendezvous_timeout_s=60", "trainer.collective_timeout_s=30"]
 
 
-def start(args: list[str], env: dict[str, str], cwd: Path = REPO) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", "wait=true", *args],
-                            cwd=cwd, env=command_env(env), text=True, stdout=subprocess.PIPE,
+def start(args: list[str], env: dict[str, str], module: str = "submit",
+          ) -> subprocess.Popen[str]:
+    first = ["wait=true"] if module == "submit" else ["--size-mib", "1", "--iters", "1"]
+    return subprocess.Popen([sys.executable, "-m", f"hpc_ddp.{module}", *first, *args],
+                            cwd=REPO, env=command_env(env), text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
 
 
@@ -44,7 +46,14 @@ def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
         procs = {kind: start(["cluster=slurm", "nodes=4", *SMALL, *FAST,
                               f"run_dir={tmp_path / kind}", *args], slurm_env)
                  for kind, args in runs.items()}
+        # The doctor, beside them, reports the difference instead of stopping at it.
+        doctor = start(["cluster=slurm", "nodes=4", f"run_dir={tmp_path / 'doctor'}"],
+                       slurm_env, "doctor")
         outs = {kind: proc.communicate(timeout=300)[0] for kind, proc in procs.items()}
+        told = doctor.communicate(timeout=300)[0]
+    assert doctor.returncode == 1, told
+    assert "differs from the other nodes: fake-drift 1.0 (others not installed)" in told, told
+    assert "Bad node(s): node3" in told
     for kind, out in outs.items():
         run_dir = tmp_path / kind
         assert procs[kind].returncode == 1, out
