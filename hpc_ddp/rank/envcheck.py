@@ -9,9 +9,10 @@ reads them for the summary anyway), and when they differ it asks only one rank p
 differ, and tells every rank the verdict through one store key, as the run-dir claim does
 (join._claim_run_dir). Per rank: one hash, two store reads, one write if asked: O(1).
 
-Cost: ~30-60 ms per process to list ~100 distributions (measured in this repo's .venv:
-`python -c "import importlib.metadata as m; [d.version for d in m.distributions()]"`);
-a few hundred take proportionally longer, once per rank at start.
+Cost: the distributions come from their folders' names (one listing per sys.path entry, no
+file read): 4.6 ms per process for the ~100 of this repo's .venv, against 51 ms through
+importlib.metadata (measured here, the same 102 names and versions); the versions add ~11 ms
+(cuDNN's library is loaded). Once per rank at start.
 """
 
 from __future__ import annotations
@@ -19,9 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import hostlist  # python-hostlist: node3,node4 -> node[3-4]
@@ -75,17 +79,41 @@ def versions() -> dict[str, str | None]:
             "cudnn": str(cudnn) if cudnn is not None else None}
 
 
-def installed() -> dict[str, str]:
-    """Every distribution this interpreter sees (sys.path), by normalised name."""
+def installed(path: list[str] | None = None) -> dict[str, str]:
+    """Every distribution this interpreter sees (``sys.path``), by normalised name, the first
+    on the path winning as for imports. Read from the folder names installers write
+    (``name-version.dist-info``, PEP 427/491): one listing per path entry, no file opened,
+    so 8,000 ranks do not read 8,000 x N METADATA files off a shared file system; a name
+    without a version falls back to its metadata."""
     import importlib.metadata
-    import re
+    import sys
 
     found: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"] or ""
-        if name:  # the first on sys.path wins, as for imports
-            found.setdefault(re.sub(r"[-_.]+", "-", name).lower(), dist.version)
+    for entry in sys.path if path is None else path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            stem, dot, kind = name.rpartition(".")
+            if kind not in ("dist-info", "egg-info") or not dot:
+                continue
+            project, _, version = stem.partition("-")
+            if kind == "egg-info":  # name-1.0-py3.11.egg-info
+                version = version.split("-py")[0]
+            if not version:
+                try:
+                    version = importlib.metadata.PathDistribution(
+                        Path(entry or ".") / name).version or ""
+                except (OSError, ValueError):
+                    continue
+            if version:
+                found.setdefault(_normal(project), version)
     return found
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def fingerprint() -> Fingerprint:
@@ -193,8 +221,6 @@ def _wait(store: Any, key: str, timeout_s: float) -> bool:
 def read_pins(path: Any) -> dict[str, str]:
     """The versions an environment.yml pins: conda's ``python=3.11``, pip's ``torch==2.4.1``
     (names normalised; entries without a version are left out)."""
-    import re
-
     import yaml
 
     data = yaml.safe_load(path.read_text()) or {}
@@ -204,7 +230,7 @@ def read_pins(path: Any) -> dict[str, str]:
         for spec in specs:
             found = re.match(r"^\s*([A-Za-z0-9_.\-]+)\s*==?\s*([^\s,;]+)", str(spec))
             if found:
-                pins[re.sub(r"[-_.]+", "-", found.group(1)).lower()] = found.group(2)
+                pins[_normal(found.group(1))] = found.group(2)
     return pins
 
 

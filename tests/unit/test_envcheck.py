@@ -108,3 +108,16 @@ def test_this_interpreters_fingerprint_and_its_drift_from_environment_yml(
     local = Fingerprint({**BASE.versions, "python": "3.11.7"},
                         {"torch": "2.4.1+cu124", "py-yaml": "6.0"})
     assert envcheck.drift(pins, local) == []  # a local version suffix is the same release
+
+
+def test_distributions_come_from_folder_names_first_on_the_path_winning(
+        tmp_path: Path) -> None:
+    first, second = tmp_path / "a", tmp_path / "b"
+    (first / "Fake_Drift-1.0.dist-info").mkdir(parents=True)
+    (first / "old_style-2.1-py3.11.egg-info").mkdir()
+    (first / "Checkout.egg-info").mkdir()  # a source checkout's: no version in the name
+    (first / "Checkout.egg-info" / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: Checkout\nVersion: 0.4.dev0\n")
+    (second / "fake.drift-0.9.dist-info").mkdir(parents=True)
+    found = envcheck.installed([str(first), str(second), str(tmp_path / "missing")])
+    assert found == {"fake-drift": "1.0", "old-style": "2.1", "checkout": "0.4.dev0"}
