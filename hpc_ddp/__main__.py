@@ -12,6 +12,8 @@ COMMANDS = """hpc_ddp: DDP training from a Hydra config to a (multi-node) Slurm 
   python -m hpc_ddp.status <run_dir|sweep_dir>   states, steps, losses; --watch, --cancel, --plot
   python -m hpc_ddp.train [key=value ...]        one rank's entry, under srun (jobs/*.sbatch)
   python -m hpc_ddp.doctor [key=value ...]       check the nodes of a job before training
+  python -m hpc_ddp.env venv|conda DIR|NAME      build the environment every node activates
+      container=pyxis|apptainer|podman, cluster.venv=DIR: see docs/containers.md
   python -m hpc_ddp.bench comm|train|sweep|entries   communication, training, submission,
                                                   and what your own code pays
   python -m hpc_ddp.data download cifar10 root=DIR   fetch a data set once, before training

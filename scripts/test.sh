@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: unit, local end-to-end, and the real Slurm cluster tests.
-# As root it installs the Debian packages the test cluster needs (slurm, munge, mariadb) if
-# they are missing; without root the cluster tests skip with a message (they FAIL under CI=true).
+# As root it installs the Debian packages the test cluster needs (slurm, munge, mariadb,
+# podman) if they are missing; without root the cluster tests skip with a message (they FAIL under CI=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pkgs="slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
-if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs >/dev/null 2>&1; then
-  echo "installing Debian packages for the test cluster: $pkgs" >&2
+# Podman for the container tests (tests/cluster/test_containers.py): runc, since crun 1.8
+# refuses this machine's hybrid cgroups; no recommends (buildah, slirp4netns...: unused).
+container_pkgs="podman runc"
+if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs $container_pkgs >/dev/null 2>&1; then
+  echo "installing Debian packages for the test cluster: $pkgs $container_pkgs" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
+  apt-get install -y -qq --no-install-recommends $container_pkgs >/dev/null
 fi
 if [ -n "${HPC_DDP_PYTHON:-}" ]; then  # an interpreter that has the stack (see run.sh)
   exec "$HPC_DDP_PYTHON" -m pytest "$@"

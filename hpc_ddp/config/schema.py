@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpc_ddp.config.container_schema import ContainerConfig
 from hpc_ddp.config.nccl_schema import NcclConfig
 
 
@@ -76,6 +77,18 @@ class ClusterConfig:
     # for clusters whose host names resolve to a slow management network; IPv4 first, else
     # a global IPv6 address. None: rank 0's host name. A MASTER_ADDR you export wins.
     master_interface: str | None = None
+    # The container every task runs in (the `container` group: container=pyxis|apptainer|
+    # podman, conf/container/; docs/containers.md). kind none: the nodes' own environment.
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    # A virtual environment (its folder) or a conda environment (a name or a folder) that
+    # every task activates on its own node before it starts; the job fails naming the node
+    # where it does not exist. `python -m hpc_ddp.env` builds one.
+    venv: str | None = None
+    conda_env: str | None = None
+    # Every rank fingerprints its software (Python, torch, CUDA, NCCL, cuDNN, all installed
+    # distributions); rank 0 stops the run before training when nodes differ, naming them
+    # and the packages. true: warn and train anyway.
+    allow_mixed_env: bool = False
 
 
 # A "part" (model, data, loss, optim, scheduler, metrics) is either one of hpc_ddp's own,
@@ -329,12 +342,12 @@ class Config:
     app: dict[str, Any] = field(default_factory=dict)
 
 
-__all__ = ["ClusterConfig", "Config", "DataConfig", "LossConfig", "MetricsConfig",
-           "ModelConfig", "NcclConfig", "OptimConfig", "SchedulerConfig", "SweepConfig",
-           "TrainerConfig", "register_schemas"]
+__all__ = ["ClusterConfig", "Config", "ContainerConfig", "DataConfig", "LossConfig",
+           "MetricsConfig", "ModelConfig", "NcclConfig", "OptimConfig", "SchedulerConfig",
+           "SweepConfig", "TrainerConfig", "register_schemas"]
 
-GROUPS: tuple[str, ...] = ("cluster", "model", "data", "loss", "optim", "scheduler", "metrics",
-                           "trainer", "nccl", "app")
+GROUPS: tuple[str, ...] = ("cluster", "container", "model", "data", "loss", "optim",
+                           "scheduler", "metrics", "trainer", "nccl", "app")
 # The groups a `_target_` may build (config/parts.py), with their schemas.
 PARTS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "loss": LossConfig,
                           "optim": OptimConfig, "scheduler": SchedulerConfig,

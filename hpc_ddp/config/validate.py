@@ -12,6 +12,7 @@ import re
 import signal
 from typing import Any
 
+from hpc_ddp.config.container_schema import validate_container
 from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.errors import UserError, shown
@@ -111,6 +112,7 @@ def validate(cfg: Config) -> Config:
     _validate_trainer(cfg)
     validate_entry(cfg)
     validate_nccl(cfg.nccl)
+    validate_container(cfg.cluster)
     return cfg
 
 

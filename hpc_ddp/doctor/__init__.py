@@ -3,8 +3,9 @@
     python -m hpc_ddp.doctor cluster=slurm nodes=4 cluster.partition=gpu  # as for submit
     python -m hpc_ddp.doctor nodes=2 --size-mib 8 --min-busbw 10
 
-Every rank reports its host, Python/torch/CUDA/NCCL/cuDNN versions, GPUs, IB ports and
-states, GPUDirect peer memory and effective NCCL environment; rank 0 gathers them, compares
+Every rank reports its host, Python/torch/CUDA/NCCL/cuDNN versions, how its installed
+packages drift from the pins of environment.yml, GPUs, IB ports and states, GPUDirect peer
+memory and effective NCCL environment; rank 0 gathers them, compares
 them across nodes, checks one task per GPU, times an all-reduce, writes ``doctor.json`` into
 the run dir, and the command prints a per-node table and a verdict. Exit codes: 0 healthy,
 1 problems found (with the ``cluster.exclude=...`` that avoids the bad nodes), 2 bad input.
@@ -36,6 +37,11 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
     from hpc_ddp.rank.join import RankProgram
 
     options = options or DoctorOptions()
+    if not options.pins:
+        options = dataclasses.replace(options, pins=reference_pins())
+    # Differences between the nodes' software are the doctor's to report, not to stop at.
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster,
+                                                               allow_mixed_env=True))
     for warning in nccl_warnings(cfg.nccl):
         print(f"warning: {warning}", file=out)
     task = RankProgram(probe, to_yaml(cfg), str(run.root), options)
@@ -50,6 +56,17 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
     print(render.summary(report), file=out)
     print(f"report: {run.root / REPORT}", file=out, flush=True)
     return dict(report)
+
+
+def reference_pins() -> tuple[tuple[str, str], ...]:
+    """What environment.yml (beside the hpc_ddp checkout) pins; () when there is none."""
+    from hpc_ddp.rank.envcheck import read_pins
+
+    path = Path(__file__).resolve().parents[2] / "environment.yml"
+    try:
+        return tuple(sorted(read_pins(path).items()))
+    except (OSError, ValueError, AttributeError):
+        return ()
 
 
 def preflight(cfg: Config, run_dir: Path | str | RunDir, out: TextIO = sys.stdout,

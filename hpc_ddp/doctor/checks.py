@@ -178,6 +178,21 @@ def _gpu_checks(label: str, ranks: list[Facts], context: dict[str, Any]) -> list
     return out
 
 
+def software(nodes: dict[str, list[Facts]], context: dict[str, Any]) -> list[dict[str, Any]]:
+    """The nodes whose packages differ from the others' (the rendezvous' fingerprint, rank
+    0's finding) and every node's drift from environment.yml's pins."""
+    out = []
+    labels = {str(f["host"]): label for label, ranks in nodes.items() for f in ranks}
+    for entry in context.get("software_mixed", []):
+        host, _, what = str(entry).partition(": ")
+        out.append(_problem(FAIL, "software", [labels.get(host, host)],
+                            f"differs from the other nodes: {what}"))
+    for label, ranks in nodes.items():
+        for what in ranks[0].get("drift", []):
+            out.append(_problem(WARN, "environment.yml", [label], f"drift: {what}"))
+    return out
+
+
 def bandwidth(allreduce: dict[str, Any], context: dict[str, Any]) -> list[dict[str, Any]]:
     floor = context.get("min_busbw_gbps")
     if floor and allreduce["busbw_gbps"] < floor:
@@ -220,7 +235,7 @@ def analyse(all_facts: list[Facts], context: dict[str, Any]) -> dict[str, Any]:
     shared = [_problem(FAIL, "one task per GPU", [c["host"]],
                        f"ranks {', '.join(map(str, c['ranks']))} are given GPU {c['gpu']}")
               for c in collisions(gpu_map)]
-    problems = merged(consistency(nodes) + per_node(nodes, context)
+    problems = merged(consistency(nodes) + per_node(nodes, context) + software(nodes, context)
                       + bandwidth(allreduce, context) + shared)
     for p in problems:
         p["scope"] = _scope(p, nodes)

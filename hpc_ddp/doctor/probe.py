@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank import nccl, nodeinfo
+from hpc_ddp.rank import envcheck, nccl, nodeinfo
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ class DoctorOptions:
     warmup: int = 2
     # Fail the verdict below this all-reduce bus bandwidth (GB/s); None: report only.
     min_busbw_gbps: float | None = None
+    # The versions environment.yml pins (name, version): every node's drift from them is
+    # reported (envcheck.read_pins, on the submit side); empty: not checked.
+    pins: tuple[tuple[str, str], ...] = ()
 
 
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
@@ -44,14 +47,18 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     from hpc_ddp.rank.join import joined
 
     with joined(cfg, run_dir, environ) as rank:
-        facts = collect(rank, environ)
+        facts = collect(rank, environ, dict(options.pins))
         facts["allreduce"] = timed_all_reduce(rank.device, int(options.size_mib * 2**20),
                                               options.iters, options.warmup)
         gathered: list[Any] = [None] * rank.env.world_size
         dist.all_gather_object(gathered, facts)
         if not rank.env.is_master:
             return None
-        report = analyse(gathered, context(cfg, options))
+        # The software check of the rendezvous let differences through for the doctor
+        # (allow_mixed_env): they are judged here, with the rest.
+        judged = {**context(cfg, options), "software_mixed": (rank.environment or {}).get(
+            "mixed", [])}
+        report = analyse(gathered, judged)
         write_json(run_dir.root / REPORT, report)
         log.info("doctor: %s; bad nodes: %s", "ok" if report["ok"] else "FAIL",
                  ", ".join(report["bad_nodes"]) or "none")
@@ -80,7 +87,8 @@ def versions() -> dict[str, Any]:
             else None}
 
 
-def collect(rank: Any, environ: Mapping[str, str]) -> dict[str, Any]:
+def collect(rank: Any, environ: Mapping[str, str],
+            pins: dict[str, str] | None = None) -> dict[str, Any]:
     """This rank's facts: versions, GPUs, IB ports, peer memory, effective NCCL environment."""
     import torch
 
@@ -93,7 +101,9 @@ def collect(rank: Any, environ: Mapping[str, str]) -> dict[str, Any]:
     if device.type == "cuda":
         gpu["uuid"] = str(getattr(torch.cuda.get_device_properties(device), "uuid", "")) or None
     env = {k: v for k, v in nccl.recorded_env(environ).items() if k.startswith(_COMPARED)}
-    return {"rank": rank.env.rank, "local_rank": rank.env.local_rank,
+    # How this rank's packages drift from environment.yml's pins (reported, not fatal).
+    drift = envcheck.drift(pins, envcheck.fingerprint()) if pins else []
+    return {"rank": rank.env.rank, "local_rank": rank.env.local_rank, "drift": drift,
             "node_rank": rank.env.node_rank, "local_world_size": rank.env.local_world_size,
             "host": rank.host, **versions(), "gpu": gpu, "node": node.to_dict(), "env": env,
             # What Slurm allocated and which GPU this rank takes (hpc_ddp.rank.device.select).

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpc_ddp.config.schema import Config
+from hpc_ddp.config.schema import ClusterConfig, Config, ContainerConfig
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.device import visible_devices
 from hpc_ddp.rundir import RunDir, default_root
@@ -99,6 +99,7 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
             kind = "step"  # inside an allocation: a step of it, not a job queued behind it
     if kind == "step" and alloc is None:
         raise step.no_allocation_error()
+    container = _container_for(cluster, kind, cwd)
     if kind == "local":
         derive = cluster.gpus_per_node is None and cfg.trainer.device != "cpu"
         seen = (device_count or cuda_device_count)() if derive else 0
@@ -112,11 +113,29 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
         tasks = cluster.tasks_per_node or gpus or 1
         layout = Layout(tasks, gpus, f"cluster.gpus_per_node={gpus}" if gpus else "CPU job")
     cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=layout.tasks_per_node,
-                                  gpus_per_node=layout.gpus_per_node)
+                                  gpus_per_node=layout.gpus_per_node, container=container)
     run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
     wait = cfg.wait if cfg.wait is not None else kind in ("local", "step")
     return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),
                                wait=wait, script=absolute_script(cfg.script, cwd)), layout
+
+
+def _container_for(cluster: ClusterConfig, kind: str, cwd: Path) -> ContainerConfig:
+    """A container (and an environment to activate on the nodes) is for Slurm tasks; its
+    working directory defaults to the folder the run is submitted from (mounted there)."""
+    wanted = [key for key, on in (("cluster.container.kind", cluster.container.kind != "none"),
+                                  ("cluster.venv", cluster.venv is not None),
+                                  ("cluster.conda_env", cluster.conda_env is not None)) if on]
+    if kind == "local" and wanted:
+        value = {"cluster.container.kind": cluster.container.kind,
+                 "cluster.venv": cluster.venv, "cluster.conda_env": cluster.conda_env}[wanted[0]]
+        raise UserError(wanted[0], value, "applies to the tasks of a Slurm job (every node "
+                        "starts them in it), and this run is local.",
+                        "use cluster=slurm (or step), or drop it and run this command inside "
+                        "the container or environment itself.")
+    if cluster.container.kind != "none" and cluster.container.workdir is None:
+        return dataclasses.replace(cluster.container, workdir=str(cwd.absolute()))
+    return cluster.container
 
 
 def absolute_script(script: str | None, cwd: Path) -> str | None:

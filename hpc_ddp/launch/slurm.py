@@ -16,18 +16,20 @@ import shlex
 import shutil
 import sys
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
+from hpc_ddp.launch import container
 from hpc_ddp.launch.sbatch_refusal import no_client, refusal, sbatch_key_line
 from hpc_ddp.rank.task import TrainingTask
+from hpc_ddp.rundir import RunDir
 
 __all__ = ["check_client", "describe", "dry_run", "executor_parameters", "refusal", "render",
            "sbatch_key_line", "submit"]
-from hpc_ddp.rundir import RunDir
 
 # Slurm names and hostlists: letters, digits and the punctuation Slurm uses in them. Anything
 # else (spaces, quotes, ;, $, backticks, newlines) is refused rather than passed to a shell.
@@ -53,9 +55,11 @@ def check_shell_safety(cfg: Config) -> None:
         raise UserError("run_dir", cfg.run_dir, "contains a newline or tab.", "rename the folder.")
 
 
-def executor_parameters(cfg: Config) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for ``cfg`` (pure)."""
+def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for ``cfg`` (pure; ``run_root``: the folder the
+    container mounts as the run dir, launch/container.py)."""
     c: ClusterConfig = cfg.cluster
+    task = container.command(cfg, run_root, sys.executable)
     params: dict[str, Any] = {
         "nodes": cfg.nodes,
         "ntasks_per_node": c.tasks_per_node,
@@ -65,8 +69,10 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
         "signal_delay_s": c.signal_delay_s,
         # The requeue signal (USR2 by default, see ClusterConfig.signal) for submitit in the
         # tasks, then the user's own setup lines (module load, conda activate ...).
-        "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}", *c.setup],
-        "srun_args": srun_args(c),
+        "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}", *c.setup,
+                  *container.setup_lines(cfg, run_root)],
+        # Then the container and the environment activation, if any (launch/container.py).
+        "srun_args": [*srun_args(c), *container.srun_words(task)],
         "additional_parameters": {
             # --signal=SIG@T: SIG reaches every step T seconds before the limit
             # (https://slurm.schedmd.com/sbatch.html#OPT_signal).
@@ -141,11 +147,11 @@ def _executor_class() -> Any:
 
 def make_executor(cfg: Config, run: RunDir) -> Any:
     """submitit's SlurmExecutor for ``cfg``; builds on a machine without Slurm too."""
+    python = container.node_python(cfg, sys.executable)
     executor = _executor_class()(folder=str(run.submitit / "%j"),
                                  max_num_timeout=cfg.cluster.max_restarts,
-                                 python=shlex.quote(cfg.cluster.python)
-                                 if cfg.cluster.python else None)
-    executor.update_parameters(**executor_parameters(cfg))
+                                 python=shlex.quote(python))
+    executor.update_parameters(**executor_parameters(cfg, run.root))
     return executor
 
 

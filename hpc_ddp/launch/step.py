@@ -108,9 +108,14 @@ def check(cfg: Config, alloc: Allocation) -> None:
                         f"use cluster.gpus_per_node={alloc.gpus_per_node} or fewer.")
 
 
-def command(cfg: Config, alloc: Allocation, python: str) -> list[str]:
+def command(cfg: Config, alloc: Allocation, python: str,
+            run_root: Path | None = None) -> list[str]:
     """The srun command line of the step (pure). Slurm options a step takes from the run's
-    config; partition, account, time and the like belong to the allocation."""
+    config; partition, account, time and the like belong to the allocation. ``python``: the
+    default interpreter; a container or an environment to activate (launch/container.py,
+    mounting ``run_root``) comes between srun's options and it."""
+    from hpc_ddp.launch import container
+
     c = cfg.cluster
     tasks = c.tasks_per_node or 1
     argv = ["srun", f"--nodes={cfg.nodes}", f"--ntasks={cfg.nodes * tasks}",
@@ -133,7 +138,9 @@ def command(cfg: Config, alloc: Allocation, python: str) -> list[str]:
         # This shell's own step holds CPUs of its node; without --overlap (Slurm 20.11+) the
         # new step waits for them (https://slurm.schedmd.com/srun.html#OPT_overlap).
         argv.append("--overlap")
-    return [*argv, *c.srun_args, python, "-u", "-m", "hpc_ddp.rank.step_main"]
+    task = container.command(cfg, run_root, python)
+    return [*argv, *c.srun_args, *container.srun_words(task), task.python, "-u", "-m",
+            "hpc_ddp.rank.step_main"]
 
 
 def step_environment(environ: Mapping[str, str], alloc: Allocation,
@@ -166,9 +173,14 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
     task_file = run.submitit / f"step-{uuid.uuid4().hex[:12]}.pkl"
     with open(task_file, "wb") as handle:
         pickle.dump(task or TrainingTask(to_yaml(cfg), str(run.root)), handle)
-    argv = command(cfg, alloc, cfg.cluster.python or sys.executable)
-    if cfg.cluster.setup:  # the same lines an sbatch script runs before its srun
-        argv = ["bash", "-c", "set -e\n" + "\n".join(cfg.cluster.setup) + '\nexec "$@"',
+    from hpc_ddp.launch import container
+
+    argv = command(cfg, alloc, sys.executable, run.root)
+    # The lines an sbatch script runs before its srun: the user's, then the container's
+    # environment and Slurm's relay for the ranks inside it (for as long as srun runs).
+    lines = [*cfg.cluster.setup, *container.setup_lines(cfg, run.root)]
+    if lines:
+        argv = ["bash", "-c", "set -e\n" + "\n".join(lines) + '\nexec "$@"',
                 "hpc_ddp-step", *argv]
     output = open(task_file.with_suffix(".out"), "ab")  # noqa: SIM115 (srun's, closed below)
     try:
@@ -254,6 +266,6 @@ def describe(cfg: Config) -> str:
 def dry_run(cfg: Config, run: RunDir) -> str:
     alloc = current()
     check(cfg, alloc)
-    argv = command(cfg, alloc, cfg.cluster.python or sys.executable)
+    argv = command(cfg, alloc, sys.executable, run.root)
     return (f"would run {describe(cfg)}, into {run.root}:\n  {shlex.join(argv)}\n"
             "nothing was started.")

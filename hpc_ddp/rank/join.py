@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from typing import Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank import nccl, netif, owner, ranklog, rendezvous, stacks
+from hpc_ddp.rank import envcheck, nccl, netif, owner, ranklog, rendezvous, stacks
 from hpc_ddp.rank.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.distenv import DistEnv, detect
 from hpc_ddp.rundir import RunDir, write_json
@@ -79,6 +80,9 @@ class Rank:
     # Where the store listens (rank 0's address and port): MASTER_ADDR/MASTER_PORT for code
     # that reads the torchrun variables.
     endpoint: rendezvous.Endpoint | None = None
+    # This rank's software fingerprint (envcheck.Fingerprint.summary), with "mixed": the
+    # differences between nodes that cluster.allow_mixed_env=true let through.
+    environment: dict[str, Any] | None = None
 
     def torchrun_env(self) -> dict[str, str]:
         """The variables torchrun gives its workers, for this rank (a function entry's
@@ -120,11 +124,17 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         device, gpu = _choose_device(cfg, env, environ, use=group)
         backend = "nccl" if device.type == "cuda" else "gloo"
         _prepare_torch(cfg, environ)
+        software = envcheck.fingerprint()
         store, endpoint = rendezvous.connect(
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
-            cfg.trainer.collective_timeout_s, {"host": host, **gpu},
+            cfg.trainer.collective_timeout_s,
+            {"host": host, **gpu, envcheck.RECORD_KEY: software.digest},
             agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface)
         _claim_run_dir(run_dir, env, host, environ, store)
+        # The same software on every node, or stop here: before any training step.
+        mixed = envcheck.check(store, env, software, rendezvous.placements(
+            store, env.world_size) if env.is_master else None, cfg.cluster.allow_mixed_env,
+            cfg.trainer.rendezvous_timeout_s)
         if backend == "gloo" and env.world_size > 1:
             _choose_gloo_interface(env, endpoint.addr, host, environ)
         if group:
@@ -133,7 +143,8 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
                                     timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
                                     device_id=device if device.type == "cuda" else None)
         _record_rank(run_dir, env, host, gpu, environ, changes)
-        yield Rank(env, host, device, changes, store, gpu, endpoint)
+        yield Rank(env, host, device, changes, store, gpu, endpoint,
+                   {**software.summary(), "mixed": mixed})
     except BaseException as exc:
         _record_failure(run_dir, env, host, exc)
         raise
@@ -265,6 +276,9 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
         "torch": torch.__version__, "env": nccl.recorded_env(environ),
         # The cores this process may run on, and torch's intra-op threads (cpus_per_task).
         "cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
+        # Where it ran: the container runtime (launch/container.py sets it inside) and
+        # Python's prefix (an activated venv or conda env shows here).
+        "container": environ.get("HPC_DDP_CONTAINER"), "python": sys.executable,
         "env_overrides": [{"name": c.name, "old": None if c.old is None else
                            nccl.mask(c.name, c.old), "new": nccl.mask(c.name, c.new)}
                           for c in changes],

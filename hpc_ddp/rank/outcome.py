@@ -31,6 +31,8 @@ def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[
     summary.update(hosts=hosts, nodes=sorted(set(hosts), key=hosts.index), job_id=env.job_id,
                    gpu_map=[p for p in placed if p.get("physical") is not None],
                    gpu_collisions=device.collisions(placed))
+    if rank.environment is not None:  # the software fingerprint (rank/envcheck.py)
+        summary["environment"] = rank.environment
     for shared in summary["gpu_collisions"]:
         log.warning("ranks %s share GPU %s on %s", shared["ranks"], shared["gpu"], shared["host"])
     write_json(run_dir.summary, summary)

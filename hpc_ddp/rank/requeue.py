@@ -3,6 +3,8 @@
 The same call submitit makes (``scontrol requeue <job>``); it needs the job to be requeueable
 (``--requeue``, which hpc_ddp's sbatch scripts carry, or the cluster's JobRequeue=1).
 https://slurm.schedmd.com/scontrol.html#OPT_requeue
+
+Inside a container both commands go through the relay outside it (rank/slurm_relay.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import subprocess
 from collections.abc import Mapping
+
+from hpc_ddp.rank import slurm_relay
 
 log = logging.getLogger(__name__)
 # Set for the tasks of a step that `submit` ran inside an allocation (launch/step.py): the
@@ -30,8 +34,7 @@ def squeue_job(job_id: str, field: str, environ: Mapping[str, str]
                ) -> subprocess.CompletedProcess[str] | None:
     """``squeue -h -j <job> -o <field>`` (one call to slurmctld); None when it cannot run."""
     try:
-        return subprocess.run(["squeue", "-h", "-j", job_id, "-o", field], env=dict(environ),
-                              capture_output=True, text=True, timeout=30, check=False)
+        return slurm_relay.run(["squeue", "-h", "-j", job_id, "-o", field], environ, 30)
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -39,10 +42,10 @@ def squeue_job(job_id: str, field: str, environ: Mapping[str, str]
 def requeue(job_id: str, environ: Mapping[str, str]) -> str | None:
     """Requeue; returns None on success, else Slurm's answer."""
     try:
-        done = subprocess.run(["scontrol", "requeue", job_id], env=dict(environ),
-                              capture_output=True, text=True, timeout=60, check=False)
+        done = slurm_relay.run(["scontrol", "requeue", job_id], environ, 60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
+        said = exc.output if isinstance(exc, subprocess.TimeoutExpired) else None
+        return str(said or exc)
     if done.returncode != 0:
         return (done.stderr or done.stdout).strip() or f"exit code {done.returncode}"
     log.info("requeued Slurm job %s", job_id)

@@ -8,12 +8,13 @@ restart at 1 with a wiped state folder, so the database must be wiped with it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from hpc_ddp.testcluster.config import (
     render_gres_conf,
     render_slurm_conf,
     render_slurmdbd_conf,
+    render_task_prolog,
 )
 
 APT_INSTALL = (
@@ -120,6 +122,24 @@ class TestCluster:
         """Environment variables that point Slurm clients (sinfo, sbatch, submitit) here."""
         return {"SLURM_CONF": str(self.config.slurm_conf)}
 
+    @contextlib.contextmanager
+    def node_environment(self, node: str, values: dict[str, str]) -> Iterator[None]:
+        """Give every task started on ``node`` these variables meanwhile (TaskProlog), e.g.
+        a PYTHONPATH only that node has: a node whose software differs."""
+        if node not in self.node_names:
+            raise ValueError(f"no node {node} (nodes: {', '.join(self.node_names)})")
+        if any("\n" in f"{k}{v}" for k, v in values.items()):
+            raise ValueError("one line per variable")
+        folder = self.config.node_env_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / node
+        # TaskProlog's lines are read as they are, not by a shell: no quoting.
+        path.write_text("".join(f"export {k}={v}\n" for k, v in values.items()))
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
     def _daemon_env(self) -> dict[str, str]:
         return {**os.environ, **self.env()}
 
@@ -191,6 +211,9 @@ class TestCluster:
         # Recipe: slurmdbd refuses a slurmdbd.conf that others can read (mode 600).
         cfg.slurmdbd_conf.write_text(render_slurmdbd_conf(cfg))
         cfg.slurmdbd_conf.chmod(0o600)
+        cfg.task_prolog.write_text(render_task_prolog(cfg))
+        cfg.task_prolog.chmod(0o755)
+        shutil.rmtree(cfg.node_env_dir, ignore_errors=True)  # no node differs after `up`
 
     def _make_fake_gpus(self) -> None:
         # Recipe, "Fake GPUs": character devices that behave like /dev/null (1, 3).

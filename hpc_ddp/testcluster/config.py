@@ -171,6 +171,27 @@ class ClusterConfig:
     def log_file(self, daemon: str) -> Path:
         return self.log_dir / f"{daemon}.log"
 
+    @property
+    def task_prolog(self) -> Path:
+        return self.state_dir / "task-prolog.sh"
+
+    @property
+    def node_env_dir(self) -> Path:
+        """Per-node variables for every task started there (TaskProlog; node_environment)."""
+        return self.state_dir / "node-env"
+
+
+def render_task_prolog(cfg: ClusterConfig) -> str:
+    """TaskProlog: a node's own variables (node-env/<node>, lines ``export NAME=value``) for
+    every task started on it, as a site's node-local setup would give them; a test makes one
+    node differ this way (https://slurm.schedmd.com/prolog_epilog.html: TaskProlog's
+    ``export`` lines become the task's environment)."""
+    return (
+        "#!/bin/sh\n# Written by hpc_ddp.testcluster.\n"
+        f'f={cfg.node_env_dir}/"$(hostname)"\n'
+        '[ -f "$f" ] && cat "$f"\nexit 0\n'
+    )
+
 
 def _hostlist(names: list[str]) -> str:
     # A plain comma list: Slurm accepts it everywhere and it needs no range compression.
@@ -261,6 +282,7 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "SchedulerType=sched/backfill",
         "SchedulerParameters=sched_interval=5,bf_interval=5",
         "SchedulerTimeSlice=5",
+        f"TaskProlog={cfg.task_prolog}",
     ]
     if cfg.gpus:
         lines.append("GresTypes=gpu")

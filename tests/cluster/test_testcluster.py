@@ -57,15 +57,16 @@ def test_srun_spans_four_namespaced_nodes(
 ) -> None:
     rows = srun_lines(
         ["-N4", "--ntasks-per-node=2"],
-        'echo "$SLURM_PROCID $(hostname) $(hostname -I) $SLURMD_NODENAME"',
+        # hostname -I last: it also prints the ib0 fabric's IPv6 address.
+        'echo "$SLURM_PROCID $(hostname) $SLURMD_NODENAME $(hostname -I)"',
         slurm_env,
     )
     assert [int(r[0]) for r in rows] == list(range(8))
     hosts = {r[1] for r in rows}
     assert hosts == {"node1", "node2", "node3", "node4"}
     # Each node answers with its own address, the one in /etc/hosts and slurm.conf.
-    assert {(r[1], r[2]) for r in rows} == set(slurm_cluster.node_addresses.items())
-    assert all(r[1] == r[3] for r in rows)
+    assert {(r[1], r[3]) for r in rows} == set(slurm_cluster.node_addresses.items())
+    assert all(r[1] == r[2] for r in rows)
 
 
 def test_sbatch_wait_then_sacct_completed(slurm_env: dict[str, str], tmp_path: Path) -> None:
@@ -197,3 +198,16 @@ def test_status_reports_up(slurm_cluster: TestCluster) -> None:
     )
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "cluster: UP" in cli.stdout
+
+
+def test_a_nodes_own_variables_reach_only_its_tasks(slurm_cluster: TestCluster,
+                                                    slurm_env: dict[str, str]) -> None:
+    def seen() -> list[str]:
+        done = subprocess.run(["srun", "-N4", "-l", "sh", "-c", 'echo "$(hostname) ${X:-}"'],
+                              env=slurm_env, capture_output=True, text=True, timeout=60,
+                              check=True)
+        return sorted(line.split(": ", 1)[1] for line in done.stdout.splitlines())
+
+    with slurm_cluster.node_environment("node3", {"X": "a b"}):
+        assert seen() == ["node1 ", "node2 ", "node3 a b", "node4 "]
+    assert seen() == ["node1 ", "node2 ", "node3 ", "node4 "]

@@ -181,3 +181,23 @@ def test_what_detection_chose_per_node_only_warns() -> None:
     [problem] = report["problems"]
     assert problem["level"] == "warn" and problem["hosts"] == ["node3"]
     assert "NCCL_SOCKET_IFNAME==ens3 here, =eth0 on the other 3 node(s)" in problem["message"]
+
+
+def test_software_that_differs_fails_its_node_and_drift_only_warns() -> None:
+    # rank 0's rendezvous finding (envcheck, let through for the doctor) and node3's drift.
+    ctx = {**CTX, "software_mixed": ["node3: fake-drift 1.0 (others not installed)"]}
+    report = analyse(cluster(drift=["torch 2.14.0 (environment.yml: 2.14.1)"]), ctx)
+    assert report["bad_nodes"] == ["node3"] and not report["ok"]
+    found = {(p["level"], p["check"], p["message"]) for p in report["problems"]}
+    assert ("fail", "software", "differs from the other nodes: fake-drift 1.0 (others not "
+            "installed)") in found
+    assert ("warn", "environment.yml", "drift: torch 2.14.0 (environment.yml: 2.14.1)") in found
+    drifted = analyse(cluster(drift=["numpy 2.0 (environment.yml: 2.4.6)"]), CTX)
+    assert drifted["ok"] and drifted["bad_nodes"] == []  # a warning, not a bad node
+
+
+def test_the_doctor_reads_the_pins_of_environment_yml() -> None:
+    from hpc_ddp.doctor import reference_pins
+
+    pins = dict(reference_pins())
+    assert pins["torch"] and pins["python"] == "3.11"

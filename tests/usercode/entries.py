@@ -61,3 +61,20 @@ def staged(ctx: Any) -> dict[str, Any]:
     extra = ctx.stage(ctx.app["extra"])
     files = sorted(p.name for p in extra.rglob("*") if p.is_file())
     return {"data_root": str(ctx.data_root), "extra": str(extra), "extra_files": files}
+
+
+def where(ctx: Any) -> dict[str, Any]:
+    """Where each rank runs: its host, Python, the Slurm commands it can see, the container
+    marker podman leaves (/run/.containerenv); rank 0 returns every rank's, in rank order."""
+    import shutil
+    import socket
+    import sys
+
+    mine = {"host": socket.gethostname(), "python": sys.executable,
+            "virtual_env": os.environ.get("VIRTUAL_ENV"),
+            "slurm_tools": {t: shutil.which(t) for t in ("scontrol", "squeue", "srun", "sh")},
+            "podman_marker": os.path.exists("/run/.containerenv"),
+            "usr_bin": os.path.isdir("/usr/bin")}
+    found: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(found, mine)
+    return {"ranks": found}
