@@ -11,6 +11,7 @@ timeout, the job fails naming those ranks and the hosts they should have run on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -115,13 +116,15 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
         shared = _client_store(env, endpoint, timeout_s, collective_timeout_s)
         if agent_store == "supervisor":
             store: Any = dist.PrefixStore(attempt_prefix(env.restart), shared)
+            _check_in(store, env, mine, timeout_s)
         else:
             store, endpoint = _fresh_store(env, shared, host, timeout_s, collective_timeout_s,
-                                           master_interface)
-        _check_in(store, env, mine, timeout_s)
+                                           master_interface, mine)
+            _await_all(store, env, timeout_s)
         return store, endpoint
     if env.is_master:
-        store, endpoint = _serve(env, host, collective_timeout_s, master_interface)
+        store, endpoint = _serve(env, host, collective_timeout_s, master_interface,
+                                 env.master_port or 0)
         publish(endpoint_file(folder, env), endpoint, host)
         log.info("rendezvous: rank 0 listens on %s (published in %s)", endpoint,
                  endpoint_file(folder, env))
@@ -136,15 +139,15 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
 
 
 def _serve(env: DistEnv, host: str, collective_timeout_s: float,
-           master_interface: str | None) -> tuple[Any, Endpoint]:
-    """Rank 0's store on a port the kernel hands out (port 0: no formula can collide), on
-    every address (IPv4 and IPv6), with this attempt's nonce set before anyone can read the
-    address."""
+           master_interface: str | None, port: int = 0) -> tuple[Any, Endpoint]:
+    """Rank 0's store on a port the kernel hands out (port 0: no formula can collide; else
+    a MASTER_PORT the user set), on every address (IPv4 and IPv6), with this attempt's nonce
+    set before anyone can read the address."""
     import uuid
 
     import torch.distributed as dist
 
-    store = dist.TCPStore("0.0.0.0", env.master_port or 0, env.world_size, True,
+    store = dist.TCPStore("0.0.0.0", port, env.world_size, True,
                           timedelta(seconds=collective_timeout_s), wait_for_workers=False)
     nonce = uuid.uuid4().hex
     store.set(_NONCE_KEY, nonce)
@@ -208,22 +211,37 @@ _AGENT_KEY = "hpc_ddp/endpoint"
 
 
 def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
-                 collective_timeout_s: float,
-                 master_interface: str | None = None) -> tuple[Any, Endpoint]:
-    """This attempt's own store, published on torchrun's agent store (see connect)."""
+                 collective_timeout_s: float, master_interface: str | None,
+                 record: str) -> tuple[Any, Endpoint]:
+    """This attempt's own store, published on torchrun's agent store (see connect), and this
+    rank announced in it. The agent's key may still name the last attempt's store, alive
+    while its rank 0 winds down: a store every rank of an attempt has arrived in already is
+    that one (this rank would be one too many), and the key is read again until it changes."""
     if env.is_master:
-        store, endpoint = _serve(env, host, collective_timeout_s, master_interface)
+        # Its own address: torchrun's MASTER_ADDR is the agent store's host (the rendezvous
+        # endpoint), which need not be the node rank 0 runs on.
+        store, endpoint = _serve(dataclasses.replace(env, master_addr=None), host,
+                                 collective_timeout_s, master_interface)
+        _announce(store, env, record)
         agent.set(_AGENT_KEY, json.dumps({"addr": endpoint.addr, "port": endpoint.port,
                                           "nonce": endpoint.nonce}))
         return store, endpoint
     deadline = time.monotonic() + timeout_s
     pause = _FIRST_POLL_S
+    finished: set[bytes] = set()
+    why = ""
     while True:
-        data = json.loads(bytes(agent.get(_AGENT_KEY)).decode())  # waits until it is set
-        endpoint = Endpoint(str(data["addr"]), int(data["port"]), str(data.get("nonce", "")))
-        store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
-        if store is not None:
-            return store, endpoint
+        raw = bytes(agent.get(_AGENT_KEY))  # waits until it is set
+        if raw not in finished:
+            data = json.loads(raw.decode())
+            endpoint = Endpoint(str(data["addr"]), int(data["port"]),
+                                str(data.get("nonce", "")))
+            store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
+            if store is not None:
+                if _announce(store, env, record):
+                    return store, endpoint
+                finished.add(raw)
+                why = "only the last attempt's store, which every rank had joined"
         if time.monotonic() > deadline:
             raise RendezvousError(
                 f"rank {env.rank} found rank 0's store at {endpoint} on torchrun's store but "
@@ -286,14 +304,24 @@ def _check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
     """Every rank announces itself and waits once for all (no polling: the store answers the
     wait when the last rank's announcement sets the key); rank 0 names the ranks that never
     came, and the others report rank 0's list."""
-    _announce(store, env, record)
+    if not _announce(store, env, record):
+        raise RendezvousError(
+            f"rank {env.rank} arrived at a rendezvous all {env.world_size} ranks had joined "
+            "already: two processes were started as the same rank (e.g. srun -n above the "
+            "world size, or a launcher started twice), or the store is another attempt's.")
     _await_all(store, env, timeout_s)
 
 
-def _announce(store: Any, env: DistEnv, record: str) -> None:
+def _announce(store: Any, env: DistEnv, record: str) -> bool:
+    """This rank's arrival (its record, then the count); False when the store had every
+    rank already: an earlier attempt's, or a second process of this rank."""
     store.set(f"hpc_ddp/arrived/{env.rank}", record)
-    if int(store.add(_ARRIVED, 1)) == env.world_size:
+    arrived = int(store.add(_ARRIVED, 1))
+    if arrived > env.world_size:
+        return False
+    if arrived == env.world_size:
         store.set(_ALL_ARRIVED, "1")  # the last to arrive releases everyone's wait
+    return True
 
 
 def _await_all(store: Any, env: DistEnv, timeout_s: float) -> None:

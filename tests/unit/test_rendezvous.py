@@ -145,3 +145,16 @@ def test_ipv6_endpoints_print_in_brackets() -> None:
 
 def test_the_route_towards_an_ipv6_address() -> None:
     assert netif.interface_towards("::1") == "lo"
+
+
+def test_a_store_every_rank_had_joined_is_not_joined_again() -> None:
+    # torchrun's agent store may still name the last attempt's store while its rank 0
+    # winds down; a rank of the next attempt must not take it for its own.
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    assert all(rendezvous._announce(store, env_of(r, 2), "{}") for r in (0, 1))
+    assert not rendezvous._announce(store, env_of(1, 2), "{}")
+    with pytest.raises(rendezvous.RendezvousError, match="two processes were started as "
+                       "the same rank"):
+        rendezvous._check_in(store, env_of(0, 2), "{}", 1.0)
