@@ -201,6 +201,10 @@ class TrainerConfig:
     log_interval: int = 10
     # Checkpoints kept in checkpoints/ (the newest ones).
     keep_checkpoints: int = 3
+    # Write checkpoints in a background thread of each rank: the step only waits for the copy
+    # to the CPU, and `latest` moves once every rank's part is on disk (docs/fault-tolerance.md).
+    # false: write before the next step (what `bench train` measures against).
+    checkpoint_background: bool = True
     seed: int = 0
     # auto (cuda when each task has a GPU) | cpu | cuda
     device: str = "auto"

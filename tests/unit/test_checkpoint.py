@@ -96,7 +96,9 @@ def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.skip("mounting a small tmpfs needs root")
     mount = tmp_path / "small"
     mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    # mode 755: a world-writable tmpfs (its default 1777) would be refused (trusted.py).
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=755", "tmpfs", str(mount)],
+                   check=True)
     try:
         yield mount
     finally:
