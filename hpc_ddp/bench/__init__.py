@@ -15,4 +15,7 @@ Subcommands (``hpc_ddp/bench/__main__.py``):
   entries  what running your own code costs: a function entry's step against the same loop
          bare, and (--slurm-nodes N) a script under script= against a bare srun
          (``hpc_ddp/bench/entries.py``, docs/your-code.md).
+  scale  what one rank costs (store, files, Slurm calls) at start-up, a checkpoint, a
+         resume and a failure, for simulated worlds of 8 to 8192 ranks, and reading a
+         10,000-node job's lists (``hpc_ddp/bench/scale.py``, docs/performance.md).
 """

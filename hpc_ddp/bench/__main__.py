@@ -17,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("hpc_ddp.bench.sweep",
               "submitting a big sweep (held jobs): arrays, one sbatch per point, bare sbatch"),
     "entries": ("hpc_ddp.bench.entries", "your code: what a function entry and a script cost"),
+    "scale": ("hpc_ddp.bench.scale",
+              "per-rank cost against world size (8 to 8192 simulated); 10,000-node lists"),
 }
 
 

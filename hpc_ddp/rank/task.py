@@ -95,6 +95,8 @@ def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv,
     """Why this start continues from a checkpoint (None: a fresh run); ``job``: this Slurm
     job's id (an earlier job of the same run dir numbered its attempts the same way)."""
     if env.restart > 0:
+        if not env.is_master:  # rank 0's cause goes into the checkpoint and the summary
+            return "requeue"
         why = events.last_reason(events.read(run_dir.root), env.restart - 1, job)
         return f"requeue after {why}" if why else "requeue by Slurm (preemption or node failure)"
     if cfg.resume:
