@@ -70,6 +70,11 @@ class ClusterConfig:
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     # Python interpreter on the nodes; None: the one running submit.
     python: str | None = None
+    # The umask (octal) of every file and folder of the run dir, on the submit host and the
+    # nodes. 027: your group may read, no one else; 077: only you; 022: everyone may read.
+    # Never one that lets others write (a file planted there would run on the next restart;
+    # hpc_ddp refuses to load such a checkpoint: docs/security.md).
+    umask: str = "027"
 
 
 # A "part" (model, data, loss, optim, scheduler, metrics) is either one of hpc_ddp's own,

@@ -20,6 +20,7 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
+from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.task import TrainingTask
@@ -65,7 +66,9 @@ def executor_parameters(cfg: Config) -> dict[str, Any]:
         "signal_delay_s": c.signal_delay_s,
         # The requeue signal (USR2 by default, see ClusterConfig.signal) for submitit in the
         # tasks, then the user's own setup lines (module load, conda activate ...).
-        "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}", *c.setup],
+        # ${oc.env:NAME} (a secret's reference, config/secrets.py) as the shell's ${NAME}.
+        "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}",
+                  *shell_lines(c.setup)],
         "srun_args": srun_args(c),
         "additional_parameters": {
             # --signal=SIG@T: SIG reaches every step T seconds before the limit

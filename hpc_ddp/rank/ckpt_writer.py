@@ -35,9 +35,6 @@ from hpc_ddp.rank.checkpoint import CheckpointError
 log = logging.getLogger(__name__)
 # Seconds between rank 0's looks at the counter while the others write.
 POLL_S = 0.05
-# Saves of a folder by this process so far: the same on every rank (saves are collective),
-# so the counter key of a save is the same everywhere and never used twice.
-_SAVES: dict[str, int] = {}
 
 
 def snapshot(value: Any, memo: dict[int, Any] | None = None) -> Any:
@@ -95,6 +92,7 @@ class CheckpointWriter:
         self._digest = hashlib.sha1(str(folder).encode()).hexdigest()[:12]
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._saves = 0
         self.step: int | None = None  # the step being (or last) written
 
     def save(self, step: int, state: dict[str, Any] | None, streams: dict[str, Any]) -> Path:
@@ -104,8 +102,10 @@ class CheckpointWriter:
         self.wait()
         if self.world_size > 1 and self._store is None:
             self._store = group_store()
-        seq = _SAVES[self._digest] = _SAVES.get(self._digest, 0) + 1
-        key = f"hpc_ddp/checkpoint/{self.attempt}/{self._digest}/{seq}"
+        # The same key on every rank (saves are collective: the n-th save of this writer is
+        # everyone's n-th); rank 0 deletes it once complete.
+        self._saves += 1
+        key = f"hpc_ddp/checkpoint/{self.attempt}/{self._digest}/{step}/{self._saves}"
         copied = snapshot(state) if state is not None else None
         self.step = step
         if self.world_size > 1 and self._store is None:

@@ -23,7 +23,7 @@ from hpc_ddp.rank.distenv import DistEnv, detect
 from hpc_ddp.rank.join import Rank, joined
 from hpc_ddp.rank.outcome import after_failure, after_stop, write_summary
 from hpc_ddp.rank.stopping import StopRequest, StopTraining
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, parse_umask
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     A stop signal ends in a checkpoint and a requeue (or a clear exit); a failure of another
     rank ends in a message naming it and, on Slurm, a requeue while restarts remain.
     """
+    os.umask(parse_umask(cfg.cluster.umask))  # every file this rank makes (rundir.py)
     env = detect(environ, cfg.cluster.tasks_per_node)
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
     cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))

@@ -51,15 +51,15 @@ def check_owned(path: Path, top: Path) -> None:
         if info.st_uid != me:
             raise UntrustedCheckpoint(
                 f"{item} is not yours: the {kind} belongs to {_who(info.st_uid)} and hpc_ddp "
-                f"runs as {_who(me)}. A checkpoint someone else wrote is not loaded (it could "
-                "run code on every rank). Copy the run dir (`cp -r`: the copy is yours) and "
-                "resume the copy, or start a new run_dir.")
+                f"runs as {_who(me)}. What someone else wrote is never loaded from a run dir "
+                "(it could run code on every rank). Copy the run dir (`cp -r`: the copy is "
+                "yours) and resume the copy, or start a new run_dir.")
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             who = "others" if info.st_mode & stat.S_IWOTH else "your group"
             raise UntrustedCheckpoint(
                 f"{item} is writable by {who} (mode {stat.S_IMODE(info.st_mode):o}): anyone "
-                "who can write there can plant a checkpoint that runs code on the next restart, "
-                f"so hpc_ddp does not load it. Fix: chmod go-w {item} (hpc_ddp makes run dirs "
+                "who can write there can plant a file that runs code on the next restart, so "
+                f"hpc_ddp does not load it. Fix: chmod go-w {item} (hpc_ddp makes run dirs "
                 "with cluster.umask, 027 by default: docs/security.md).")
 
 
