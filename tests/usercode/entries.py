@@ -53,3 +53,20 @@ def fails_once(ctx: Any) -> dict[str, Any]:
     if ctx.rank == 1 and attempt == "0":
         raise RuntimeError("rank 1 fails in torchrun's first attempt")
     return {**report(ctx), "attempt": attempt}
+
+
+SECRET_NAMES = ("WANDB_API_KEY", "HF_TOKEN", "MY_SERVICE_PASSWORD")
+
+
+def secrets_seen(ctx: Any) -> dict[str, Any]:
+    """Which secrets reached this rank's environment (their SHA-256, never the values), after
+    logging them as a careless program would: the rank's log must show **** instead."""
+    import hashlib
+    import logging
+
+    seen = {name: hashlib.sha256(os.environ[name].encode()).hexdigest()
+            for name in SECRET_NAMES if name in os.environ}
+    for name in seen:
+        logging.getLogger("user").info("careless: %s is %s", name, os.environ[name])
+    ctx.save({"step": 1, "seen": sorted(seen)})
+    return {"sha256": seen}
