@@ -94,6 +94,32 @@ def overhead_of(job: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def checkpoint_stalls(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a checkpoint costs the steps, per model: the extra time of a window with
+    checkpoints over ``tuned``'s window of the same round, per checkpoint in it (median over
+    rounds), written synchronously and in the background (bench train --checkpoint-every)."""
+    out = []
+    for m in job["models"]:
+        names = ("ckpt-sync", "ckpt-background")
+        if "tuned" not in m["windows"] or not all(n in m["windows"] for n in names):
+            continue
+        tuned = _walls(m["windows"]["tuned"])
+        row: dict[str, Any] = {"model": m["model"], "world_size": job["world_size"],
+                               "checkpoint_mb": m.get("checkpoint_mb", {}).get("ckpt-sync")}
+        for name, key in zip(names, ("sync", "background"), strict=True):
+            windows = m["windows"][name]
+            stalls = [(wall - base) * 1e3 / w[0]["checkpoints"] for wall, base, w in zip(
+                _walls(windows), tuned, windows, strict=True) if w[0]["checkpoints"]]
+            if not stalls:
+                break
+            row.update({f"{key}_ms": statistics.median(stalls),
+                        f"{key}_ms_p25": _quantile(stalls, 0.25),
+                        f"{key}_ms_p75": _quantile(stalls, 0.75)})
+        else:
+            out.append(row)
+    return out
+
+
 def targets_of(rows: list[dict[str, Any]],
                overheads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     checks = []
@@ -128,6 +154,7 @@ def combine(jobs: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, An
             "batch_size": first.get("batch_size"), "image_size": first.get("image_size"),
             "torch": first.get("torch"), "time": first.get("time"), "options": options,
             "rows": rows, "overhead": overheads, "targets": targets_of(rows, overheads),
+            "checkpoint_stall": [s for job in jobs for s in checkpoint_stalls(job)],
             "jobs": jobs}
 
 
@@ -173,6 +200,13 @@ def table(result: dict[str, Any]) -> str:
         if "p25" in t:
             value += f" (p25-p75 {t['p25']:.3f}-{t['p75']:.3f})"
         out.append(f"target {t['what']}: {value}, target {t['target']}: {t['verdict']}")
+    for c in result.get("checkpoint_stall", []):
+        size = f", {c['checkpoint_mb']:.0f} MB" if c.get("checkpoint_mb") else ""
+        out.append(f"checkpoint stall ({c['model']}, {c['world_size']} ranks{size}): "
+                   f"synchronous {c['sync_ms']:.1f} ms a checkpoint (p25-p75 "
+                   f"{c['sync_ms_p25']:.1f}..{c['sync_ms_p75']:.1f}), background "
+                   f"{c['background_ms']:.1f} ms ({c['background_ms_p25']:.1f}.."
+                   f"{c['background_ms_p75']:.1f})")
     startup = result.get("startup")
     if startup:
         out.append(startup.get("line", f"startup: {startup}"))

@@ -33,8 +33,9 @@ from hpc_ddp.rank import checkpoint
 from hpc_ddp.rank.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
-# Seconds between rank 0's looks at the counter while the others write.
-POLL_S = 0.05
+# Seconds between rank 0's looks at the counter while the others write (one store
+# operation each, on rank 0 alone; the others are usually done by the time its file is).
+POLL_S = 0.01
 
 
 def snapshot(value: Any, memo: dict[int, Any] | None = None) -> Any:
@@ -92,7 +93,7 @@ class CheckpointWriter:
         self._digest = hashlib.sha1(str(folder).encode()).hexdigest()[:12]
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._saves = 0
+        self.saves = 0  # saves so far (bench train counts a window's)
         self.step: int | None = None  # the step being (or last) written
 
     def save(self, step: int, state: dict[str, Any] | None, streams: dict[str, Any]) -> Path:
@@ -104,9 +105,10 @@ class CheckpointWriter:
             self._store = group_store()
         # The same key on every rank (saves are collective: the n-th save of this writer is
         # everyone's n-th); rank 0 deletes it once complete.
-        self._saves += 1
-        key = f"hpc_ddp/checkpoint/{self.attempt}/{self._digest}/{step}/{self._saves}"
-        copied = snapshot(state) if state is not None else None
+        self.saves += 1
+        key = f"hpc_ddp/checkpoint/{self.attempt}/{self._digest}/{step}/{self.saves}"
+        # A copy for the thread; written at once, the state cannot change meanwhile.
+        copied = snapshot(state) if state is not None and self.background else state
         self.step = step
         if self.world_size > 1 and self._store is None:
             self._write_with_barrier(step, copied, streams)
