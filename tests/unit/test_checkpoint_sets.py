@@ -170,3 +170,22 @@ def test_a_rank_keeps_the_streams_of_kept_checkpoints_and_its_newest_two(tmp_pat
     checkpoint.write_streams(tmp_path, 1, 60, {})
     checkpoint.prune_streams(tmp_path, 1)
     assert len(list((tmp_path / "rng" / "rank1").iterdir())) == 2
+
+
+def test_a_resume_of_a_checkpoint_others_could_write_is_refused_at_submission(
+        tmp_path: Path) -> None:
+    import dataclasses
+
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.errors import UserError
+    from hpc_ddp.launch.resume_check import check_resumable
+    from hpc_ddp.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    cfg = dataclasses.replace(compose([]), resume=True, entry="tests.usercode.entries:counts")
+    checkpoint.save({"step": 10}, run.checkpoints, 10, keep=3)
+    check_resumable(cfg, run)  # the user's own, writable by no one else: fine
+    run.checkpoints.chmod(0o775)
+    with pytest.raises(UserError, match=f"run_dir={tmp_path}: {run.checkpoints} is writable by "
+                                        "your group"):
+        check_resumable(cfg, run)
