@@ -1,12 +1,12 @@
 """The DDP training loop of one rank: train, evaluate, checkpoint, resume exactly.
 
 ``Trainer.train`` reads like a table of contents; every counter that matters for an exact
-resume (step, epoch, position inside the epoch, log window, RNG streams of every rank) is in
-``state_dict``. The performance settings (precision, memory format, DDP options,
-compilation, optimizer kernel, allocator) are resolved in ``ddp_setup``. Nothing in a step
-waits for the GPU or for the other ranks beyond DDP's own all-reduce: the periodic log and
-stop-agreement collective is read a step later (``window_sync``); evaluations and
-checkpoints wait.
+resume (step, epoch, position inside the epoch, log window) is in ``state_dict``, and each
+rank's RNG streams go in a file of its own (ckpt_writer.py). The performance settings
+(precision, memory format, DDP options, compilation, optimizer kernel, allocator) are
+resolved in ``ddp_setup``. Nothing in a step waits for the GPU or for the other ranks
+beyond DDP's own all-reduce: the periodic log and stop-agreement collective is read a step
+later (``window_sync``); evaluations wait, checkpoints only for the copy to the CPU.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume but the random streams, which each rank saves on its own
-        (rng_state; save_checkpoint). References to the live tensors: copy before changing."""
+        (save_checkpoint). References to the live tensors: copy them before they change."""
         self._finish_reduction()  # samples_seen and the loss are counted in
         return {
             "model": self.model.module.state_dict(),
