@@ -20,13 +20,14 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.procs import pid_alive
-from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.rundir import RunDir, created_with, read_json, write_json
 
 if TYPE_CHECKING:
     from hpc_ddp.launch.slurm_reasons import Pending
@@ -51,6 +52,8 @@ class Plan:
     entry_callable: Any = None
     # Why the run gets the ranks and devices it gets (the submit command's first line).
     why: str = ""
+    # Secret literals taken out of the config (config/secrets.py), for the job's environment.
+    secrets: dict[str, str] = field(default_factory=dict)
 
 
 def compose(overrides: Sequence[str] | str = (), config_dir: Path | str | None = None) -> Config:
@@ -123,6 +126,8 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     cwd = cwd or Path.cwd()
     cfg, layout = _resolve.resolve_with_layout(composed or compose(merged), environ, cwd)
     cfg = _resolve.with_script_args(cfg, script_args)
+    cfg, hidden = secrets.extract(cfg)  # literal secrets become references, values travel apart
+    merged = secrets.scrub_overrides(merged)
     if check:
         _resolve.check_inputs(cfg)
         check_code(cfg, cwd)
@@ -131,7 +136,7 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     if cfg.resume:
         _check_not_running(run_dir)
     check_resumable(cfg, run_dir)
-    return Plan(cfg, merged, run_dir, pickled, layout.why)
+    return Plan(cfg, merged, run_dir, pickled, layout.why, hidden)
 
 
 def _check_not_running(run: RunDir) -> None:
@@ -169,11 +174,12 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
 
     chosen = overrides if isinstance(overrides, Plan) else plan(
         overrides, cwd, config_dir=config_dir, entry=entry, script_args=script_args)
-    with _undone_on_failure(chosen.run_dir):
+    with created_with(chosen.cfg.cluster.umask), _undone_on_failure(chosen.run_dir):
         write_run_config(chosen.run_dir, chosen.cfg, chosen.overrides)
         if chosen.entry_callable is not None:
             _pickle_entry(chosen.run_dir, chosen.entry_callable)
-        job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
+        with secrets.exported(chosen.secrets):  # sbatch's (or the local ranks') environment
+            job = target(chosen.cfg).submit(chosen.cfg, chosen.run_dir)
     record = {"kind": chosen.cfg.cluster.kind, "job_id": str(job.job_id),
               "submitted": time.time()}
     if chosen.cfg.cluster.kind != "slurm":  # a process of this machine: submitit's or srun

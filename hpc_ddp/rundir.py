@@ -10,6 +10,10 @@
       summary.json       results at the end (rank 0)
       rendezvous/        rank 0's published address and port per job attempt
       submitit/          submitit's job folder (pickles, stdout/stderr)
+
+Made with ``cluster.umask`` (027 by default: group-readable, never writable by anyone else):
+checkpoints and pickles in it are loaded only if no one else could have written them
+(hpc_ddp/rank/trusted.py, docs/run-directory.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import datetime as _dt
 import json
 import os
 import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +96,29 @@ def default_root(base: Path, now: _dt.datetime | None = None, job_id: str | None
         return base / f"job-{job_id}"
     stamp = (now or _dt.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S-%f")[:-3]
     return base / stamp
+
+
+def parse_umask(value: str | int) -> int:
+    """``cluster.umask`` as a number: "027", "27", "0o027" and 27 (as YAML reads 027) are the
+    same; ValueError for one that is not octal, that lets group or others write (0o022 must
+    be in it), or that takes the owner's own rights away."""
+    text = str(value).strip().lower().removeprefix("0o")
+    mask = int(text, 8)  # ValueError for 8, 9 and letters
+    if not 0 <= mask <= 0o777 or mask & 0o022 != 0o022 or mask & 0o700:
+        raise ValueError(f"umask {value}")
+    return mask
+
+
+@contextmanager
+def created_with(umask: str | int) -> Iterator[None]:
+    """Files and folders made meanwhile get ``umask`` (cluster.umask); the process's own is
+    put back after. Processes started meanwhile inherit it: the local ranks, and sbatch,
+    which hands it to the job (SLURM_UMASK, https://slurm.schedmd.com/sbatch.html)."""
+    previous = os.umask(parse_umask(umask))
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
             return launch(overrides, out, show_cfg=show_cfg, script_args=script_args)
         return _submit(overrides, show_cfg, out, script_args)
     except UserError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
+        print(f"error: {_masked(exc.message, args)}", file=sys.stderr)
         return USAGE_EXIT_CODE
     except BrokenPipeError:  # `... --cfg | head`: the reader has all it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -100,6 +100,18 @@ def check_cfg_flag(args: Sequence[str]) -> None:
                             "config (Hydra's job config, with the derived values filled in).",
                             "write --cfg alone, e.g. python -m hpc_ddp.submit model=resnet18 "
                             "--cfg.")
+
+
+def _masked(text: str, args: Sequence[str]) -> str:
+    """``text`` with the secret literals of ``args`` and the values of this environment's
+    secret-named variables as **** (config/secrets.py)."""
+    from hpc_ddp.config import secrets
+
+    try:
+        given = secrets.literals_in(list(args))
+    except UserError:
+        given = []
+    return secrets.mask(text, secrets.values_to_mask(os.environ, given))
 
 
 def split_script_args(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -148,6 +160,13 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
         return 0
     for warning in nccl_warnings(cfg.nccl):
         print(f"warning: {warning}", file=sys.stderr)
+    from hpc_ddp.config.secrets import referenced
+
+    for name in referenced(cfg):
+        if name not in os.environ and name not in chosen.secrets:
+            print(f"warning: {name} is passed as ${{oc.env:{name}}} but is not set here; the "
+                  "job gets it only where its nodes set it (export it before submitting, "
+                  "and before a resume: its value is kept nowhere).", file=sys.stderr)
     launcher = api.target(cfg)
     if cfg.dry_run:
         print(launcher.dry_run(cfg, run_dir), file=out)

@@ -44,6 +44,7 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from hpc_ddp.config import secrets
     from hpc_ddp.config.compose import compose
     from hpc_ddp.launch.resolve import (
         absolute_script,
@@ -54,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from hpc_ddp.rank.device import DeviceError
     from hpc_ddp.rank.distenv import LaunchError, detect
     from hpc_ddp.rank.task import resume_cause, run
-    from hpc_ddp.rundir import RunDir, default_root
+    from hpc_ddp.rundir import RunDir, created_with, default_root
     from hpc_ddp.submit import split_script_args, take_config_dir
 
     args = list(sys.argv[1:] if argv is None else argv)
@@ -67,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose(args)
         cfg = dataclasses.replace(cfg, script=absolute_script(cfg.script, Path.cwd()))
         cfg = with_script_args(cfg, script_args)
+        # A literal secret of the command line: kept out of config.yaml, in this task's
+        # environment instead, where the rank reads its reference (config/secrets.py).
+        cfg, hidden = secrets.extract(cfg)
+        os.environ.update(hidden)
         env = detect(os.environ, cfg.cluster.tasks_per_node)
         job = os.environ.get("SLURM_JOB_ID")
         root = Path(cfg.run_dir) if cfg.run_dir else default_root(Path.cwd() / "outputs",
@@ -77,7 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if env.is_master and resume_cause(cfg, run_dir, env) is None:
             # A fresh run: record its config and overrides (submit resume=true can go on
             # from them). A resumed or requeued run keeps what it was started with.
-            write_run_config(run_dir, cfg, args)
+            with created_with(cfg.cluster.umask):
+                write_run_config(run_dir, cfg, secrets.scrub_overrides(args))
         summary = run(cfg, run_dir, os.environ)
     except (UserError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -18,4 +18,7 @@ Subcommands (``hpc_ddp/bench/__main__.py``):
   data   images/s per core of the image-folder and shards loaders against the textbook
          ImageFolder + PIL + DataLoader, same workers, and staging rates
          (``hpc_ddp/bench/data.py``, docs/data.md).
+  scale  what one rank costs (store, files, Slurm calls) at start-up, a checkpoint, a
+         resume and a failure, for simulated worlds of 8 to 8192 ranks, and reading a
+         10,000-node job's lists (``hpc_ddp/bench/scale.py``, docs/performance.md).
 """

@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "entries": ("hpc_ddp.bench.entries", "your code: what a function entry and a script cost"),
     "data": ("hpc_ddp.bench.data",
              "image loading: folder and shards loaders vs the textbook one; staging rates"),
+    "scale": ("hpc_ddp.bench.scale",
+              "per-rank cost against world size (8 to 8192 simulated); 10,000-node lists"),
 }
 
 

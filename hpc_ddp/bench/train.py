@@ -65,6 +65,7 @@ ABLATIONS = {"tuned-bf16": "trainer.precision=fp32",
 BENCH_OVERRIDES = ("trainer.checkpoint_interval=1000000000",
                    "trainer.eval_interval=1000000000")
 MODELS = ("null", "tiny_cnn", "resnet18")
+CKPT_SYNC, CKPT_BACKGROUND = "ckpt-sync", "ckpt-background"
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class TrainOptions:
     warmup_steps: int = 2
     world_sizes: tuple[int, ...] = ()
     startup: bool = False
+    # Checkpoint every this many steps in two more contenders (0: none): synchronous and
+    # background writes, each against `tuned` (the step stall a checkpoint costs).
+    checkpoint_every: int = 0
 
 
 def for_model(model: str, variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
@@ -170,6 +174,9 @@ def parser() -> argparse.ArgumentParser:
                    help="comma list of total ranks, one job each (default: the config's)")
     p.add_argument("--startup", action="store_true",
                    help="on Slurm: also time submit-to-first-step against a bare srun")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="also time tuned with a checkpoint every N steps, written "
+                   "synchronously and in the background: the stall per checkpoint")
     add_job_arguments(p, plot=str(PLOT), per=", per world size")
     return p
 
@@ -196,9 +203,23 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
 
     check_timeout(args.timeout_s)
     variants = variants_from(args.settings, args.variant, args.ablate)
+    if args.checkpoint_every < 0:
+        raise UserError("--checkpoint-every", args.checkpoint_every, "must be 0 or more.",
+                        "e.g. --checkpoint-every 5.")
+    if args.checkpoint_every:
+        variants = (*variants, *checkpoint_variants(args.checkpoint_every, variants))
     return TrainOptions(models, variants, args.rounds, min(args.min_rounds, args.rounds),
                         args.budget_s, args.window_s, args.min_steps, args.warmup_steps, sizes,
-                        args.startup)
+                        args.startup, args.checkpoint_every)
+
+
+def checkpoint_variants(every: int, given: Sequence[Variant]) -> tuple[Variant, ...]:
+    """tuned (if not there already) and tuned checkpointing every ``every`` steps, written
+    synchronously and in the background."""
+    tuned = () if any(v.name == "tuned" for v in given) else (Variant("tuned", ()),)
+    interval = f"trainer.checkpoint_interval={every}"
+    return (*tuned, Variant(CKPT_SYNC, (interval, "trainer.checkpoint_background=false")),
+            Variant(CKPT_BACKGROUND, (interval, "trainer.checkpoint_background=true")))
 
 
 def job_overrides(user: Sequence[str], root: Path, world: int | None,

@@ -140,7 +140,9 @@ def measure_model(cfg: Config, rank: Any, run_dir: RunDir, model: str,
                 windows[runner.name].append(_window(runner, steps, rank))
         return {"model": model, "steps_per_window": steps, "windows": windows,
                 "order": [r.name for r in runners],
-                "settings": {r.name: r.settings for r in runners}}
+                "settings": {r.name: r.settings for r in runners},
+                "checkpoint_mb": {r.name: _checkpoint_mb(r) for r in runners
+                                  if _checkpoint_mb(r)}}
     finally:
         for runner in runners:
             runner.close()
@@ -150,16 +152,30 @@ def measure_model(cfg: Config, rank: Any, run_dir: RunDir, model: str,
             torch.cuda.empty_cache()
 
 
+def _checkpoint_mb(runner: Any) -> float | None:
+    """The size of the contender's latest checkpoint (rank 0's file), if it wrote one."""
+    from hpc_ddp.rank import checkpoint
+
+    trainer = getattr(runner, "trainer", None)
+    path = checkpoint.latest_path(trainer.run.checkpoints) if trainer is not None else None
+    return path.stat().st_size / 2**20 if path is not None and path.exists() else None
+
+
 def _window(runner: Any, steps: int, rank: Any) -> list[dict[str, Any]]:
     """Every rank's account of one timed window of ``steps`` steps."""
     import torch.distributed as dist
 
+    writer = getattr(getattr(runner, "trainer", None), "writer", None)
+    saved = writer.saves if writer is not None else 0
     dist.barrier()
     runner.timer.start()
     runner.run(steps)
     window = runner.timer.stop(steps)
+    record = {**window.as_dict(), "checkpoints": (writer.saves - saved) if writer else 0}
+    if writer is not None:  # a background write ends here, untimed, not in the next window
+        writer.wait()
     gathered: list[Any] = [None] * rank.env.world_size
-    dist.all_gather_object(gathered, window.as_dict())
+    dist.all_gather_object(gathered, record)
     return gathered
 
 

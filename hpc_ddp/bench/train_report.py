@@ -94,6 +94,41 @@ def overhead_of(job: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def checkpoint_stalls(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a checkpoint costs the steps, per model, written synchronously and in the
+    background (bench train --checkpoint-every), against ``tuned``'s window of the same round,
+    per checkpoint in the window (median over rounds): ``*_ms``, the extra wall time of the
+    window (everything: the write, and on a busy CPU the writer thread's competition with the
+    compute); ``*_in_step_ms``, the extra time the steps spent outside data, compute,
+    communication and optimizer (the step split's "other", mean over ranks): the stall
+    proper, where the step waits for the checkpoint."""
+    out = []
+    for m in job["models"]:
+        names = ("ckpt-sync", "ckpt-background")
+        if "tuned" not in m["windows"] or not all(n in m["windows"] for n in names):
+            continue
+        tuned = m["windows"]["tuned"]
+        row: dict[str, Any] = {"model": m["model"], "world_size": job["world_size"],
+                               "checkpoint_mb": m.get("checkpoint_mb", {}).get("ckpt-sync")}
+        for name, key in zip(names, ("sync", "background"), strict=True):
+            windows = m["windows"][name]
+            pairs = [(w, t) for w, t in zip(windows, tuned, strict=True) if w[0]["checkpoints"]]
+            if not pairs:
+                break
+            walls = [(max(r["wall_s"] for r in w) - max(r["wall_s"] for r in t)) * 1e3
+                     / w[0]["checkpoints"] for w, t in pairs]
+            other = [(statistics.fmean(r["other_s"] for r in w)
+                      - statistics.fmean(r["other_s"] for r in t)) * 1e3 / w[0]["checkpoints"]
+                     for w, t in pairs]
+            row.update({f"{key}_ms": statistics.median(walls),
+                        f"{key}_ms_p25": _quantile(walls, 0.25),
+                        f"{key}_ms_p75": _quantile(walls, 0.75),
+                        f"{key}_in_step_ms": statistics.median(other)})
+        else:
+            out.append(row)
+    return out
+
+
 def targets_of(rows: list[dict[str, Any]],
                overheads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     checks = []
@@ -128,6 +163,7 @@ def combine(jobs: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, An
             "batch_size": first.get("batch_size"), "image_size": first.get("image_size"),
             "torch": first.get("torch"), "time": first.get("time"), "options": options,
             "rows": rows, "overhead": overheads, "targets": targets_of(rows, overheads),
+            "checkpoint_stall": [s for job in jobs for s in checkpoint_stalls(job)],
             "jobs": jobs}
 
 
@@ -173,6 +209,14 @@ def table(result: dict[str, Any]) -> str:
         if "p25" in t:
             value += f" (p25-p75 {t['p25']:.3f}-{t['p75']:.3f})"
         out.append(f"target {t['what']}: {value}, target {t['target']}: {t['verdict']}")
+    for c in result.get("checkpoint_stall", []):
+        size = f", {c['checkpoint_mb']:.0f} MB" if c.get("checkpoint_mb") else ""
+        out.append(f"checkpoint stall ({c['model']}, {c['world_size']} ranks{size}), per "
+                   f"checkpoint: synchronous {c['sync_in_step_ms']:.1f} ms in the step, "
+                   f"{c['sync_ms']:.1f} ms of window (p25-p75 {c['sync_ms_p25']:.1f}.."
+                   f"{c['sync_ms_p75']:.1f}); background {c['background_in_step_ms']:.1f} ms "
+                   f"in the step, {c['background_ms']:.1f} ms of window "
+                   f"({c['background_ms_p25']:.1f}..{c['background_ms_p75']:.1f})")
     startup = result.get("startup")
     if startup:
         out.append(startup.get("line", f"startup: {startup}"))

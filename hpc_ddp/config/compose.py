@@ -18,6 +18,7 @@ from hpc_ddp.config import parts
 from hpc_ddp.config.messages import _reject_unknown_keys, _user_error
 from hpc_ddp.config.overrides import _check_override, check_overrides
 from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, register_schemas
+from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
 from hpc_ddp.errors import UserError
 
@@ -133,9 +134,9 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
     user = user_config_dir(overrides, config_dir)
     check_overrides(overrides)
     try:
-        with _hydra(user):
+        with _hydra(user), references_kept():
             node = hydra_compose("config", overrides=_for_hydra(overrides, user))
-        return _finish(node, overrides)
+            return _finish(node, overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise _user_error(exc, overrides, search_folders(user)) from None
 
@@ -211,7 +212,7 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     results: list[Config | None] = [None] * len(override_lists)
     users = [user_config_dir(o, config_dir) for o in override_lists]
     for user in dict.fromkeys(users):
-        with _hydra(user):
+        with _hydra(user), references_kept():
             for index, overrides in enumerate(override_lists):
                 if users[index] != user:
                     continue
@@ -300,8 +301,9 @@ def from_yaml(text: str) -> Config:
     data = yaml.safe_load(text) or {}
     rest = {k: v for k, v in data.items() if k not in PARTS and k not in FREE_FORM}
     try:
-        loose = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(compose_schema()),
-                                                    rest))
+        with references_kept():  # a secret stays a reference on the node too (secrets.py)
+            loose = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(compose_schema()),
+                                                        rest))
         return _assemble(loose, data)
     except OmegaConfBaseException as exc:
         raise _user_error(exc, ()) from None

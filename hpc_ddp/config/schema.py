@@ -89,6 +89,11 @@ class ClusterConfig:
     # distributions); rank 0 stops the run before training when nodes differ, naming them
     # and the packages. true: warn and train anyway.
     allow_mixed_env: bool = False
+    # The umask (octal) of every file and folder of the run dir, on the submit host and the
+    # nodes. 027: your group may read, no one else; 077: only you; 022: everyone may read.
+    # Never one that lets others write (a file planted there would run on the next restart;
+    # hpc_ddp refuses to load such a checkpoint: docs/security.md).
+    umask: str = "027"
 
 
 # A "part" (model, data, loss, optim, scheduler, metrics) is either one of hpc_ddp's own,
@@ -235,6 +240,10 @@ class TrainerConfig:
     log_interval: int = 10
     # Checkpoints kept in checkpoints/ (the newest ones).
     keep_checkpoints: int = 3
+    # Write checkpoints in a background thread of each rank: the step only waits for the copy
+    # to the CPU, and `latest` moves once every rank's part is on disk (docs/fault-tolerance.md).
+    # false: write before the next step (what `bench train` measures against).
+    checkpoint_background: bool = True
     seed: int = 0
     # auto (cuda when each task has a GPU) | cpu | cuda
     device: str = "auto"

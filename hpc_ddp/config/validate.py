@@ -16,6 +16,7 @@ from hpc_ddp.config.container_schema import validate_container
 from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.errors import UserError, shown
+from hpc_ddp.rundir import parse_umask
 
 MODELS = ("tiny_cnn", "resnet18", "resnet50")
 DATASETS = ("synthetic", "cifar10", "image_folder", "shards")
@@ -221,6 +222,14 @@ def _validate_cluster(cfg: Config) -> None:
         raise UserError("cluster.master_interface", c.master_interface,
                         "is not an interface name (at most 15 characters, no spaces or /).",
                         "give the name `ip -br addr` shows on a node, e.g. ib0, or null.")
+    try:
+        parse_umask(c.umask)
+    except ValueError:
+        raise UserError("cluster.umask", c.umask, "is not an octal umask that keeps the run "
+                        "dir writable by you alone (group and others must not write: a file "
+                        "planted there would run on the next restart).",
+                        "use 027 (your group may read: the default), 077 (only you) or 022 "
+                        "(everyone may read).") from None
     if not _JOB_NAME.match(c.job_name):
         raise UserError(
             "cluster.job_name",

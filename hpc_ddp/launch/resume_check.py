@@ -13,7 +13,7 @@ from typing import Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank import checkpoint, trusted
 from hpc_ddp.rundir import RunDir
 
 
@@ -21,6 +21,14 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
     """Raise UserError when ``cfg`` cannot continue the checkpoint in ``run``."""
     if not cfg.resume or checkpoint.latest_path(run.checkpoints) is None:
         return
+    latest = checkpoint.latest_path(run.checkpoints)
+    assert latest is not None
+    try:  # refused here, not on every rank after the job waited in the queue
+        trusted.check_owned(latest, run.checkpoints)
+    except trusted.UntrustedCheckpoint as exc:
+        raise UserError("run_dir", str(run.root), str(exc), "") from None
+    except FileNotFoundError:
+        pass  # a dangling pointer: the resume falls back to the one before (checkpoint.py)
     from hpc_ddp.config.compose import from_yaml
 
     try:

@@ -21,6 +21,7 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import ClusterConfig, Config
+from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
@@ -69,9 +70,10 @@ def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, 
         "signal_delay_s": c.signal_delay_s,
         # The requeue signal (USR2 by default, see ClusterConfig.signal) for submitit in the
         # tasks, then the user's own setup lines (module load, conda activate ...).
-        "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}", *c.setup,
-                  *container.setup_lines(cfg, run_root)],
-        # Then the container and the environment activation, if any (launch/container.py).
+        # ${oc.env:NAME} (a secret's reference, config/secrets.py) as the shell's ${NAME};
+        # then the container and the environment activation, if any (launch/container.py).
+        "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}",
+                  *shell_lines(c.setup), *container.setup_lines(cfg, run_root)],
         "srun_args": [*srun_args(c), *container.srun_words(task)],
         "additional_parameters": {
             # --signal=SIG@T: SIG reaches every step T seconds before the limit

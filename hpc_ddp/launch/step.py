@@ -29,6 +29,7 @@ from typing import Any
 
 from hpc_ddp import hostlist
 from hpc_ddp.config.schema import Config
+from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.errors import UserError
 from hpc_ddp.procs import start_time
 from hpc_ddp.rank.requeue import STEP_OF_ENV
@@ -178,7 +179,8 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
     argv = command(cfg, alloc, sys.executable, run.root)
     # The lines an sbatch script runs before its srun: the user's, then the container's
     # environment and Slurm's relay for the ranks inside it (for as long as srun runs).
-    lines = [*cfg.cluster.setup, *container.setup_lines(cfg, run.root)]
+    # ${oc.env:NAME} (a secret's reference, config/secrets.py) as the shell's ${NAME}.
+    lines = [*shell_lines(cfg.cluster.setup), *container.setup_lines(cfg, run.root)]
     if lines:
         argv = ["bash", "-c", "set -e\n" + "\n".join(lines) + '\nexec "$@"',
                 "hpc_ddp-step", *argv]

@@ -69,6 +69,7 @@ class Context:
         self._saved_step: int | None = None
         self._metrics: MetricsWriter | None = None
         self._progress_at = -math.inf
+        self._writer: Any = None  # ckpt_writer.CheckpointWriter, made at the first save
         # In a script hpc_ddp supervises: where rank 0 notes an agreed stop for the
         # supervisor (script.py), and ctx.summary beside it.
         self.stop_file: Path | None = None
@@ -195,21 +196,37 @@ class Context:
 
     # -- checkpoints -----------------------------------------------------------------------
     def save(self, state: Mapping[str, Any], step: int | None = None) -> Path | None:
-        """Checkpoint ``state`` (your loop's dict) as rank 0's atomic checkpoint of ``step``
-        (default: ``state["step"]``, else the last logged step); every rank's RNG state goes
-        with it, so a resumed loop draws what an uninterrupted one would. Every rank calls it
-        (a collective); rank 0 writes and returns the path, the others None."""
+        """Checkpoint ``state`` (your loop's dict) as the atomic checkpoint of ``step``
+        (default: ``state["step"]``, else the last logged step): rank 0's copy of ``state``
+        and each rank's own random streams, so a resumed loop draws what an uninterrupted one
+        would. Every rank calls it at the same point. The copy to the CPU happens here, the
+        writing in the background (``trainer.checkpoint_background``); it is complete before
+        the next save, ``ctx.load()``, and the end of the program (or of a stop). What a
+        resume loads back is data only (tensors, numbers, strings, lists, dicts:
+        docs/security.md); a state holding anything else is refused when it is written.
+        Returns, on rank 0, the path the checkpoint gets; None on the others."""
         step = self._step_of(state, step)
-        rngs = rng.gather_states({})
         self._saved_step = self._last_step = step
-        if not self.is_master:
-            return None
-        ours = {"step": step, "world_size": self.world_size, "rng": rngs,
+        ours = {"step": step, "world_size": self.world_size,
                 "restarts": list(self.restarts), "program": self.cfg.entry or self.cfg.script}
-        path = checkpoint.save({_USER_KEY: dict(state), _OURS_KEY: ours}, self.run.checkpoints,
-                               step, self.cfg.trainer.keep_checkpoints)
-        log.info("checkpoint %s", path)
-        return path
+        whole = {_USER_KEY: dict(state), _OURS_KEY: ours} if self.is_master else None
+        path = self._checkpoints().save(step, whole, rng.capture({}))
+        return path if self.is_master else None
+
+    def _checkpoints(self) -> Any:
+        if self._writer is None:
+            from hpc_ddp.rank.ckpt_writer import CheckpointWriter
+
+            t = self.cfg.trainer
+            self._writer = CheckpointWriter(self.run.checkpoints, self.rank, self.world_size,
+                                            t.keep_checkpoints, self.restart,
+                                            t.collective_timeout_s, t.checkpoint_background)
+        return self._writer
+
+    def flush(self) -> None:
+        """Wait until the last ``save`` is on disk (raises if it failed)."""
+        if self._writer is not None:
+            self._writer.wait()
 
     def _step_of(self, state: Mapping[str, Any], step: int | None) -> int:
         if step is None:
@@ -223,6 +240,7 @@ class Context:
     def load(self) -> dict[str, Any] | None:
         """The state of the latest checkpoint (None for a fresh run); this rank's RNG streams
         are set back to where they were when it was saved."""
+        self.flush()
         state = checkpoint.load_latest(self.run.checkpoints, map_location="cpu")
         if state is None:
             return None
@@ -235,8 +253,14 @@ class Context:
         self.resumed_from_step = self._last_step = int(ours["step"])
         self.restarts.append({"from_step": self.resumed_from_step,
                               "cause": self._cause or "resume", "time": time.time()})
+        streams = None
         if ours.get("world_size") == self.world_size:
-            rng.restore(ours["rng"][self.rank], {})
+            streams = checkpoint.load_streams(self.run.checkpoints, self.rank,
+                                              self.resumed_from_step)
+        if streams is not None:
+            rng.restore(streams, {})
+        elif ours.get("world_size") == self.world_size:
+            log.warning("rank %d restarts its random streams", self.rank)
         else:
             log.warning("checkpoint was written with world_size %s, now %d: RNG streams "
                         "restart", ours.get("world_size"), self.world_size)
@@ -282,6 +306,8 @@ class Context:
         if self._pending is not None and finished:  # launched on every rank at one call
             self._pending.result()
         self._pending = None
+        if finished:  # a requested stop's checkpoint is whole before the requeue or the exit
+            self.flush()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None

@@ -102,10 +102,14 @@ def jsonable(value: Any) -> Any:
 
 
 def from_pickle(ctx: Context) -> Any:
-    """Run the callable the Python API pickled into the run dir (cloudpickle, as submitit)."""
+    """Run the callable the Python API pickled into the run dir (cloudpickle, as submitit),
+    if the file and the run dir are this user's and writable by no one else (trusted.py)."""
     import cloudpickle
 
+    from hpc_ddp.rank.trusted import check_owned
+
     path = Path(ctx.run_dir) / PICKLED
+    check_owned(path, Path(ctx.run_dir))  # code by design: only if no one else could write it
     with open(path, "rb") as handle:
         fn = cloudpickle.load(handle)
     return fn(ctx)

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.nccl_schema import NCCL_DOCS, NcclConfig, nccl_warnings, wanted_env
+from hpc_ddp.config.secrets import MASK, looks_secret, resolve
 from hpc_ddp.rank import nodeinfo
 
 log = logging.getLogger(__name__)
 
 # Variables worth recording for every rank (what NCCL, Gloo and torch.distributed read).
 RECORDED = re.compile(r"^(NCCL_|TORCH_|GLOO_|MASTER_|CUDA_|SLURM_|OMP_|UCX_|FI_)")
-_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def planned_changes(cfg: NcclConfig, environ: Mapping[str, str],
     ``node``: the facts ``nccl.detect`` derives from (ignored when detect is off);
     ``towards``: the interface that routes to rank 0, when known.
     """
-    wanted = wanted_env(cfg)
+    wanted = _resolved(wanted_env(cfg), environ)
     changes = [EnvChange(k, environ.get(k), v) for k, v in sorted(wanted.items())
                if environ.get(k) != v]
     if cfg.detect and node is not None:
@@ -58,6 +58,20 @@ def planned_changes(cfg: NcclConfig, environ: Mapping[str, str],
             if name not in wanted and name not in environ:
                 changes.append(EnvChange(name, None, value, "detected", reason))
     return changes
+
+
+def _resolved(wanted: dict[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """``${oc.env:NAME}`` values (a secret's reference, config/secrets.py) read from this
+    task's environment; one whose variable is not set here is left out."""
+    out = {}
+    for name, value in wanted.items():
+        resolved = resolve(value, environ)
+        if resolved is None:
+            log.warning("env: %s is not set: %s names a variable this task's environment does "
+                        "not have (export it where you submit)", name, value)
+            continue
+        out[name] = resolved
+    return out
 
 
 def derived_env(cfg: NcclConfig, node: nodeinfo.NodeInfo,
@@ -137,7 +151,7 @@ def node_warnings(environ: Mapping[str, str],
 
 def mask(name: str, value: str) -> str:
     """Values of secret-looking variables never reach a file or a log."""
-    return "****" if _SECRET.search(name) else value
+    return MASK if looks_secret(name) else value
 
 
 def recorded_env(environ: Mapping[str, str]) -> dict[str, str]:

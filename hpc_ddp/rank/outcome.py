@@ -88,39 +88,65 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
 def after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
                   environ: MutableMapping[str, str]) -> NoReturn:
     """Name the cause: this rank's own error, or the rank that failed or stopped answering;
-    on Slurm requeue from the last checkpoint if allowed and a new attempt may get past it."""
+    on Slurm requeue from the last checkpoint if allowed and a new attempt may get past it.
+
+    Whatever the world size, a rank does a few store operations and file reads here; one
+    rank (the reporter of the failure) names the silent ranks, records the failure in
+    events.jsonl and requeues (diagnose.py)."""
+    env = rank.env
     if diagnose.is_comm_failure(exc):
-        message = diagnose.explain(exc, rank.store, rank.env.rank, rank.env.world_size,
-                                   run_dir.ranks, locate=lambda silent: _stacks_of(
-                                       silent, cfg, rank, run_dir))
-        peer = diagnose.peer_error(run_dir.logs, rank.env.rank, rank.env.world_size)
+        found = diagnose.survey(rank.store, env.rank, env.world_size, wait_s=5.0)
+        lead = found.reporter == env.rank or (not found.store_alive and env.rank == _fallback(env))
+        message = diagnose.explain(exc, found, env.rank, run_dir.ranks, search=lead,
+                                   locate=lambda silent: _stacks_of(silent, cfg, rank, run_dir))
+        peer = diagnose.peer_error(rank.store if found.store_alive else None, run_dir.logs)
         if peer is not None:  # a peer failed by itself; its error is the cause, not ours
             message = f"{peer} (this rank's collective failed as a result)"
-        retry = peer is None
-    else:
-        message = f"{diagnose.LOCAL_MARK} {diagnose.own_error(exc)}"
-        retry = diagnose.worth_requeue(exc)
-    fail(message, retry, cfg, rank, run_dir, environ, exc)
+        fail(message, peer is None, cfg, rank, run_dir, environ, exc, report=lead)
+    own = diagnose.own_error(exc)
+    diagnose.publish_own_failure(rank.store, f"rank {env.rank} on {rank.host}: {own}")
+    fail(f"{diagnose.LOCAL_MARK} {own}", diagnose.worth_requeue(exc), cfg, rank, run_dir,
+         environ, exc)
+
+
+def _fallback(env: Any) -> int:
+    return diagnose.fallback_reporter(env.num_nodes, env.local_world_size, env.world_size)
 
 
 def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
-         environ: MutableMapping[str, str], exc: BaseException | None = None) -> NoReturn:
-    """Record the failure; requeue (once per failure, within max_restarts) when ``retry``."""
+         environ: MutableMapping[str, str], exc: BaseException | None = None,
+         report: bool = True) -> NoReturn:
+    """Record the failure and requeue (within max_restarts) when ``retry``: once per failure,
+    by the first rank that reports it (a claim on the store; with the store gone, the
+    fallback reporter). ``report`` false: this rank only raises (its error file says why)."""
     job = requeue.slurm_job(environ)
+    if not (report and _first_report(rank)):
+        raise RuntimeError(message) from exc
     record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
               "cause": message.replace(diagnose.LOCAL_MARK, "").strip(), "job": job,
               "step": checkpoint.latest_step(run_dir.checkpoints)}
     events.append(run_dir.root, {"kind": "failure", **record})
-    if not retry:
+    if not retry or job is None:
         raise RuntimeError(message) from exc  # a new attempt would fail the same way
-    used = events.restarts_spent(events.read(run_dir.root), job)
-    if job is not None and used < cfg.cluster.max_restarts and rank.store is not None:
-        # One requeue per failure: the first rank to claim it on the store (if still up).
-        if _claim(rank.store, f"hpc_ddp/requeue/{rank.env.restart}") and not requeue.requeue(
-                job, environ):
-            events.append(run_dir.root, {"kind": "requeue", **record})
-            message += f" Job {job} requeued from its last checkpoint."
+    seen = events.read(run_dir.root)
+    already = any(e.get("kind") == "requeue" and e.get("attempt") == rank.env.restart
+                  and e.get("job") in (None, job) for e in seen)
+    if not already and events.restarts_spent(seen, job) < cfg.cluster.max_restarts and (
+            not requeue.requeue(job, environ)):
+        events.append(run_dir.root, {"kind": "requeue", **record})
+        message += f" Job {job} requeued from its last checkpoint."
     raise RuntimeError(message) from exc
+
+
+def _first_report(rank: Rank) -> bool:
+    """This rank reports the failure of this attempt: the first to claim it on the store, or,
+    with the store gone (it died with rank 0's process), the fallback reporter."""
+    if rank.store is None:
+        return True
+    try:
+        return int(rank.store.add(f"hpc_ddp/failure/{rank.env.restart}", 1)) == 1
+    except Exception:
+        return rank.env.rank == _fallback(rank.env)
 
 
 def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> dict[int, str]:
@@ -129,10 +155,3 @@ def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> d
                    stacks.stack_signal(cfg.cluster.signal))
     found = {r: stacks.where(run_dir.logs / f"rank{r}.stacks") for r in silent}
     return {r: place for r, place in found.items() if place}
-
-
-def _claim(store: Any, key: str) -> bool:
-    try:
-        return int(store.add(key, 1)) == 1
-    except Exception:  # the store died with rank 0: let this rank requeue
-        return True

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
+
+from hpc_ddp.config.secrets import mask, values_to_mask
 
 
 def setup(path: Path, rank: int, host: str, echo: bool) -> None:
@@ -19,14 +22,33 @@ def setup(path: Path, rank: int, host: str, echo: bool) -> None:
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
+    hidden = _Masked(values_to_mask(os.environ))
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(fmt)
+    file_handler.addFilter(hidden)
     root.addHandler(file_handler)
     if echo:
         stream = logging.StreamHandler(sys.stderr)
         stream.setFormatter(fmt)
+        stream.addFilter(hidden)
         root.addHandler(stream)
     root.setLevel(logging.INFO)
+
+
+class _Masked(logging.Filter):
+    """Secret values (of this task's secret-named variables, config/secrets.py) as ****."""
+
+    def __init__(self, values: list[str]) -> None:
+        super().__init__()
+        self.values = values
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.values:
+            text = record.getMessage()
+            masked = mask(text, self.values)
+            if masked != text:
+                record.msg, record.args = masked, ()
+        return True
 
 
 def tail(path: Path, lines: int = 20) -> str:

@@ -139,8 +139,10 @@ def _died(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
     name = signal.Signals(-code).name
     attempt = rank.env.restart
     job = requeue.slurm_job(environ)
-    already = any(e.get("kind") == "requeue" and e.get("attempt") == attempt
-                  and e.get("job") in (None, job) for e in events.read(run.root))
+    # Only rank 0's supervisor reads the history (it alone requeues): one reader per job.
+    already = rank.env.is_master and any(
+        e.get("kind") == "requeue" and e.get("attempt") == attempt
+        and e.get("job") in (None, job) for e in events.read(run.root))
     message = (f"the training process died from {name} (an abort: NCCL's watchdog after a "
                "failed or timed-out collective, the out-of-memory killer, or a crash); its "
                f"last lines:\n{child.tail()}")
@@ -150,6 +152,8 @@ def _died(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
     # Rank 0's supervisor decides: one scontrol call per job, and the store that would
     # arbitrate between supervisors lives in its process, gone once it has requeued (another
     # rank's supervisor would then requeue the next attempt too). The others record their
-    # death. Rank 0's training dies as well when a peer's does (NCCL's watchdog, or a failed
-    # Gloo collective, which its own failure path handles); a lost node is Slurm's to requeue.
-    fail(message, rank.env.is_master, cfg, rank, run, environ)
+    # death in their own error file (logs/rank<N>.error); rank 0's alone goes into
+    # events.jsonl. Rank 0's training dies as well when a peer's does (NCCL's watchdog, or a
+    # failed Gloo collective, which its own failure path handles); a lost node is Slurm's to
+    # requeue.
+    fail(message, rank.env.is_master, cfg, rank, run, environ, report=rank.env.is_master)

@@ -23,7 +23,7 @@ from hpc_ddp.rank.distenv import DistEnv, detect
 from hpc_ddp.rank.join import Rank, joined
 from hpc_ddp.rank.outcome import after_failure, after_stop, write_summary
 from hpc_ddp.rank.stopping import StopRequest, StopTraining
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, parse_umask
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     A stop signal ends in a checkpoint and a requeue (or a clear exit); a failure of another
     rank ends in a message naming it and, on Slurm, a requeue while restarts remain.
     """
+    os.umask(parse_umask(cfg.cluster.umask))  # every file this rank makes (rundir.py)
     env = detect(environ, cfg.cluster.tasks_per_node)
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
     cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))
@@ -102,6 +103,8 @@ def resume_cause(cfg: Config, run_dir: RunDir, env: DistEnv,
     """Why this start continues from a checkpoint (None: a fresh run); ``job``: this Slurm
     job's id (an earlier job of the same run dir numbered its attempts the same way)."""
     if env.restart > 0:
+        if not env.is_master:  # rank 0's cause goes into the checkpoint and the summary
+            return "requeue"
         why = events.last_reason(events.read(run_dir.root), env.restart - 1, job)
         return f"requeue after {why}" if why else "requeue by Slurm (preemption or node failure)"
     if cfg.resume:

@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp import api
+from hpc_ddp.config import secrets
 from hpc_ddp.errors import UserError
-from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
+from hpc_ddp.rundir import RunDir, created_with, read_json, resume_command, write_json
 from hpc_ddp.sweep.expand import Point, chunks, expand
 from hpc_ddp.sweep.timing import Phases
 
@@ -147,12 +148,22 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
               f"report is in {folder / PREFLIGHT}; the same sweep.dir may be used again.",
               file=sys.stderr)
         return 1
+    with created_with(plans[0].cfg.cluster.umask):  # the sweep dir and every run dir in it
+        return _write_and_submit(overrides, out, environ, kind, folder, points, plans, phases)
+
+
+def _write_and_submit(overrides: Sequence[str], out: TextIO, environ: Mapping[str, str],
+                      kind: str, folder: Path, points: list[Point], plans: list[api.Plan],
+                      phases: Phases) -> int:
+    """The sweep dir, its manifest and the points' folders, then the submission."""
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
-    manifest: dict[str, Any] = {"kind": kind, "created": time.time(), "overrides": list(overrides),
+    manifest: dict[str, Any] = {"kind": kind, "created": time.time(),
+                                "overrides": secrets.scrub_overrides(overrides),
                                 "arrays": [], "points": [
         {"index": p.index, "label": p.label(), "params": dict(p.params),
-         "overrides": list(p.overrides), "run_dir": str(plan.run_dir.root), "job_id": None}
+         "overrides": secrets.scrub_overrides(p.overrides), "run_dir": str(plan.run_dir.root),
+         "job_id": None}
         for p, plan in zip(points, plans, strict=True)]}
     with phases.timed("folders"):
         for point, plan in zip(points, plans, strict=True):
@@ -261,8 +272,9 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
         with phases.timed("folders"):
             texts = {i: write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
                      for i in indices}
+        hidden = {k: v for i in indices for k, v in plans[i].secrets.items()}
         try:
-            with phases.timed("submission (pickles, sbatch)"), \
+            with phases.timed("submission (pickles, sbatch)"), secrets.exported(hidden), \
                     slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
                 jobs = [executor.submit(TrainingTask(texts[i], str(plans[i].run_dir.root)))
                         for i in indices]

@@ -1,12 +1,12 @@
 """The DDP training loop of one rank: train, evaluate, checkpoint, resume exactly.
 
 ``Trainer.train`` reads like a table of contents; every counter that matters for an exact
-resume (step, epoch, position inside the epoch, log window, RNG streams of every rank) is in
-``state_dict``. The performance settings (precision, memory format, DDP options,
-compilation, optimizer kernel, allocator) are resolved in ``ddp_setup``. Nothing in a step
-waits for the GPU or for the other ranks beyond DDP's own all-reduce: the periodic log and
-stop-agreement collective is read a step later (``window_sync``); evaluations and
-checkpoints wait.
+resume (step, epoch, position inside the epoch, log window) is in ``state_dict``, and each
+rank's RNG streams go in a file of its own (ckpt_writer.py). The performance settings
+(precision, memory format, DDP options, compilation, optimizer kernel, allocator) are
+resolved in ``ddp_setup``. Nothing in a step waits for the GPU or for the other ranks
+beyond DDP's own all-reduce: the periodic log and stop-agreement collective is read a step
+later (``window_sync``); evaluations wait, checkpoints only for the copy to the CPU.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank import checkpoint, rng, stopping, window_sync
+from hpc_ddp.rank.ckpt_writer import CheckpointWriter
 from hpc_ddp.rank.ddp_warmup import settle_buckets
 from hpc_ddp.rank.distenv import DistEnv
 from hpc_ddp.rank.metrics import MetricsWriter
@@ -92,15 +93,18 @@ class Trainer:
         self._pending: window_sync.Reduction | None = None  # see _start_reduction
         self._settled = False
         self._stop_agreed = stopping.NONE
+        self.writer = CheckpointWriter(run.checkpoints, env.rank, env.world_size,
+                                       t.keep_checkpoints, env.restart, t.collective_timeout_s,
+                                       t.checkpoint_background)
 
     # -- state ---------------------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:
         return {"augment": self.aug_gen, "loader": self.loaders.train.generator}
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything to resume; RNG states of every rank (gathered, so call on all ranks)."""
+        """Everything to resume but the random streams, which each rank saves on its own
+        (save_checkpoint). References to the live tensors: copy them before they change."""
         self._finish_reduction()  # samples_seen and the loss are counted in
-        rng_states = rng.gather_states(self._generators())
         return {
             "model": self.model.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -112,7 +116,6 @@ class Trainer:
                          "window": {**self.window, "loss_sum": float(self.window["loss_sum"])},
                          "last_train_loss": self.last_train_loss,
                          "last_eval": dict(self.last_eval)},
-            "rng": rng_states,
             "restarts": list(self.restarts),
             "world_size": self.env.world_size,
         }
@@ -129,11 +132,20 @@ class Trainer:
         self.last_eval = dict(c["last_eval"])
         self.restarts = list(state["restarts"])
         if state["world_size"] == self.env.world_size:
-            rng.restore(state["rng"][self.env.rank], self._generators())
+            self._restore_streams(c["global_step"])
         else:
             log.warning("checkpoint was written with world_size %d, now %d: data order and "
                         "RNG streams restart; the run is no longer bitwise reproducible",
                         state["world_size"], self.env.world_size)
+
+    def _restore_streams(self, step: int) -> None:
+        """This rank's random streams of ``step``, from its own file (checkpoint.py)."""
+        streams = checkpoint.load_streams(self.run.checkpoints, self.env.rank, step)
+        if streams is None:
+            log.warning("rank %d restarts its random streams: the run is no longer bitwise "
+                        "reproducible", self.env.rank)
+            return
+        rng.restore(streams, self._generators())
 
     def resume_if_possible(self, cause: str) -> None:
         # Onto the CPU: RNG states must stay CPU byte tensors, and load_state_dict moves the
@@ -162,6 +174,7 @@ class Trainer:
                 self.evaluate()
             if self.checkpoint_step != self.global_step:
                 self.save_checkpoint()
+            self.writer.wait()  # the last checkpoint is on disk before the run reports done
             return self.summary()
         finally:
             self.close()
@@ -293,6 +306,7 @@ class Trainer:
                     stopping.TERM else "requeue signal", self.global_step)
         if self.checkpoint_step != self.global_step:
             self.save_checkpoint()
+        self.writer.wait()  # complete before the job is requeued or ends
         # progress.json says where the run stands: the stop step (its checkpoint), which may
         # lie after the last logged step.
         self.metrics.write_progress(self.global_step, self.epoch,
@@ -358,12 +372,12 @@ class Trainer:
         return self.last_eval
 
     def save_checkpoint(self) -> None:
-        state = self.state_dict()  # a collective: every rank takes part
+        """Every rank, at the same step: rank 0's state and each rank's random streams are
+        copied to the CPU here and written in the background (ckpt_writer.py)."""
+        self._finish_reduction()  # on every rank: its result is awaited by all
+        state = self.state_dict() if self.env.is_master else None
+        self.writer.save(self.global_step, state, rng.capture(self._generators()))
         self.checkpoint_step = self.global_step
-        if self.env.is_master:
-            path = checkpoint.save(state, self.run.checkpoints, self.global_step,
-                                   self.cfg.trainer.keep_checkpoints)
-            log.info("checkpoint %s", path)
 
     def summary(self) -> dict[str, Any]:
         self._finish_reduction()

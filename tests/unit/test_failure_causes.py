@@ -45,13 +45,22 @@ def test_own_error_keeps_the_whole_message_within_bounds() -> None:
     assert own_error(KeyboardInterrupt()) == "KeyboardInterrupt"
 
 
-def test_peer_error_finds_a_rank_that_failed_by_itself(tmp_path: Path) -> None:
+def test_peer_error_is_one_store_key_or_rank_0s_file(tmp_path: Path) -> None:
+    from hpc_ddp.bench.recording import RecordingStore
+    from hpc_ddp.rank.diagnose import publish_own_failure
+
+    store = RecordingStore()
+    assert peer_error(store, tmp_path) is None
+    publish_own_failure(store, "rank 2 on node3: KeyError: 'exp_avg'")
+    assert peer_error(store, tmp_path) == "rank 2 on node3: KeyError: 'exp_avg'"
+    assert store.ops == 4  # a check each time and one get: whatever the world size
+    # The store died with rank 0: its error file says whether it failed by itself.
+    gone = RecordingStore(dead=True)
     (tmp_path / "rank0.error").write_text("rank 0 on node1: collective failed\n\ntrace")
-    assert peer_error(tmp_path, 0, 4) is None  # its own file, and one without the mark
-    (tmp_path / "rank2.error").write_text(
-        f"rank 2 on node3: {LOCAL_MARK} KeyError: 'exp_avg'\n\nTraceback ...")
-    assert peer_error(tmp_path, 0, 4) == "rank 2 on node3: KeyError: 'exp_avg'"
-    assert peer_error(tmp_path, 0, 2) is None  # rank 2 is not in a 2-rank job
+    assert peer_error(gone, tmp_path) is None
+    (tmp_path / "rank0.error").write_text(
+        f"rank 0 on node1: {LOCAL_MARK} KeyError: 'exp_avg'\n\nTraceback ...")
+    assert peer_error(gone, tmp_path) == "rank 0 on node1: KeyError: 'exp_avg'"
 
 
 def test_a_reused_pid_is_not_the_process_that_was_recorded() -> None:

@@ -124,3 +124,30 @@ def test_variant_overrides_are_checked() -> None:
     with pytest.raises(UserError):
         bench.with_overrides(cfg, ["trainer.nope=1"])
     assert bench.replace_model(cfg, "null").model.name == "null"
+
+
+def test_the_checkpoint_stall_is_per_checkpoint_against_tuned() -> None:
+    from hpc_ddp.bench.train import checkpoint_variants
+    from hpc_ddp.bench.train_report import checkpoint_stalls
+
+    names = [v.name for v in checkpoint_variants(5, ())]
+    assert names == ["tuned", "ckpt-sync", "ckpt-background"]
+
+    def windows(walls: list[float], other: float, checkpoints: int) -> list[Any]:
+        made = []
+        for wall in walls:
+            w = {**_window(wall), "checkpoints": checkpoints}
+            w["other_s"] = other
+            made.append([w, w])
+        return made
+
+    model = {"model": "resnet18", "steps_per_window": 10, "checkpoint_mb": {"ckpt-sync": 85},
+             "windows": {"tuned": windows([1.0, 1.0, 1.2], 0.01, 0),
+                         "ckpt-sync": windows([1.4, 1.5, 1.6], 0.41, 2),
+                         "ckpt-background": windows([1.05, 1.1, 1.2], 0.03, 2)}}
+    (stall,) = checkpoint_stalls({"world_size": 2, "models": [model]})
+    assert stall["sync_ms"] == pytest.approx(200.0)  # (0.4, 0.5, 0.4) s over 2 checkpoints
+    assert stall["sync_in_step_ms"] == pytest.approx(200.0)
+    assert stall["background_ms"] == pytest.approx(25.0)
+    assert stall["background_in_step_ms"] == pytest.approx(10.0)
+    assert stall["checkpoint_mb"] == 85

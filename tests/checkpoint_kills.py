@@ -1,0 +1,95 @@
+"""Checkpoint writers killed by SIGKILL at random moments never leave an unusable latest.
+
+    python -m tests.checkpoint_kills FOLDER KILLS SEED     # prints one JSON line
+
+One interpreter imports torch once; per kill it forks a child (cheap) that checkpoints a
+2-rank world in the background as fast as it can (ckpt_writer.py: both ranks' writers
+on one store, a 1 MiB state; one rank's part, chosen at random, is the slowest to write),
+SIGKILLs the child after a random delay, and checks that
+``latest`` names a complete set: rank 0's file loads as data and holds its step, and each
+rank's stream file of that step loads and holds the same step. Each child starts from the
+step after the latest, so the run goes on across kills as a requeued job would. Used by
+tests/unit/test_checkpoint.py (a few kills here) and tests/cluster/test_checkpoint_kills.py
+(one srun step per node, 50+ kills in all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _child(folder: Path, slow_rank: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from hpc_ddp.rank import checkpoint
+    from hpc_ddp.rank.ckpt_writer import CheckpointWriter
+
+    store = dist.HashStore()
+    writers = [CheckpointWriter(folder, r, 2, keep=2, store=store, timeout_s=60)
+               for r in (0, 1)]
+    step = (checkpoint.latest_step(folder) or 0) + 1
+    weights = torch.randn(256, 1024)  # 1 MiB: a write takes long enough to be hit
+    ballast = torch.zeros(2048, 1024)  # 8 MiB in the slow rank's part: it finishes last
+    while True:
+        weights.fill_(float(step))
+        for rank, writer in enumerate(writers):
+            streams: dict[str, Any] = {"step": step, "torch": torch.get_rng_state()}
+            if rank == slow_rank:
+                streams["ballast"] = ballast
+            writer.save(step, {"step": step, "w": weights} if rank == 0 else None, streams)
+        step += 1
+
+
+def check(folder: Path) -> dict[str, Any]:
+    """What the latest set holds; ``problem`` says what is wrong with it, if anything."""
+    from hpc_ddp.rank import checkpoint
+
+    step = checkpoint.latest_step(folder)
+    if step is None:
+        path = checkpoint.latest_path(folder)  # a kill before the first set: none, not a bad one
+        return {"step": None, "problem": None if path is None else f"bad pointer {path}"}
+    state = checkpoint.load_latest(folder)
+    if state is None or state["step"] != step or not bool((state["w"] == step).all()):
+        return {"step": step, "problem": f"rank 0's file of step {step} holds another state"}
+    for rank in (0, 1):
+        streams = checkpoint.load_streams(folder, rank, step)
+        if streams is None or streams["step"] != step:
+            return {"step": step, "problem": f"rank {rank}'s streams of step {step} missing"}
+    return {"step": step, "problem": None}
+
+
+def kills(folder: Path, count: int, seed: int) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # no thread pool to inherit half-made into the forked children
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    steps, problems = [], []
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(folder, slow_rank=rng.randrange(2))
+            finally:
+                os._exit(1)
+        time.sleep(rng.uniform(0.05, 0.5))
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        found = check(folder)
+        steps.append(found["step"])
+        if found["problem"]:
+            problems.append(found["problem"])
+    return {"host": os.uname().nodename, "kills": count, "steps": steps, "problems": problems}
+
+
+if __name__ == "__main__":
+    where, n, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    print(json.dumps(kills(where, n, seed)), flush=True)
