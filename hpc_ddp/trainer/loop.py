@@ -211,6 +211,7 @@ class Trainer:
                            targets, self.criterion, self._generators())
 
     def close(self) -> None:
+        self.writer.wait()  # a checkpoint still being written is on disk before we go
         self._finish_reduction()
         self.metrics.close()
 
