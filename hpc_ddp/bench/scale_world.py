@@ -8,9 +8,7 @@ other ranks would have written, and returns what that rank cost. Nothing is re-i
 a change that makes a rank read every rank's file or key shows up as a count that grows with
 N (tests/unit/test_scale_cost.py).
 
-A new scenario is a function ``(world, rank) -> Cost`` added to :data:`SCENARIOS`; a
-rendezvous one would seed the store with the other ranks' check-ins and run
-``rendezvous.connect`` with its TCPStore replaced by the recording store.
+A new scenario is a function ``(world, rank) -> Cost`` added to :data:`SCENARIOS`.
 """
 
 from __future__ import annotations
@@ -216,7 +214,28 @@ def start_up(world: World, rank: int) -> Cost:
     return world.measure(work, store)
 
 
+def rendezvous_join(world: World, rank: int) -> Cost:
+    """Joining the rendezvous (rendezvous.py): reading rank 0's endpoint file, then the
+    check-in on its store, as the last rank to arrive (which also releases the others'
+    waits); the TCP connection itself is left out (one per rank, as a TCPStore makes it)."""
+    from hpc_ddp.rank import rendezvous
+
+    store = RecordingStore()
+    store.seed("hpc_ddp/arrived", world.size - 1)  # the others have announced themselves
+    env = world.env(rank)
+    path = rendezvous.endpoint_file(world.run.rendezvous, env)
+    rendezvous.publish(path, rendezvous.Endpoint(address(0, world.per_node), 29500, "n"),
+                       world.host(0))
+
+    def work() -> None:
+        assert rendezvous.read_endpoint(path) is not None
+        rendezvous._check_in(store, env, json.dumps({"host": world.host(rank)}), 60.0)
+
+    return world.measure(work, store)
+
+
 SCENARIOS: dict[str, Callable[[World, int], Cost]] = {
+    "rendezvous (endpoint file, check-in)": rendezvous_join,
     "start-up (requeued attempt)": start_up,
     "checkpoint (ctx.save / trainer)": checkpoint_save,
     "resume (ctx.load)": checkpoint_resume,
