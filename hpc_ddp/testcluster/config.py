@@ -98,15 +98,14 @@ class ClusterConfig:
 
     @property
     def node_addresses(self) -> dict[str, str]:
-        net = ipaddress.ip_network(self.subnet)
-        return {
-            name: str(net.network_address + self.first_node_host + i)
-            for i, name in enumerate(self.node_names)
-        }
+        return self._addresses_in(self.subnet)
 
     @property
     def fast_addresses(self) -> dict[str, str]:
-        net = ipaddress.ip_network(self.fast_subnet)
+        return self._addresses_in(self.fast_subnet)
+
+    def _addresses_in(self, subnet: str) -> dict[str, str]:
+        net = ipaddress.ip_network(subnet)
         return {
             name: str(net.network_address + self.first_node_host + i)
             for i, name in enumerate(self.node_names)
