@@ -27,12 +27,17 @@ def slurm_run(folder: Path, job_id: str = "2", nodes: int = 8) -> Run:
     return Run(folder, record)
 
 
-def test_wait_stops_at_a_job_that_can_never_start(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def never_starting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Run, Path]:
+    """A Slurm run whose job pends for a partition too small for it (squeue says so)."""
     folder, log = fake_slurm(tmp_path / "bin", {"squeue": "2|PENDING|PartitionNodeLimit|normal",
                                                 "sacct": "", "sinfo": SINFO_2205})
     monkeypatch.setenv("PATH", str(folder))
-    run = slurm_run(tmp_path / "run")
+    return slurm_run(tmp_path / "run"), log
+
+
+def test_wait_stops_at_a_job_that_can_never_start(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    run, log = never_starting(tmp_path, monkeypatch)
     out = io.StringIO()
     with pytest.raises(RunFailed) as info:
         run.wait(out=out)
@@ -82,10 +87,7 @@ def test_following_one_job_costs_one_call_a_refresh(tmp_path: Path,
 
 def test_status_shows_the_reason_and_watch_ends_at_never(tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    folder, log = fake_slurm(tmp_path / "bin", {"squeue": "2|PENDING|PartitionNodeLimit|normal",
-                                                "sacct": "", "sinfo": SINFO_2205})
-    monkeypatch.setenv("PATH", str(folder))
-    run = slurm_run(tmp_path / "run")
+    run, log = never_starting(tmp_path, monkeypatch)
     out = io.StringIO()
     assert main([str(run.run_dir), "--watch", "--interval", "0.01"], out=out) == 0
     text = out.getvalue()
