@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterator
 
 import pytest
 
+from hpc_ddp.config.secrets import exported
 from hpc_ddp.testcluster.cluster import (
     TestCluster,
     TestClusterError,
@@ -63,16 +64,10 @@ def slurm_cluster() -> Iterator[TestCluster]:
         pytest.fail(f"the Slurm test cluster did not come up:\n{e}", pytrace=False)
     _CLUSTER = cluster
     # Clients started by the tests (and by submitit inside them) find the cluster this way.
-    saved = {key: os.environ.get(key) for key in cluster.env()}
-    os.environ.update(cluster.env())
     try:
-        yield cluster
+        with exported(cluster.env()):
+            yield cluster
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         _CLUSTER = None
         if os.environ.get(KEEP_ENV) != "1":
             cluster.down()
