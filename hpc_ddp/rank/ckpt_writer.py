@@ -166,14 +166,29 @@ class CheckpointWriter:
             if time.monotonic() > deadline:
                 raise CheckpointError(
                     f"only {done} of {self.world_size} ranks wrote their part of the checkpoint "
-                    f"of step {step} within {self.timeout_s:.0f}s, so it is not made the latest "
-                    f"({checkpoint.latest_path(self.folder) or 'none'} still is). Their logs "
-                    "say why (a full or slow file system, a dead rank).")
+                    f"of step {step} within {self.timeout_s:.0f}s ({self._missing(step)}), so "
+                    f"it is not made the latest ({checkpoint.latest_path(self.folder) or 'none'}"
+                    " still is). Their logs say why (a full or slow file system, a dead or "
+                    "hung rank).")
             time.sleep(POLL_S)
         try:
             self._store.delete_key(key)
         except Exception:  # an older store without delete: one small key per checkpoint
             pass
+
+    def _missing(self, step: int, most: int = 8) -> str:
+        """The first ranks whose stream file of ``step`` is absent (rank 0, once, on this
+        error path only: a stat per rank until ``most`` are found)."""
+        missing = []
+        for r in range(1, self.world_size):
+            if not checkpoint.streams_path(self.folder, r, step).exists():
+                missing.append(r)
+                if len(missing) == most:
+                    break
+        if not missing:
+            return "their files are there now"
+        more = " and maybe more" if len(missing) == most else ""
+        return "missing: rank " + ", ".join(map(str, missing)) + more
 
     def _write_with_barrier(self, step: int, state: dict[str, Any] | None,
                             streams: dict[str, Any]) -> None:

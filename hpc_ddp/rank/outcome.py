@@ -122,13 +122,19 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
     job = requeue.slurm_job(environ)
     if not (report and _first_report(rank)):
         raise RuntimeError(message) from exc
+    seen = events.read(run_dir.root) if job is not None else []
+    if _reported_already(seen, job, rank.env.restart):
+        # The claim fell back to this rank because the store is gone: its host (rank 0)
+        # exited after the first reporter's decision (srun ends a step's other tasks once one
+        # exits non-zero). That decision stands: no second record, and no requeue of a
+        # failure judged final.
+        raise RuntimeError(message) from exc
     record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
               "cause": message.replace(diagnose.LOCAL_MARK, "").strip(), "job": job,
               "step": checkpoint.latest_step(run_dir.checkpoints)}
     events.append(run_dir.root, {"kind": "failure", **record})
     if not retry or job is None:
         raise RuntimeError(message) from exc  # a new attempt would fail the same way
-    seen = events.read(run_dir.root)
     already = any(e.get("kind") == "requeue" and e.get("attempt") == rank.env.restart
                   and e.get("job") in (None, job) for e in seen)
     if not already and events.restarts_spent(seen, job) < cfg.cluster.max_restarts and (
@@ -136,6 +142,12 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
         events.append(run_dir.root, {"kind": "requeue", **record})
         message += f" Job {job} requeued from its last checkpoint."
     raise RuntimeError(message) from exc
+
+
+def _reported_already(seen: list[dict[str, Any]], job: str | None, attempt: int) -> bool:
+    """A failure of this attempt of Slurm job ``job`` is on record (events.jsonl)."""
+    return job is not None and any(e.get("kind") == "failure" and e.get("job") == job
+                                   and e.get("attempt") == attempt for e in seen)
 
 
 def _first_report(rank: Rank) -> bool:

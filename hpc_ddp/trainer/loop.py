@@ -168,6 +168,7 @@ class Trainer:
     def train(self) -> dict[str, Any]:
         """Train to total_steps; returns the summary (written to summary.json by rank 0)."""
         self.begin()
+        finished = False
         try:
             self.train_steps(self.total_steps - self.global_step)
             if not self.last_eval or self.last_eval.get("step") != self.global_step:
@@ -175,9 +176,10 @@ class Trainer:
             if self.checkpoint_step != self.global_step:
                 self.save_checkpoint()
             self.writer.wait()  # the last checkpoint is on disk before the run reports done
+            finished = True
             return self.summary()
         finally:
-            self.close()
+            self.close(finished)
 
     def begin(self) -> None:
         """Open the metrics and start the clock (train() does this; benchmarks call it)."""
@@ -210,9 +212,22 @@ class Trainer:
                                                       self.tuning.channels_last),
                            targets, self.criterion, self._generators())
 
-    def close(self) -> None:
-        self.writer.wait()  # a checkpoint still being written is on disk before we go
-        self._finish_reduction()
+    def close(self, finished: bool = True) -> None:
+        """Flush what is pending. ``finished`` false (the loop raised, e.g. a collective
+        timed out): the error in flight is the cause, so neither the last log reduction
+        (which a dead peer never joins) nor the checkpoint being written may replace it; a
+        checkpoint that cannot complete is only logged (``latest`` still names the one
+        before, whole)."""
+        if finished:
+            self.writer.wait()  # a checkpoint still being written is on disk before we go
+            self._finish_reduction()
+        else:
+            self._pending = None
+            try:
+                self.writer.wait()
+            except Exception as exc:  # noqa: BLE001 - the loop's own error is re-raised
+                log.error("the checkpoint being written when training failed is not the "
+                          "latest: %s", exc)
         self.metrics.close()
 
     def train_steps(self, steps: int) -> None:
