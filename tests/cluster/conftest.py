@@ -14,6 +14,7 @@ from collections.abc import Generator, Iterator
 import pytest
 
 from hpc_ddp.config.secrets import exported
+from hpc_ddp.testcluster import settle
 from hpc_ddp.testcluster.cluster import (
     TestCluster,
     TestClusterError,
@@ -71,6 +72,19 @@ def slurm_cluster() -> Iterator[TestCluster]:
         _CLUSTER = None
         if os.environ.get(KEEP_ENV) != "1":
             cluster.down()
+
+
+@pytest.fixture(autouse=True)
+def _cluster_left_settled(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on the cluster: the queue empty and the nodes idle again, or the test
+    errors naming what it left (cancelled and resumed, so that the next test starts clean
+    instead of waiting for nodes it cannot have)."""
+    yield
+    if _CLUSTER is None or "slurm_cluster" not in request.fixturenames:
+        return
+    left = settle.settle(_CLUSTER.env(), _CLUSTER.node_names)
+    if left:
+        pytest.fail("the test left the cluster unsettled: " + "; ".join(left), pytrace=False)
 
 
 @pytest.fixture
