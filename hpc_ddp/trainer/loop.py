@@ -213,21 +213,19 @@ class Trainer:
                            targets, self.criterion, self._generators())
 
     def close(self, finished: bool = True) -> None:
-        """Flush what is pending. ``finished`` false (the loop raised, e.g. a collective
-        timed out): the error in flight is the cause, so neither the last log reduction
-        (which a dead peer never joins) nor the checkpoint being written may replace it; a
-        checkpoint that cannot complete is only logged (``latest`` still names the one
-        before, whole)."""
-        if finished:
-            self.writer.wait()  # a checkpoint still being written is on disk before we go
-            self._finish_reduction()
-        else:
+        """Flush what is pending; ``finished`` false (the loop raised): the error in flight
+        is the cause, so neither the log reduction (a dead peer never joins it) nor the
+        checkpoint being written (only logged if it fails) replaces it."""
+        if not finished:
             self._pending = None
-            try:
-                self.writer.wait()
-            except Exception as exc:  # noqa: BLE001 - the loop's own error is re-raised
-                log.error("the checkpoint being written when training failed is not the "
-                          "latest: %s", exc)
+        try:
+            self.writer.wait()  # a checkpoint still being written is on disk before we go
+        except Exception as exc:
+            if finished:
+                raise
+            log.error("the checkpoint being written when training failed is not the latest: "
+                      "%s", exc)
+        self._finish_reduction()
         self.metrics.close()
 
     def train_steps(self, steps: int) -> None:
@@ -323,6 +321,7 @@ class Trainer:
         if self.checkpoint_step != self.global_step:
             self.save_checkpoint()
         self.writer.wait()  # complete before the job is requeued or ends
+        self._finish_reduction()  # every rank is here: this step's log window is read
         # progress.json says where the run stands: the stop step (its checkpoint), which may
         # lie after the last logged step.
         self.metrics.write_progress(self.global_step, self.epoch,

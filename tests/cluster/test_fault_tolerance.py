@@ -82,18 +82,35 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 240) -> None:
 def finish_releasing_requeues(job: str, run_dir: Path, env: dict[str, str],
                               timeout: float = 420) -> int:
     """Wait for the run's summary; a requeued job waits ~2 min for its begin time: release it
-    at once (scontrol update StartTime=now, TESTCLUSTER.md). Returns how many were released."""
+    (scontrol update StartTime=now, TESTCLUSTER.md) 2 s after it is pending again. Not at
+    once: slurmd revokes the old allocation's credential with a time in whole seconds, and a
+    new start within that second is killed ("Job credential revoked"), which is what the begin
+    time protects against. Returns how many were released."""
     released = 0
     deadline = time.monotonic() + timeout
-    while not ((run_dir / "summary.json").exists() and squeue_state(job, env) == ""):
-        assert time.monotonic() < deadline, f"job {job} did not finish"
-        if squeue_state(job, env) == "PENDING":
+    pending_since = gone_since = None
+    while (state := squeue_state(job, env)) or not (run_dir / "summary.json").exists():
+        now = time.monotonic()
+        assert now < deadline, f"job {job} did not finish"
+        pending_since = (pending_since or now) if state == "PENDING" else None
+        gone_since = (gone_since or now) if state == "" else None
+        assert gone_since is None or now - gone_since < 30, (
+            f"job {job} left the queue without a summary: {sacct_states(job, env)}")
+        if pending_since is not None and now - pending_since >= 2:
             subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
                            capture_output=True, check=False)
             released += 1
+            pending_since = None
             time.sleep(2)
         time.sleep(0.5)
     return released
+
+
+def sacct_states(job: str, env: dict[str, str]) -> str:
+    """What accounting says of every start of ``job`` (state, exit code, reason)."""
+    return subprocess.run(["sacct", "-n", "-X", "-D", "-j", job, "-o",
+                           "JobID,State,ExitCode,Reason%40"], env=env, capture_output=True,
+                          text=True, check=False).stdout.strip()
 
 
 def assert_same_as(reference: dict[str, Any], run_dir: Path) -> dict[str, Any]:
