@@ -21,9 +21,13 @@ from pathlib import Path
 from typing import Any
 
 _ADDRESS = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
-# How a failed collective or a lost peer reads, from gloo, NCCL and the c10d store.
+# How a failed collective or a lost peer reads, from gloo, NCCL and the c10d store. Gloo's
+# text depends on where the wait ended: "Timed out waiting ... for recv" in a buffer,
+# "Application timeout caused pair closure" in a pair (a peer stopped mid-all-reduce, seen
+# from DDP's backward hook as a bare RuntimeError).
 _COMM = re.compile(r"gloo|nccl|ProcessGroup|c10d|Connection (closed|reset|refused)|Timed out "
-                   r"waiting|timed out|Broken pipe|socket|recv|Watchdog", re.IGNORECASE)
+                   r"waiting|timed out|Broken pipe|socket|recv|Watchdog|pair closure|"
+                   r"Application timeout", re.IGNORECASE)
 # What another node or a later attempt may not meet again: the hardware, the file system.
 _HARDWARE = re.compile(r"CUDA error|ECC|uncorrectable|Xid|device-side|NVLink|cuDNN error",
                        re.IGNORECASE)

@@ -16,6 +16,7 @@ GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buf
                             "Timed out waiting 20000ms for recv operation to complete")
 PEER_GONE = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
                          "closed by peer [10.77.0.12]:31337")
+PAIR_TIMEOUT = RuntimeError("Application timeout caused pair closure")  # from DDP's backward
 MISMATCH = RuntimeError("Error(s) in loading state_dict for ResNet:\n\tMissing key(s) in "
                         "state_dict: \"conv1.weight\".\n\tUnexpected key(s): \"0.weight\".")
 
@@ -23,6 +24,7 @@ MISMATCH = RuntimeError("Error(s) in loading state_dict for ResNet:\n\tMissing k
 @pytest.mark.parametrize("error, comm, requeue", [
     (GLOO_TIMEOUT, True, True),
     (PEER_GONE, True, True),
+    (PAIR_TIMEOUT, True, True),
     (torch.distributed.DistBackendError("NCCL communicator was aborted"), True, True),
     (RuntimeError("CUDA error: uncorrectable ECC error encountered"), False, True),
     (OSError(5, "Input/output error"), False, True),
