@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.testcluster import daemons, network
+from hpc_ddp.testcluster import daemons, network, settle
 from hpc_ddp.testcluster.config import (
     ClusterConfig,
     fingerprint,
@@ -263,17 +263,7 @@ class TestCluster:
     # --- health and status -------------------------------------------------------------
     def _sinfo_nodes(self) -> dict[str, str]:
         """Node -> state (sinfo %t, without the trailing flag such as ``*`` or ``~``)."""
-        try:
-            proc = daemons.run(["sinfo", "-h", "-N", "-o", "%N %t"], self.env(), timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return {}
-        if proc.returncode != 0:
-            return {}
-        states: dict[str, str] = {}
-        for line in proc.stdout.splitlines():
-            name, _, state = line.partition(" ")
-            states[name] = state.strip().rstrip("*~#!%$@^-")
-        return states
+        return {name: state for name, (state, _) in settle.node_states(self.env()).items()}
 
     def _nodes_ready(self) -> bool:
         states = self._sinfo_nodes()

@@ -10,16 +10,21 @@ down, and says what it found, so that the test that left it is the one that fail
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable, Mapping, Sequence
 
-# sinfo %t states a node is usable in once the queue is empty (``comp``: a job's epilogue).
-_SETTLED = {"idle"}
+from hpc_ddp.testcluster import daemons
+
+# sinfo %t states that pass by themselves once the queue is empty (``comp``: an epilogue);
+# any state but ``idle`` and these (drain, down, ...) needs a hand.
 _BUSY = {"alloc", "mix", "comp"}
 
 
-def _slurm(args: Sequence[str], env: Mapping[str, str]) -> str:
-    done = subprocess.run(list(args), env=dict(env), capture_output=True, text=True, timeout=30)
+def _slurm(args: list[str], env: Mapping[str, str]) -> str:
+    """What a Slurm client prints; nothing when it fails or cannot be reached."""
+    try:
+        done = daemons.run(args, env, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
     return done.stdout if done.returncode == 0 else ""
 
 
@@ -40,12 +45,11 @@ def node_states(env: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     return found
 
 
-def _wait(done: Callable[[], bool], timeout_s: float, every_s: float = 0.5) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(every_s)
+def _wait(done: Callable[[], bool], timeout_s: float) -> bool:
+    try:
+        daemons.wait_until(done, timeout_s, "the cluster to settle", every=0.5)
+    except daemons.DaemonError:
+        return False
     return True
 
 
@@ -57,13 +61,13 @@ def settle(env: Mapping[str, str], nodes: Sequence[str], grace_s: float = 30.0) 
         found.append(f"jobs still queued {grace_s:.0f}s after the test: {'; '.join(left)} "
                      "(cancelled)")
         ids = sorted({entry.split()[0].split("_")[0] for entry in left})
-        subprocess.run(["scancel", *ids], env=dict(env), capture_output=True, timeout=30)
+        _slurm(["scancel", *ids], env)
         _wait(lambda: not jobs(env), grace_s)
 
     def odd() -> dict[str, tuple[str, str]]:
         states = node_states(env)
         return {n: states.get(n, ("missing", "")) for n in nodes
-                if states.get(n, ("missing", ""))[0] not in _SETTLED}
+                if states.get(n, ("missing", ""))[0] != "idle"}
 
     # A node finishing a job's epilogue is idle in a moment; one drained or down is not.
     _wait(lambda: not any(state in _BUSY for state, _ in odd().values()), grace_s)
@@ -73,7 +77,6 @@ def settle(env: Mapping[str, str], nodes: Sequence[str], grace_s: float = 30.0) 
             f"{n} {state}" + (f" ({reason})" if reason and reason != "none" else "")
             for n, (state, reason) in sorted(bad.items())) + " (resumed)")
         for node in bad:
-            subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                           env=dict(env), capture_output=True, timeout=30)
+            _slurm(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env)
         _wait(lambda: not odd(), grace_s)
     return found

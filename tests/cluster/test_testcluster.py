@@ -211,3 +211,20 @@ def test_a_nodes_own_variables_reach_only_its_tasks(slurm_cluster: TestCluster,
     with slurm_cluster.node_environment("node3", {"X": "a b"}):
         assert seen() == ["node1 ", "node2 ", "node3 a b", "node4 "]
     assert seen() == ["node1 ", "node2 ", "node3 ", "node4 "]
+
+
+def test_settle_cancels_what_a_test_left_and_resumes_a_drained_node(
+        slurm_cluster: TestCluster, slurm_env: dict[str, str]) -> None:
+    from hpc_ddp.testcluster import settle
+
+    held = run(["sbatch", "--parsable", "--hold", "-N1", "--wrap", "sleep 300"], slurm_env)
+    run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=left-by-a-test"],
+        slurm_env)
+    found = settle.settle(slurm_cluster.env(), slurm_cluster.node_names, grace_s=2)
+    assert len(found) == 2, found
+    assert found[0].startswith("jobs still queued") and held.strip() in found[0], found
+    assert "node2 drain" in found[1] and "left-by-a-test" in found[1], found
+    assert settle.jobs(slurm_env) == []
+    assert {n: s for n, (s, _) in settle.node_states(slurm_env).items()} == {
+        n: "idle" for n in slurm_cluster.node_names}
+    assert settle.settle(slurm_cluster.env(), slurm_cluster.node_names) == []  # nothing left
