@@ -6,10 +6,10 @@ the counts: store operations and bytes, file operations, bytes and directory ent
 Slurm commands run.
 
 - :class:`RecordingStore` is an in-memory c10d store with the operations hpc_ddp uses (set,
-  get, add, check, wait, append, multi_get, compare_set, delete_key, set_timeout), so it can
-  stand wherever a TCPStore does; :meth:`RecordingStore.seed` and ``seed_prefix`` put in what
-  the other ranks of the world would have written. ``dead=True``: every operation fails, as
-  when the store died with rank 0's process.
+  get, add, check, wait, append, multi_get, multi_set, compare_set, delete_key,
+  set_timeout), so it can stand wherever a TCPStore does; :meth:`RecordingStore.seed` and
+  ``seed_prefix`` put in what the other ranks of the world would have written.
+  ``dead=True``: every operation fails, as when the store died with rank 0's process.
 - :class:`FileRecorder` counts what the code does under one folder (the run dir): opens,
   reads and writes with their bytes, stats, listings with their entries, renames, removals,
   fsyncs, by patching ``open``/``os`` for the duration (other paths are not counted).
@@ -120,6 +120,10 @@ class RecordingStore:
             raise StoreGone("store multi_get: timed out waiting for the keys")
         self.received += sum(len(v) for v in values if v is not None)
         return [v for v in values if v is not None]
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
+        self._op("multi_set", *keys, *values)
+        self.data.update({k: _b(v) for k, v in zip(keys, values, strict=True)})
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         self._op("compare_set", key, expected, desired)

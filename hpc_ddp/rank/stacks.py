@@ -3,10 +3,13 @@
 Each training process registers ``faulthandler`` for STACK_SIGNAL into
 ``logs/rank<N>.stacks`` (C-level: it writes even while the process is stuck inside a
 collective or a C call; https://docs.python.org/3/library/faulthandler.html). When a rank's
-collective fails because some ranks stopped answering, it sets one key on the rendezvous
-store; each rank's supervisor (hpc_ddp/rank/supervised.py, which waits on that key on a
-connection of its own: no polling) signals its training process, and a rank on this host
-without a supervisor is signalled directly. Then the report names the line each silent rank
+collective fails because some ranks stopped answering, it sets one key per silent rank on the
+rendezvous store (one multi_set); each rank's supervisor (hpc_ddp/rank/supervised.py, which
+waits on its own rank's key on a connection of its own: no polling) signals its training
+process, and a rank on this host without a supervisor is signalled directly. The supervisor
+sets its own key to DONE when its training process has ended, which ends its waiting thread
+before the process exits (a thread still blocked in the store when the interpreter finalizes
+aborts the process: see supervised.py). Then the report names the line each silent rank
 was on: "rank 3 on gpu-017 was in __getitem__ (my_loader.py line 88)".
 """
 
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 
 KEY = "hpc_ddp/dump_stacks"
+REQUEST = "dump"  # the value of a request for the stacks
+DONE = "done"  # the value a supervisor sets to end its own wait
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _open: list[IO[str]] = []  # kept open for faulthandler, which writes to the descriptor
 
@@ -30,6 +35,11 @@ def stack_signal(requeue_signal: str) -> int:
     """SIGUSR1, unless the job's requeue signal is USR1 (then SIGUSR2 is free)."""
     return signal.SIGUSR2 if requeue_signal.upper().removeprefix("SIG") == "USR1" \
         else signal.SIGUSR1
+
+
+def request_key(rank: int) -> str:
+    """The key that rank ``rank``'s supervisor waits on."""
+    return f"{KEY}/{rank}"
 
 
 def enable(path: Path, signum: int) -> None:
@@ -44,11 +54,12 @@ def enable(path: Path, signum: int) -> None:
 
 def request(store: Any, silent: list[int], ranks_dir: Path, host: str, signum: int,
             wait_s: float = 3.0) -> None:
-    """Ask the silent ranks for their stacks: the store key their supervisors wait on, and a
-    signal to those on this host (found by pid in ranks/rank<N>.json); then give them
-    ``wait_s`` to write."""
+    """Ask the silent ranks for their stacks: the store keys their supervisors wait on (one
+    store call), and a signal to those on this host (found by pid in ranks/rank<N>.json);
+    then give them ``wait_s`` to write."""
     try:
-        store.set(KEY, "1")
+        if silent:
+            store.multi_set([request_key(r) for r in silent], [REQUEST] * len(silent))
     except Exception:  # the store died with rank 0's process: only the direct signal is left
         pass
     for rank in silent:

@@ -27,8 +27,12 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Mapping, MutableMapping
+from datetime import timedelta
 from typing import Any
+
+import torch.distributed as dist
 
 from hpc_ddp import events
 from hpc_ddp.config.compose import to_yaml
@@ -82,10 +86,13 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str]
     stop.install(cfg.cluster.signal)
     with joined(cfg, run, environ, group=False) as rank:
         child = Child(child_command(), child_environment(cfg, rank, environ, run))
-        _relay_stack_requests(rank, child, stacks.stack_signal(cfg.cluster.signal))
+        relay = StackRelay(rank, child, stacks.stack_signal(cfg.cluster.signal))
         log.info("training in process %d under this supervisor (rank %d of %d)",
                  child.proc.pid, rank.env.rank, rank.env.world_size)
-        code = child.wait()
+        try:
+            code = child.wait()
+        finally:
+            relay.close()
         report_done(rank, code)
         if rank.env.is_master:
             wait_for_all(rank, stop)
@@ -100,38 +107,59 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str]
     return None
 
 
-def _relay_stack_requests(rank: Rank, child: Child, signum: int) -> None:
-    """A thread that waits for a stack request on the child's store keys (rank/stacks.py), on
-    a connection of its own (the store is not shared between threads), and signals the
-    child when it comes. Waiting is the store's own (no polling); it ends with the store."""
-    import threading
-    from datetime import timedelta
+class StackRelay:
+    """A thread that waits for a stack request for this rank (rank/stacks.py) on a
+    connection of its own (a store client is not shared between threads) and signals the
+    child when it comes. Waiting is the store's own (no polling).
 
-    import torch.distributed as dist
+    :meth:`close` ends the thread before this process exits, by setting the key itself (to
+    stacks.DONE) and joining it. A thread left blocked in the store would be woken by the
+    store's shutdown (rank 0's process ending) while this interpreter finalizes; it then
+    cannot take the GIL, is unwound through torch's C++ frames and the process aborts
+    ("terminate called without an active exception", SIGABRT). srun reports the task
+    Aborted and Slurm ends a run that finished FAILED (exit code 6).
+    """
 
-    if rank.endpoint is None:
-        return
-    prefix = rendezvous.attempt_prefix(rank.env.restart)  # where the child's keys are
-    endpoint = rank.endpoint
+    def __init__(self, rank: Rank, child: Child, signum: int) -> None:
+        self._child, self._signum = child, signum
+        self._store = rank.store
+        self._prefix = rendezvous.attempt_prefix(rank.env.restart)  # the child's keys
+        self._key = stacks.request_key(rank.env.rank)
+        self._thread: threading.Thread | None = None
+        if rank.endpoint is not None and rank.store is not None:
+            self._thread = threading.Thread(target=self._relay, args=(rank.endpoint,),
+                                            name="hpc_ddp-stack-relay", daemon=True)
+            self._thread.start()
 
-    def relay() -> None:
+    def _relay(self, endpoint: rendezvous.Endpoint) -> None:
         try:
-            own = dist.PrefixStore(prefix, dist.TCPStore(
+            own = dist.PrefixStore(self._prefix, dist.TCPStore(
                 endpoint.addr, endpoint.port, is_master=False, timeout=timedelta(seconds=30),
                 wait_for_workers=False))
-            while child.proc.poll() is None:
+            while self._child.proc.poll() is None:
                 try:
-                    own.wait([stacks.KEY], timedelta(hours=1))
+                    own.wait([self._key], timedelta(hours=1))
                 except Exception as exc:  # an hour without a request, or the store is gone
                     if "timeout" not in str(exc).lower():
                         return
                     continue
-                child.signal(signum)
+                if own.get(self._key).decode() == stacks.REQUEST:
+                    self._child.signal(self._signum)
                 return
         except Exception:
             return
 
-    threading.Thread(target=relay, name="hpc_ddp-stack-relay", daemon=True).start()
+    def close(self, timeout_s: float = 10.0) -> None:
+        """End the thread (the child has ended): set this rank's key, then join."""
+        if self._thread is None:
+            return
+        try:
+            dist.PrefixStore(self._prefix, self._store).set(self._key, stacks.DONE)
+        except Exception:  # the store is gone: the thread's wait has failed and it returns
+            pass
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("the stack relay thread did not end within %.0fs", timeout_s)
 
 
 def _died(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,

@@ -1,0 +1,125 @@
+"""The supervisor's stack relay (rank/supervised.py StackRelay), on real TCPStores.
+
+It signals its own training process when that rank's stacks are asked for, not when another
+rank's are; and it ends before the supervisor exits. The last is what made supervised runs
+that succeeded end FAILED on Slurm: a relay thread still blocked in the store was woken by
+the store's shutdown while the interpreter finalized, and the process aborted (SIGABRT,
+srun's "task 1: Aborted", the job FAILED 6:0).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from hpc_ddp.rank import rendezvous, stacks
+from hpc_ddp.rank.script import Child
+from hpc_ddp.rank.supervised import StackRelay
+
+# A training process that exits 7 on SIGUSR1 (the stack signal here), else after 60 s.
+WAITS_FOR_USR1 = ("import signal, sys, time; "
+                  "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7)); time.sleep(60)")
+
+
+def _rank(store: Any, number: int) -> Any:
+    """What the relay reads of a joined rank (join.Rank)."""
+    endpoint = rendezvous.Endpoint("127.0.0.1", store.port)
+    return SimpleNamespace(store=store, endpoint=endpoint,
+                           env=SimpleNamespace(rank=number, restart=0))
+
+
+@pytest.fixture
+def store() -> Any:
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=30))
+
+
+def _child() -> Child:
+    return Child([sys.executable, "-c", WAITS_FOR_USR1], {})
+
+
+def test_a_request_for_this_rank_signals_its_training_process(store: Any) -> None:
+    child = _child()
+    relay = StackRelay(_rank(store, 1), child, signal.SIGUSR1)
+    time.sleep(1.0)  # the child has installed its handler
+    child_keys = dist.PrefixStore(rendezvous.attempt_prefix(0), store)
+    stacks.request(child_keys, [1], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
+                   wait_s=0)
+    assert child.wait() == 7
+    relay.close()
+    assert relay._thread is not None and not relay._thread.is_alive()
+
+
+def test_a_request_for_another_rank_leaves_it_alone_and_close_ends_the_thread(
+        store: Any) -> None:
+    child = _child()
+    relay = StackRelay(_rank(store, 1), child, signal.SIGUSR1)
+    time.sleep(1.0)
+    child_keys = dist.PrefixStore(rendezvous.attempt_prefix(0), store)
+    stacks.request(child_keys, [2], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
+                   wait_s=0)
+    time.sleep(0.5)
+    assert child.proc.poll() is None  # rank 2's request is not this rank's
+    child.proc.kill()
+    child.wait()
+    started = time.monotonic()
+    relay.close()
+    assert relay._thread is not None and not relay._thread.is_alive()
+    assert time.monotonic() - started < 5  # woken by its key, not by a timeout
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_supervisor_whose_store_goes_away_while_it_exits_exits_cleanly(
+        tmp_path: Path, closed: bool) -> None:
+    """The failure as seen on Slurm, made deterministic: the store (rank 0's, in another
+    process) goes away while this supervisor's interpreter finalizes. With the relay closed
+    the process exits 0; left blocked, it aborts — the proof that the test sees the bug."""
+    program = tmp_path / "supervisor.py"
+    program.write_text(textwrap.dedent(f"""
+        import os, signal, subprocess, sys, time
+        from datetime import timedelta
+        from types import SimpleNamespace
+        import torch.distributed as dist
+        from hpc_ddp.rank import rendezvous
+        from hpc_ddp.rank.script import Child
+        from hpc_ddp.rank.supervised import StackRelay
+
+        server = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time, torch.distributed as d; "
+            "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False); "
+            "print(s.port, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
+        port = int(server.stdout.readline())
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                              timeout=timedelta(seconds=30))
+        rank = SimpleNamespace(store=store, endpoint=rendezvous.Endpoint("127.0.0.1", port),
+                               env=SimpleNamespace(rank=1, restart=0))
+        child = Child([sys.executable, "-c", "pass"], {{}})
+        relay = StackRelay(rank, child, signal.SIGUSR1)
+        time.sleep(1.0)  # the relay is waiting in the store
+        child.wait()
+        if {closed!r}:
+            relay.close()
+
+        class StoreGoesAway:  # runs while the interpreter finalizes (module teardown)
+            def __del__(self):
+                server.kill()
+                time.sleep(2)
+
+        keep = StoreGoesAway()
+    """))
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=120, check=False)
+    if closed:
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        assert done.returncode == -signal.SIGABRT, (done.returncode, done.stderr[-3000:])
