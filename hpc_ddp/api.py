@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
+from hpc_ddp.launch.target import LaunchTarget
+from hpc_ddp.launch.target import target as launch_target
 from hpc_ddp.procs import pid_alive
 from hpc_ddp.rundir import RunDir, created_with, read_json, write_json
 
@@ -154,11 +156,9 @@ def _check_not_running(run: RunDir) -> None:
                         f"{shlex.quote(str(run.root))} --cancel (it checkpoints), then resume.")
 
 
-def target(cfg: Config) -> Any:
-    """The launcher module for cfg's cluster kind (hpc_ddp.launch.local, .slurm or .step)."""
-    import importlib
-
-    return importlib.import_module(f"hpc_ddp.launch.{cfg.cluster.kind}")
+def target(cfg: Config) -> LaunchTarget:
+    """The launch target for cfg's cluster kind (launch/target.py)."""
+    return launch_target(cfg.cluster.kind)
 
 
 def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, *,

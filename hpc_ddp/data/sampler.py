@@ -1,8 +1,10 @@
 """DistributedSampler that can start mid-epoch.
 
-DistributedSampler has no mid-epoch state: resuming at sample k of an epoch needs our own
-offset (FIELD.md). The permutation stays DistributedSampler's own (seed + epoch), so a
-resumed run visits exactly the samples an uninterrupted run would, in the same order.
+DistributedSampler has no mid-epoch state (its only state is ``set_epoch``, see
+https://pytorch.org/docs/stable/data.html#torch.utils.data.distributed.DistributedSampler),
+so resuming at sample k of an epoch needs our own offset. The permutation stays
+DistributedSampler's own (seed + epoch), so a resumed run visits exactly the samples an
+uninterrupted run would, in the same order.
 """
 
 from __future__ import annotations

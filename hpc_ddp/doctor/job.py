@@ -18,6 +18,8 @@ from typing import Any, TextIO
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.launch.target import LaunchTarget
+from hpc_ddp.launch.target import target as launch_target
 from hpc_ddp.rundir import RunDir
 
 # Diagnostics are short: a small time limit, and a rank that cannot join fails within a
@@ -84,10 +86,8 @@ def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
     return cfg, run
 
 
-def target(cfg: Config) -> Any:
-    from hpc_ddp.api import target as launcher
-
-    return launcher(cfg)
+def target(cfg: Config) -> LaunchTarget:
+    return launch_target(cfg.cluster.kind)
 
 
 def submit_and_wait(cfg: Config, run: RunDir, task: Callable[[], Any], out: TextIO = sys.stdout,

@@ -28,7 +28,8 @@ TRANSIENT = ("resume", "wait", "dry_run", "preflight")
 
 def slurm_available(environ: Mapping[str, str]) -> bool:
     """A Slurm controller answers. ``sbatch`` on PATH alone is not enough: the Debian client
-    installs it where no controller exists (FIELD.md); ``scontrol ping`` answers in ms."""
+    installs it where no controller exists (docs/slurm.md); ``scontrol ping`` answers in ms
+(https://slurm.schedmd.com/scontrol.html#OPT_ping)."""
     path = environ.get("PATH", os.defpath)
     if not shutil.which("sbatch", path=path) or not shutil.which("scontrol", path=path):
         return False

@@ -11,7 +11,8 @@ Every file is written as a temp file in its folder, flushed, fsynced, checked to
 folder fsynced. ``latest`` is replaced the same way, and only once every file of the set is
 on disk (ckpt_writer.py waits for every rank's). At every instant ``latest`` names a complete
 set. (submitit's own ``temporary_save_path`` deletes the old file before renaming the new one,
-which leaves a window with no checkpoint at all; see FIELD.md.)
+which leaves a window with no checkpoint at all: submitit/core/utils.py in
+https://github.com/facebookincubator/submitit; docs/fault-tolerance.md.)
 """
 
 from __future__ import annotations

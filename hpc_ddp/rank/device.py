@@ -1,6 +1,7 @@
 """Which GPU a task uses, as a pure function of its environment.
 
-How Slurm hands out GPUs decides the index a task must ask for (TESTCLUSTER.md, "Fake GPUs"):
+How Slurm hands out GPUs decides the index a task must ask for (seen on the test cluster's
+fake GPUs, docs/testcluster.md "What a job sees"):
 - ``--gpus-per-node=N``: every task of a node sees all N GPUs (CUDA_VISIBLE_DEVICES=0,1,..);
   the task picks by local rank.
 - ``--gpus-per-task=1`` (and ``--gpu-bind`` variants that give each task its own GPUs): each

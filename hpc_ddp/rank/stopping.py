@@ -8,7 +8,8 @@ itself or exits (see task.py).
 Signals: the requeue signal (``cluster.signal``, USR2 by default) arrives ahead of the time
 limit (``--signal=USR2@T``) and, with ``preempt_send_user_signal``, at a preemption. SIGTERM
 arrives at a preemption's GraceTime or a ``scancel``. USR1 is avoided: NCCL 2.12-2.13 caught
-it in its proxy thread (submitit PR #1697, FIELD.md).
+it in its proxy thread, which is why submitit moved to USR2
+(https://github.com/facebookincubator/submitit/pull/1697).
 """
 
 from __future__ import annotations

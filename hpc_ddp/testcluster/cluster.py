@@ -2,7 +2,7 @@
 
 ``up`` is idempotent: a healthy cluster with the same configuration is reused; anything else
 (stale pid files, leftover namespaces, half-dead daemons) is torn down and started afresh,
-with a fresh StateSaveLocation and a fresh accounting database (TESTCLUSTER.md: job ids
+with a fresh StateSaveLocation and a fresh accounting database (docs/testcluster.md: job ids
 restart at 1 with a wiped state folder, so the database must be wiped with it).
 """
 
@@ -251,7 +251,7 @@ class TestCluster:
         # Job steps and slurmstepd outlive slurmd; they live in the nodes' namespaces.
         leftovers = [pid for node in nodes for pid in network.netns_pids(cfg, node)]
         daemons.kill_pids(leftovers)
-        # Reverse start order (TESTCLUSTER.md): controller, then accounting, then services.
+        # Reverse start order (docs/testcluster.md): controller, then accounting, then services.
         for name in ("slurmctld", "slurmdbd", *(() if keep_services else ("mariadb", "munged"))):
             stopped += daemons.stop_daemons(cfg, [name])
         if leftovers:

@@ -2,7 +2,8 @@
 
 Nothing here touches the machine: :class:`ClusterConfig` says what the cluster looks like, and
 ``render_*`` turn it into the text of slurm.conf, gres.conf and slurmdbd.conf. The facts each
-setting relies on are in /work/shared/TESTCLUSTER.md (cited below as "recipe").
+setting relies on are in docs/testcluster.md, "Why it is set up this way" (cited below as
+"recipe").
 """
 
 from __future__ import annotations

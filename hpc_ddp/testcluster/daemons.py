@@ -1,9 +1,9 @@
 """Start, find and stop the cluster's daemons, always through pid files.
 
-Recipe (/work/shared/TESTCLUSTER.md): start order munged -> MariaDB -> slurmdbd -> slurmctld
--> slurmd x N; tear down by pid files, never by process name. munged and MariaDB may belong to
-the machine: we stop them only when we started them, which a pid file in our state folder
-records.
+Recipe (docs/testcluster.md, "Why it is set up this way"): start order munged -> MariaDB
+-> slurmdbd -> slurmctld -> slurmd x N; tear down by pid files, never by process name.
+munged and MariaDB may belong to the machine: we stop them only when we started them, which a
+pid file in our state folder records.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Nodes as network namespaces: a bridge, one veth pair and netns per node, /etc/hosts names.
 
-Recipe (/work/shared/TESTCLUSTER.md, "Nodes as network namespaces"): a bridge with an address
+Recipe (docs/testcluster.md, "Why it is set up this way"): a bridge with an address
 in the root namespace, per node a netns with a veth into the bridge, its own address, lo up.
 Kernel state outlives processes, so every function here is idempotent and ``teardown``
 removes whatever an earlier run left behind.

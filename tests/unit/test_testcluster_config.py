@@ -71,7 +71,7 @@ def test_partitions_and_preemption(tmp_path: Path) -> None:
         "TaskPlugin=task/none",
     ):
         assert key in lines
-    # 22.05 rejects PreemptParameters= (TESTCLUSTER.md).
+    # 22.05 rejects PreemptParameters= (docs/testcluster.md).
     assert not any(x.startswith("PreemptParameters") for x in lines)
 
 
