@@ -317,10 +317,10 @@ class Run:
         if not self._controller_alive():
             return False
         self._mark_cancelled()
-        self._stop_local(grace_s)
+        self.stop_local(grace_s)
         return True
 
-    def _stop_local(self, grace_s: float) -> None:
+    def stop_local(self, grace_s: float) -> None:
         pid, started = int(self._record["controller_pid"]), self._record.get("controller_start")
         if self.kind == "step":
             from hpc_ddp.launch import step

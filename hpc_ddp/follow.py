@@ -220,7 +220,7 @@ class RunView:
         if self.run.kind == "slurm":
             self.run.cancel(check=check)
         else:
-            self.run._stop_local(grace_s=0.0)
+            self.run.stop_local(grace_s=0.0)
 
 
 def stage_text(stage: dict[str, Any]) -> str:

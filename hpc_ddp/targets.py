@@ -61,12 +61,12 @@ def _split_module(path: str, key: str) -> tuple[str, str]:
                           "write the full name, e.g. my_pkg.models.Net.")
     for cut in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:cut])
-        if _has_module(module):
+        if has_module(module):
             return module, ".".join(parts[cut:])
     return parts[0], ".".join(parts[1:])  # import_module names what is missing
 
 
-def _has_module(name: str) -> bool:
+def has_module(name: str) -> bool:
     import importlib.util
 
     try:

@@ -198,7 +198,7 @@ def failure_own(world: World, rank: int) -> Cost:
 
 def start_up(world: World, rank: int) -> Cost:
     """The start of a requeued attempt: why it resumes (task.resume_cause), and whether rank 0
-    refused the run dir (join._claim_run_dir: one store read on the others)."""
+    refused the run dir (join.claim_run_dir: one store read on the others)."""
     from hpc_ddp.rank import join
     from hpc_ddp.rank.task import resume_cause
 
@@ -209,7 +209,7 @@ def start_up(world: World, rank: int) -> Cost:
     def work() -> None:
         resume_cause(world.cfg, world.run, env, JOB)
         if rank != 0:  # rank 0 claims the run dir with an squeue call: rank/owner.py
-            join._claim_run_dir(world.run, env, world.host(rank), {}, store)
+            join.claim_run_dir(world.run, env, world.host(rank), {}, store)
 
     return world.measure(work, store)
 
@@ -229,7 +229,7 @@ def rendezvous_join(world: World, rank: int) -> Cost:
 
     def work() -> None:
         assert rendezvous.read_endpoint(path) is not None
-        rendezvous._check_in(store, env, json.dumps({"host": world.host(rank)}), 60.0)
+        rendezvous.check_in(store, env, json.dumps({"host": world.host(rank)}), 60.0)
 
     return world.measure(work, store)
 

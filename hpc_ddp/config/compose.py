@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config import parts
-from hpc_ddp.config.messages import _reject_unknown_keys, _user_error
-from hpc_ddp.config.overrides import _check_override, check_overrides
+from hpc_ddp.config.messages import reject_unknown_keys, user_error
+from hpc_ddp.config.overrides import check_override, check_overrides
 from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, register_schemas
 from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
@@ -138,7 +138,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
             node = hydra_compose("config", overrides=_for_hydra(overrides, user))
             return _finish(node, overrides)
     except (HydraException, OmegaConfBaseException) as exc:
-        raise _user_error(exc, overrides, search_folders(user)) from None
+        raise user_error(exc, overrides, search_folders(user)) from None
 
 
 def _for_hydra(overrides: Sequence[str], user: Path | None) -> list[str]:
@@ -158,12 +158,12 @@ def _finish(node: Any, overrides: Sequence[str], whole: bool = True) -> Config:
 
     loose = OmegaConf.to_object(node)
     if whole:
-        _reject_unknown_keys(OmegaConf.to_container(node, resolve=False), Config, "", overrides)
+        reject_unknown_keys(OmegaConf.to_container(node, resolve=False), Config, "", overrides)
     else:  # the whole tree costs 3 ms a point; only `+` adds what struct mode lets through
         for top in {o.lstrip("+").partition(".")[0].partition("=")[0] for o in overrides
                     if o.startswith("+")}:
             added = OmegaConf.to_container(node[top], resolve=False) if top in node else None
-            _reject_unknown_keys({top: added}, Config, "", overrides)
+            reject_unknown_keys({top: added}, Config, "", overrides)
     return _assemble(loose, {name: getattr(loose, name) for name in (*PARTS, *FREE_FORM)})
 
 
@@ -218,12 +218,12 @@ def compose_many(override_lists: Sequence[Sequence[str]],
                     continue
                 try:
                     for override in parse(list(overrides)):
-                        _check_override(override)
+                        check_override(override)
                     parsed = parse(_for_hydra(overrides, user))
                     choices = tuple(str(o.input_line) for o in parsed if o.key_or_group in GROUPS)
                     if (user, *choices) not in bases:
                         base = hydra_compose("config", overrides=list(choices))
-                        _reject_unknown_keys(OmegaConf.to_container(base, resolve=False),
+                        reject_unknown_keys(OmegaConf.to_container(base, resolve=False),
                                              Config, "", choices)  # its YAML files, once
                         bases[(user, *choices)] = _Base(base)
                     node = bases[(user, *choices)].copy()
@@ -306,7 +306,7 @@ def from_yaml(text: str) -> Config:
                                                         rest))
         return _assemble(loose, data)
     except OmegaConfBaseException as exc:
-        raise _user_error(exc, ()) from None
+        raise user_error(exc, ()) from None
 
 
 __all__ = ["CONFIG_DIR_ENV", "GROUPS", "check_conf_dir", "check_overrides", "compose",

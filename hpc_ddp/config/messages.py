@@ -9,12 +9,12 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.config.overrides import _has, _parse_error, _schema_type, _unparsable
+from hpc_ddp.config.overrides import hint_has, parse_error, schema_type, unparsable
 from hpc_ddp.config.schema import FREE_FORM, PARTS, Config
 from hpc_ddp.errors import UserError, shown
 
 
-def _reject_unknown_keys(data: Any, schema: Any, prefix: str,
+def reject_unknown_keys(data: Any, schema: Any, prefix: str,
                          overrides: Sequence[str] = ()) -> None:
     """Hydra lets ``+key=value`` add keys to a typed node; we refuse them like typos."""
     if not (is_dataclass(schema) and isinstance(data, dict)):
@@ -28,7 +28,7 @@ def _reject_unknown_keys(data: Any, schema: Any, prefix: str,
             raise _unknown_key(full, value, list(known), prefix, overrides)
         sub = _dataclass_of(schema, key)
         if sub is not None:
-            _reject_unknown_keys(value, sub, f"{full}.", overrides)
+            reject_unknown_keys(value, sub, f"{full}.", overrides)
 
 
 def _dataclass_of(schema: Any, key: str) -> Any:
@@ -53,7 +53,7 @@ def _unknown_key(full: str, value: Any, known: list[str], prefix: str,
     return UserError(full, shown(value), "no such key.", fix + " See docs/configuration.md.")
 
 
-def _user_error(exc: Exception, overrides: Sequence[str],
+def user_error(exc: Exception, overrides: Sequence[str],
                 folders: Sequence[Path] = ()) -> UserError:
     """Turn Hydra/OmegaConf's multi-line errors into one line naming key, value and fix."""
     from hydra.errors import MissingConfigException, OverrideParseException
@@ -68,7 +68,7 @@ def _user_error(exc: Exception, overrides: Sequence[str],
     if isinstance(exc, OverrideParseException):
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        return _parse_error(_unparsable(overrides), exc, OverridesParser.create())
+        return parse_error(unparsable(overrides), exc, OverridesParser.create())
     named = re.search(r"(append to|delete from) config\. (?:An item is already at )?'([^']+)'"
                       r"(\.| does not exist)", text)
     if named and named.group(1) == "append to":
@@ -86,17 +86,17 @@ def _user_error(exc: Exception, overrides: Sequence[str],
         return _unknown_key(full_key, _value_of(full_key, overrides), known,
                             f"{prefix}." if prefix else "", overrides)
     if isinstance(cause, errors.ValidationError | errors.ConfigTypeError) and full_key:
-        value, hint, first = _value_of(full_key, overrides), _schema_type(full_key), str(cause)
+        value, hint, first = _value_of(full_key, overrides), schema_type(full_key), str(cause)
         if "does not support deletion" in first:
             return UserError("override", f"~{full_key}", f"{full_key} is a key of the schema, "
                              "which cannot be deleted.", f"set it instead ({full_key}=<value>).")
-        if _has(hint, list) and not value.startswith("["):
+        if hint_has(hint, list) and not value.startswith("["):
             fix = f"write a list in brackets: '{full_key}=[{value}]' (outer quotes for the shell)."
-        elif _has(hint, dict):
+        elif hint_has(hint, dict):
             fix = f"set one entry: +{full_key}.<name>=<value>."
         elif "is not Optional" in first:
             fix = f"give {full_key} a value; it cannot be null."
-        elif _has(hint, bool):
+        elif hint_has(hint, bool):
             fix = f"write {full_key}=true or {full_key}=false."
         else:
             fix = "see docs/configuration.md for the type of each key."

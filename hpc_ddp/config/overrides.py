@@ -15,7 +15,7 @@ from hpc_ddp.errors import UserError
 
 
 @functools.cache
-def _schema_type(key: str) -> Any:
+def schema_type(key: str) -> Any:
     """The schema's type of a dotted key; None for a map entry, a typo or a group name."""
     import typing
 
@@ -29,7 +29,7 @@ def _schema_type(key: str) -> Any:
     return hint
 
 
-def _has(hint: Any, kind: type) -> bool:
+def hint_has(hint: Any, kind: type) -> bool:
     import typing
 
     return hint is kind or typing.get_origin(hint) is kind or any(
@@ -47,25 +47,26 @@ def check_overrides(overrides: Sequence[str]) -> None:
         try:
             parsed = parser.parse_overrides([item])
         except OverrideParseException as exc:
-            raise _parse_error(item, exc, parser) from None
-        _check_override(parsed[0])
+            raise parse_error(item, exc, parser) from None
+        check_override(parsed[0])
 
 
-def _check_override(override: Any) -> None:
+def check_override(override: Any) -> None:
     key, item = override.key_or_group, str(override.input_line)
     if not key:
         raise UserError("override", item, "has no key.", "write key=value, e.g. optim.lr=0.01.")
     if key.split(".")[0] == "hydra":  # composed, not run as a Hydra app: nothing reads them
         raise UserError("override", item, "hydra.* settings have no effect here.",
                         "use run_dir=, sweep.dir= and -m, which hpc_ddp reads itself.")
-    hint = _schema_type(key)
+    hint = schema_type(key)
     if override.is_sweep_override():
         value = item.partition("=")[2]
-        if _has(hint, list):
+        if hint_has(hint, list):
             raise UserError(key, value, "is a list key; commas outside brackets make a sweep.",
                             f"write the list in brackets: '{key}=[{value}]' (outer quotes for "
                             "the shell).")
-        quote = f"; quote a string that holds commas: {key}='{value}'" if _has(hint, str) else ""
+        quote = (f"; quote a string that holds commas: {key}='{value}'"
+                 if hint_has(hint, str) else "")
         raise UserError(key, value, "is a sweep (several values); a single run takes one.",
                         f"add -m to run one job per value (python -m hpc_ddp.submit -m {item}), "
                         f"or give one value{quote}.")
@@ -78,14 +79,14 @@ def _check_override(override: Any) -> None:
                         f"{key}=null where null is allowed); `~` removes only entries of "
                         "cluster.sbatch_extra, nccl.env and nccl.extra_env.")
     given = None if override.is_delete() else override.value()
-    if hint is not None and _has(hint, bool) and type(given) is int and given not in (0, 1):
+    if hint is not None and hint_has(hint, bool) and type(given) is int and given not in (0, 1):
         # OmegaConf reads any integer as a boolean (2 -> true); only 0 and 1 are meant as one.
         raise UserError(key, given, "is a boolean (true/false); of the numbers only 1 and 0 "
                         "are read as one.",
                         f"write {key}=true or {key}=false.")
 
 
-def _parse_error(item: str, exc: Exception, parser: Any) -> UserError:
+def parse_error(item: str, exc: Exception, parser: Any) -> UserError:
     """The fix for an override Hydra's grammar refuses: its key, its value or the missing =."""
     from hydra.errors import OverrideParseException
 
@@ -130,7 +131,7 @@ def shell_quoted(key: str, value: str) -> str:
     return f"\"{key}='{value}'\""
 
 
-def _unparsable(overrides: Sequence[str]) -> str:
+def unparsable(overrides: Sequence[str]) -> str:
     """The first override Hydra's grammar refuses."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException

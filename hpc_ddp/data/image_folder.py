@@ -56,7 +56,7 @@ class ImageFiles:
         import torch
         from torchvision.datasets import ImageFolder
 
-        found = ImageFolder(folder, loader=_unused, is_valid_file=_is_image)
+        found = ImageFolder(folder, loader=_unused, is_valid_file=is_image)
         self.samples: list[tuple[str, int]] = found.samples
         self.classes: list[str] = found.classes
         self.size, self.train, self.seed, self.decoder = size, train, seed, decoder
@@ -93,5 +93,5 @@ def _unused(path: str) -> Any:
     raise AssertionError("ImageFiles reads the files itself")
 
 
-def _is_image(path: str) -> bool:
+def is_image(path: str) -> bool:
     return path.endswith(EXTENSIONS)

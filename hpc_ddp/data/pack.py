@@ -43,11 +43,11 @@ def pack_folder(src: str, dst: str, splits: Sequence[str] = ("train", "val"),
     classes = check_root(src, tuple(splits))[splits[0]]
     from torchvision.datasets import ImageFolder
 
-    from hpc_ddp.data.image_folder import _is_image
+    from hpc_ddp.data.image_folder import is_image
 
     written: dict[str, list[dict[str, Any]]] = {}
     for split in splits:
-        found = ImageFolder(str(Path(src).expanduser() / split), is_valid_file=_is_image)
+        found = ImageFolder(str(Path(src).expanduser() / split), is_valid_file=is_image)
         files = _shuffled(found.samples, seed)
 
         def samples(items: list[tuple[str, int]] = files) -> Iterator[tuple[bytes, str, int]]:

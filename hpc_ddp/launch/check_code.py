@@ -51,10 +51,10 @@ def _check(cfg: Config) -> None:
 def check_script(script: str) -> None:
     """The script file exists, or the module is importable."""
     if script.startswith("-m"):
-        from hpc_ddp.targets import _has_module
+        from hpc_ddp.targets import has_module
 
         module = script[2:].strip()
-        if not _has_module(module):
+        if not has_module(module):
             raise UserError("script", script, f"module {module} cannot be found.",
                             "check the name; the module must be importable where the job "
                             "runs (run from your project folder, or pip install -e it).")

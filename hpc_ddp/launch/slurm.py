@@ -159,8 +159,16 @@ def make_executor(cfg: Config, run: RunDir) -> Any:
 
 def render(cfg: Config, run: RunDir) -> str:
     """The exact sbatch script ``submit`` would hand to sbatch."""
-    executor = make_executor(cfg, run)
-    return str(executor._make_submission_file_text(executor._submitit_command_str, "dry-run"))
+    return submission_text(make_executor(cfg, run), "dry-run")
+
+
+def submission_text(executor: Any, uid: str) -> str:
+    """The sbatch script ``executor`` would submit. submitit has no public call for it, so this
+    is the one place that uses its private ``_make_submission_file_text`` (and
+    ``_submitit_command_str``), as of submitit 1.5.4, the version pyproject.toml pins: a dry
+    run must show exactly what would be submitted, which a script of our own could not
+    promise. tests/cluster/test_slurm_submit.py checks the text against what sbatch received."""
+    return str(executor._make_submission_file_text(executor._submitit_command_str, uid))
 
 
 def dry_run(cfg: Config, run: RunDir) -> str:

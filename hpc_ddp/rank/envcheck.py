@@ -7,7 +7,7 @@ puts the hash in its check-in record (rendezvous.connect). Rank 0 reads the reco
 reads them for the summary anyway), and when they differ it asks only one rank per odd hash
 (and one of the majority) for its whole fingerprint, names the nodes and the packages that
 differ, and tells every rank the verdict through one store key, as the run-dir claim does
-(join._claim_run_dir). Per rank: one hash, two store reads, one write if asked: O(1).
+(join.claim_run_dir). Per rank: one hash, two store reads, one write if asked: O(1).
 
 Cost: the distributions come from their folders' names (one listing per sys.path entry, no
 file read): 1.2-4.6 ms per process for the ~100 of this repo's .venv, against 51 ms through

@@ -121,7 +121,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
             # cuBLAS is deterministic only with a fixed workspace, read when its first handle
             # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).
             environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        device, gpu = _choose_device(cfg, env, environ, use=group)
+        device, gpu = choose_device(cfg, env, environ, use=group)
         backend = "nccl" if device.type == "cuda" else "gloo"
         _prepare_torch(cfg, environ)
         software = envcheck.fingerprint()
@@ -130,7 +130,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
             cfg.trainer.collective_timeout_s,
             {"host": host, **gpu, envcheck.RECORD_KEY: software.digest},
             agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface)
-        _claim_run_dir(run_dir, env, host, environ, store)
+        claim_run_dir(run_dir, env, host, environ, store)
         # The same software on every node, or stop here: before any training step.
         mixed = envcheck.check(store, env, software, rendezvous.placements(
             store, env.world_size) if env.is_master else None, cfg.cluster.allow_mixed_env,
@@ -161,7 +161,7 @@ def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
     return int(slurm) if slurm.isdigit() and int(slurm) > 0 else cfg.cluster.cpus_per_task
 
 
-def _choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
+def choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
                    use: bool = True) -> tuple[Any, dict[str, Any]]:
     """The torch device and the record of the GPU this rank was given (rank -> node -> GPU).
     ``use`` false: choose and record, but leave CUDA alone (no context is made here)."""
@@ -227,7 +227,7 @@ def _agent_store(environ: MutableMapping[str, str]) -> str | None:
     return "supervisor" if PROGRAM_CONFIG_ENV in environ else "torchrun"
 
 
-def _claim_run_dir(run_dir: RunDir, env: DistEnv, host: str,
+def claim_run_dir(run_dir: RunDir, env: DistEnv, host: str,
                    environ: MutableMapping[str, str], store: Any) -> None:
     """Rank 0 claims the run dir for this job (rank/owner.py) and tells the others through the
     store, so a second job on the same run dir stops at start, every rank with rank 0's reason

@@ -116,7 +116,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
         shared = _client_store(env, endpoint, timeout_s, collective_timeout_s)
         if agent_store == "supervisor":
             store: Any = dist.PrefixStore(attempt_prefix(env.restart), shared)
-            _check_in(store, env, mine, timeout_s)
+            check_in(store, env, mine, timeout_s)
         else:
             store, endpoint = _fresh_store(env, shared, host, timeout_s, collective_timeout_s,
                                            master_interface, mine)
@@ -134,7 +134,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
     else:
         store, endpoint = _join_published(env, endpoint_file(folder, env), timeout_s,
                                           collective_timeout_s)
-    _check_in(store, env, mine, timeout_s)
+    check_in(store, env, mine, timeout_s)
     return store, endpoint
 
 
@@ -300,7 +300,7 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
         pause = _backoff(pause)
 
 
-def _check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
+def check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
     """Every rank announces itself and waits once for all (no polling: the store answers the
     wait when the last rank's announcement sets the key); rank 0 names the ranks that never
     came, and the others report rank 0's list."""

@@ -24,7 +24,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Context:
 
     from hpc_ddp.config.compose import from_yaml
     from hpc_ddp.rank.distenv import detect
-    from hpc_ddp.rank.join import _choose_device
+    from hpc_ddp.rank.join import choose_device
     from hpc_ddp.rank.stopping import StopRequest
     from hpc_ddp.rundir import RunDir
 
@@ -37,7 +37,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Context:
     run = RunDir(Path(environ[RUN_DIR_ENV]))
     cfg = from_yaml(run.config.read_text())
     env = detect(environ)
-    device, _ = _choose_device(cfg, env, dict(environ), use=False)
+    device, _ = choose_device(cfg, env, dict(environ), use=False)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     stop = StopRequest()

@@ -34,9 +34,9 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as exc:
-        from hpc_ddp.config.messages import _user_error
+        from hpc_ddp.config.messages import user_error
 
-        raise _user_error(exc, overrides) from None
+        raise user_error(exc, overrides) from None
     axes: list[list[tuple[str, str, bool]]] = []
     for item in parsed:
         key = item.get_key_element()

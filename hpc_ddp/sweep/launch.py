@@ -234,14 +234,15 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
         lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
                   for p, plan in zip(points, plans, strict=True)]
         return "\n".join(lines)
+    from hpc_ddp.launch.slurm import submission_text
+
     scripts = []
     existed = folder.exists()
     try:
         for indices, executor in _arrays(plans, folder, environ):
             executor.parameters["map_count"] = len(indices)  # what submitit's batch sets
             labels = ", ".join(f"{i}: {points[i].label()}" for i in indices)
-            scripts.append(f"# array of points {labels}\n" + str(
-                executor._make_submission_file_text(executor._submitit_command_str, "dry")))
+            scripts.append(f"# array of points {labels}\n" + submission_text(executor, "dry"))
     finally:
         if not existed:  # submitit's executor makes its folder; a dry run leaves none
             shutil.rmtree(folder, ignore_errors=True)

@@ -157,4 +157,4 @@ def test_a_store_every_rank_had_joined_is_not_joined_again() -> None:
     assert not rendezvous._announce(store, env_of(1, 2), "{}")
     with pytest.raises(rendezvous.RendezvousError, match="two processes were started as "
                        "the same rank"):
-        rendezvous._check_in(store, env_of(0, 2), "{}", 1.0)
+        rendezvous.check_in(store, env_of(0, 2), "{}", 1.0)
