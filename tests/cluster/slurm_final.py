@@ -37,15 +37,16 @@ def final_rows(job: str, env: dict[str, str], timeout_s: float = 60) -> list[tup
         time.sleep(0.5)
 
 
-def assert_completed(job: str, env: dict[str, str]) -> None:
-    """Slurm says ``job`` (each array task, or the step) ended COMPLETED with exit code 0:0."""
+def assert_completed(job: str, env: dict[str, str], note: str = "") -> None:
+    """Slurm says ``job`` (each array task, or the step) ended COMPLETED with exit code 0:0.
+    ``note`` (e.g. the job's output) is shown with a failure, to tell why."""
     rows = final_rows(job, env)
     bad = [r for r in rows if r[1:] != ("COMPLETED", "0:0")]
-    assert not bad, f"job {job} did not end COMPLETED 0:0 in Slurm (sacct: {rows})"
+    assert not bad, f"job {job} did not end COMPLETED 0:0 in Slurm (sacct: {rows})\n{note}"
 
 
-def assert_ended(job: str, env: dict[str, str], state: str) -> None:
+def assert_ended(job: str, env: dict[str, str], state: str, note: str = "") -> None:
     """Slurm says ``job`` ended in ``state`` (e.g. FAILED) with a non-zero exit code."""
     rows = final_rows(job, env)
     assert all((r[1].split() or [""])[0] == state and r[2] != "0:0" for r in rows), (
-        f"job {job} did not end {state} in Slurm (sacct: {rows})")
+        f"job {job} did not end {state} in Slurm (sacct: {rows})\n{note}")

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.slurm_final import assert_completed
+from tests.cluster.test_slurm_submit import job_id_of
+
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -22,6 +25,7 @@ def test_busbw_by_size_and_ratio_to_raw_tcp(hpc_ddp: Run, slurm_env: dict[str, s
                              "cluster.tasks_per_node=2", f"run_dir={run_dir}"],
                    env=slurm_env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     result = json.loads((run_dir / "bench" / "comm.json").read_text())
     assert result["world_size"] == 4 and result["backend"] == "gloo"
     assert len(set(result["hosts"])) == 2

@@ -19,8 +19,14 @@ import pytest
 from hpc_ddp import events
 from hpc_ddp.testcluster import podman
 from hpc_ddp.testcluster.cluster import TestCluster
-from tests.cluster.test_fault_tolerance import finish_releasing_requeues, wait_for_step
-from tests.cluster.test_slurm_submit import job_id_of, summary_of
+from tests.cluster.slurm_final import assert_completed
+from tests.cluster.test_fault_tolerance import (
+    assert_completed_at_last,
+    finish_releasing_requeues,
+    wait_for_step,
+)
+from tests.cluster.test_layouts import assert_step_completed
+from tests.cluster.test_slurm_submit import assert_sweep_completed, job_id_of, summary_of
 from tests.conftest import REPO, command_env
 
 pytestmark = pytest.mark.cluster
@@ -71,6 +77,7 @@ def test_podman_trains_requeues_through_the_relay_and_sweeps(
     wait_for_step(run_dir, 10)
     subprocess.run(["scancel", "--signal=USR2", job], env=env, check=True)
     assert finish_releasing_requeues(job, run_dir, env) >= 1
+    assert_completed_at_last(job, env)
     summary = summary_of(run_dir)
     assert summary["global_step"] == 200 and summary["restarts"] == 1
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
@@ -91,6 +98,7 @@ def test_podman_trains_requeues_through_the_relay_and_sweeps(
     for path in points:
         (seen,) = json.loads(path.read_text())["result"]["ranks"]
         assert_inside_podman(seen)
+    assert_sweep_completed(sweep, env)
     assert podman.leftover_containers(setup, env) == []
 
 
@@ -112,6 +120,7 @@ def test_podman_in_a_step_of_an_allocation(
                           env=command_env(env), capture_output=True, text=True, timeout=240,
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_step_completed(run_dir, env)
     ranks = summary_of(run_dir)["result"]["ranks"]
     assert sorted(r["host"] for r in ranks) == ["node1", "node2"]
     for seen in ranks:
@@ -153,6 +162,7 @@ def test_pyxis_and_apptainer_command_lines_through_stand_ins(
     for kind, proc in jobs.items():
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out
+        assert_completed(job_id_of(out), env, out)
         assert summary_of(tmp_path / kind)["global_step"] == 5
         assert {r["container"] for r in records(tmp_path / kind)} == {kind}
     found = [standins.parse_pyxis(json.loads(p.read_text()))[0] for p in seen.glob("srun-*")]

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.testcluster.cluster import TestCluster
-from tests.cluster.test_slurm_submit import SMALL
+from tests.cluster.slurm_final import assert_completed
+from tests.cluster.test_slurm_submit import SMALL, job_id_of
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -48,6 +49,7 @@ def test_every_rank_gets_the_cpus_per_task_the_job_asked_for(
                               "trainer.max_steps=4", "wait=true", f"run_dir={run_dir}", *SMALL],
                    env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     found = records(run_dir)
     assert len(found) == nodes * tasks
     for record in found:

@@ -4,21 +4,35 @@ like a clone of this repository, with SLURM_CONF set, so cluster=auto finds the 
 
 from __future__ import annotations
 
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests import docblocks
+from tests.cluster.slurm_final import assert_completed
 
 PAGES = docblocks.runnable("cluster")
 pytestmark = pytest.mark.cluster
+
+
+def jobs_run_from(folder: Path, since: str, env: dict[str, str]) -> list[str]:
+    """Ids of the Slurm jobs (array tasks one by one) that started from ``folder`` or below it
+    since ``since``: what a page's blocks ran, whichever way (submit, sbatch, srun, salloc)."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-S", since, "-o", "JobID,WorkDir"],
+                         env=env, capture_output=True, text=True, timeout=30, check=True).stdout
+    rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+    return [job for job, workdir in rows
+            if Path(workdir) == folder or folder in Path(workdir).parents]
 
 
 @pytest.mark.parametrize("page, blocks", PAGES, ids=[page for page, _ in PAGES])
 def test_cluster_blocks_do_what_the_page_shows(page: str, blocks: list[docblocks.Block],
                                                slurm_cluster: TestCluster,
                                                tmp_path: Path) -> None:
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
     folder = docblocks.checkout(tmp_path / "checkout")
     env = docblocks.environment(folder, slurm_cluster.env())
     problems: list[str] = []
@@ -27,3 +41,8 @@ def test_cluster_blocks_do_what_the_page_shows(page: str, blocks: list[docblocks
         if problems:
             break
     assert not problems, "\n\n".join(problems)
+    # What the page shows succeeding succeeded for Slurm too: every job it ran, COMPLETED 0:0.
+    jobs = jobs_run_from(folder.resolve(), since, env)
+    assert jobs, f"no Slurm job ran from {folder}"
+    for job in jobs:
+        assert_completed(job, env)

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.hostlist import expand
+from tests.cluster.slurm_final import assert_completed
+from tests.cluster.test_slurm_submit import job_id_of
 from tests.unit.test_nodeinfo import make_sysfs
 
 pytestmark = pytest.mark.cluster
@@ -57,6 +59,8 @@ def test_doctor_names_exactly_the_node_that_differs(hpc_ddp: Run, slurm_env: dic
     verdict = out.strip().splitlines()[-2]
     assert verdict.startswith("doctor: FAIL. Bad node(s): node3. ")
     assert verdict.endswith("cluster.exclude='node3'")
+    # The job itself ran every check to its end: the FAIL is the doctor's verdict, not Slurm's.
+    assert_completed(job_id_of(out), slurm_env, out)
 
 
 def test_healthy_nodes_pass_and_exclude_is_honoured(hpc_ddp: Run, slurm_env: dict[str, str],
@@ -73,4 +77,5 @@ def test_healthy_nodes_pass_and_exclude_is_honoured(hpc_ddp: Run, slurm_env: dic
     assert len(report["nodes"]) == 2 and "node3" not in report["nodes"]
     assert set(report["nodes"]) <= set(expand("node[1-4]"))
     assert "doctor: ok, 2 node(s), 4 rank(s)." in done.stdout
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     assert report["allreduce"]["correct"] and report["allreduce"]["busbw_gbps"] > 0

@@ -23,6 +23,7 @@ import torch
 from hpc_ddp import events
 from hpc_ddp.hostlist import expand
 from hpc_ddp.rank import checkpoint
+from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
 
 pytestmark = pytest.mark.cluster
@@ -45,6 +46,7 @@ def uninterrupted(args: list[str], run_dir: Path, env: dict[str, str]) -> dict[s
                            "wait=true"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), env, done.stdout)
     state = checkpoint.load_latest(run_dir / "checkpoints")
     assert state is not None
     return state
@@ -82,7 +84,7 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 240) -> None:
 def finish_releasing_requeues(job: str, run_dir: Path, env: dict[str, str],
                               timeout: float = 420) -> int:
     """Wait for the run's summary; a requeued job waits ~2 min for its begin time: release it
-    (scontrol update StartTime=now, TESTCLUSTER.md) 2 s after it is pending again. Not at
+    (scontrol update StartTime=now, docs/testcluster.md) 2 s after it is pending again. Not at
     once: slurmd revokes the old allocation's credential with a time in whole seconds, and a
     new start within that second is killed ("Job credential revoked"), which is what the begin
     time protects against. Returns how many were released."""
@@ -113,6 +115,12 @@ def sacct_states(job: str, env: dict[str, str]) -> str:
                           text=True, check=False).stdout.strip()
 
 
+def assert_completed_at_last(job: str, env: dict[str, str]) -> None:
+    """An interrupted job's last start (what sacct shows without -D) ended COMPLETED 0:0:
+    the run finished for Slurm too, not only in its summary. A failure shows every start."""
+    assert_completed(job, env, "every start:\n" + sacct_states(job, env))
+
+
 def assert_same_as(reference: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     state = checkpoint.load_latest(run_dir / "checkpoints")
     assert state is not None
@@ -141,6 +149,7 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
     wait_for_step(run_dir, 40)
     subprocess.run(["scancel", "--signal=USR2", "--full", job], env=slurm_env, check=True)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
     assert summary["restarts"] == 1 and summary["resumed_from_step"] >= 40
     assert summary["restart_history"][0]["cause"].startswith("requeue after preemption")
@@ -166,6 +175,7 @@ def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
     assert done.returncode == 0, done.stderr
     job = job_id_of(done.stdout)
     finish_releasing_requeues(job, run_dir, slurm_env, timeout=900)
+    assert_completed_at_last(job, slurm_env)
     summary = summary_of(run_dir)
     # Four slices at least (the issue's case): the restart budget of 1 is never spent by
     # requeues that made progress.
@@ -180,7 +190,7 @@ def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
 def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, str],
                                             tmp_path: Path, reference: dict) -> None:
     run_dir = tmp_path / "run"
-    # --exclusive so the urgent job cannot just share the nodes' CPUs (TESTCLUSTER.md). It
+    # --exclusive so the urgent job cannot just share the nodes' CPUs (docs/testcluster.md). It
     # also hands the job the nodes' (fake) GPUs: CPU compute must then be chosen explicitly.
     job = submit(hpc_ddp, run_dir, slurm_env, "cluster.exclusive=true", "trainer.device=cpu")
     wait_for_step(run_dir, 40)
@@ -191,11 +201,10 @@ def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, s
                             env=slurm_env, capture_output=True, text=True, check=True)
     urgent_id = urgent.stdout.strip().split(";")[0]
     finish_releasing_requeues(job, run_dir, slurm_env)
+    assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
     assert summary["restarts"] >= 1
-    state = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", urgent_id],
-                           env=slurm_env, capture_output=True, text=True).stdout
-    assert "COMPLETED" in state  # the urgent job ran in between
+    assert_completed(urgent_id, slurm_env)  # the urgent job ran in between
 
 
 def test_a_hung_rank_is_named_and_the_job_requeued(hpc_ddp: Run, slurm_env: dict[str, str],
@@ -215,6 +224,7 @@ def test_a_hung_rank_is_named_and_the_job_requeued(hpc_ddp: Run, slurm_env: dict
     failure = next(e for e in events.read(run_dir) if e["kind"] == "failure")
     assert f"rank 1 on {rank1['host']} stopped answering" in failure["cause"]
     finish_releasing_requeues(job, run_dir, slurm_env)
+    assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
     assert summary["restarts"] == 1
     assert "rank 1 on" in summary["restart_history"][0]["cause"]
@@ -231,6 +241,7 @@ def test_every_rank_killed_abruptly_is_requeued_and_resumes_exactly(
     os.kill(records[0]["pid"], signal.SIGABRT)
     os.kill(records[1]["pid"], signal.SIGKILL)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
     assert summary["restarts"] == 1
     happened = events.read(run_dir)
@@ -248,11 +259,13 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(
              f"run_dir={run_dir}"]
     first = hpc_ddp("submit", [*small, "trainer.max_steps=40"], env=slurm_env)
     assert first.returncode == 0, first.stdout + first.stderr
+    assert_completed(job_id_of(first.stdout), slurm_env, first.stdout)
     latest = checkpoint.latest_path(run_dir / "checkpoints")
     assert latest is not None and latest.name == checkpoint.name_for(40)
     latest.write_bytes(latest.read_bytes()[:4096])  # a write cut short (a full disk, a kill)
     done = hpc_ddp("submit", [*small, "trainer.max_steps=60", "resume=true"], env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     summary = summary_of(run_dir)
     assert summary["global_step"] == 60 and summary["resumed_from_step"] == 30
     fallback = [e for e in events.read(run_dir) if e["kind"] == "checkpoint_fallback"]
@@ -311,6 +324,7 @@ def test_a_node_taken_down_mid_run(hpc_ddp: Run, slurm_env: dict[str, str], tmp_
     finally:
         subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
                        env=slurm_env, check=False)
+    assert_completed_at_last(job, slurm_env)  # after the NODE_FAIL, the start that finished
     summary = assert_same_as(reference, run_dir)
     assert summary["restarts"] >= 1
     # At most one checkpoint interval (10 steps) was lost.
@@ -330,6 +344,7 @@ def test_restarts_run_out_with_a_clear_message(hpc_ddp: Run, slurm_env: dict[str
     while squeue_state(job, slurm_env) != "":
         assert time.monotonic() < deadline
         time.sleep(0.5)
+    assert_ended(job, slurm_env, "FAILED")  # stopped for good: not a success for afterok
     error = (run_dir / "logs" / "rank0.error").read_text()
     assert "not requeued: cluster.max_restarts=0" in error and "resume=true" in error
     assert checkpoint.latest_path(run_dir / "checkpoints") is not None

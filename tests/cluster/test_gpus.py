@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_slurm_submit import SMALL, summary_of
+from tests.cluster.slurm_final import assert_completed, assert_ended
+from tests.cluster.test_slurm_submit import SMALL, job_id_of, summary_of
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -23,6 +24,7 @@ def test_four_ranks_on_four_distinct_gpus(hpc_ddp: Run, slurm_env: dict[str, str
                               "trainer.max_steps=10", *SMALL, f"run_dir={run_dir}", "wait=true"],
                    env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     summary = summary_of(run_dir)
     pairs = {(m["host"], m["physical"]) for m in summary["gpu_map"]}
     assert len(summary["gpu_map"]) == 4 and len(pairs) == 4
@@ -56,6 +58,7 @@ def test_gpu_allocated_but_no_cuda_fails_at_once(hpc_ddp: Run, slurm_env: dict[s
     assert "Slurm allocated a GPU (SLURM_" in error and "sees no CUDA device" in error
     assert "trainer.device=cpu" in error and error.startswith("rank 0 on node")
     assert not (run_dir / "summary.json").exists()
+    assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
 
 
 def test_doctor_shows_the_rank_node_gpu_map(hpc_ddp: Run, slurm_env: dict[str, str],
@@ -67,3 +70,4 @@ def test_doctor_shows_the_rank_node_gpu_map(hpc_ddp: Run, slurm_env: dict[str, s
     pairs = [entry.split("->")[1] for entry in line.split(": ", 1)[1].split(", ")] if line else []
     assert len(pairs) == 4 and len(set(pairs)) == 4, done.stdout + done.stderr
     assert "FAIL  [one task per GPU]" not in done.stdout and done.returncode == 0
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)

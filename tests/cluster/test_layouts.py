@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.testcluster.cluster import TestCluster
-from tests.cluster.test_slurm_submit import SMALL
+from tests.cluster.slurm_final import assert_completed, assert_ended
+from tests.cluster.test_slurm_submit import SMALL, job_id_of
 from tests.conftest import REPO, command_env
 
 pytestmark = pytest.mark.cluster
@@ -25,14 +26,30 @@ TRAIN = [sys.executable, "-m", "hpc_ddp.train", "cluster.tasks_per_node=1",
 
 def in_allocation(nodes: int, script: str, env: dict[str, str],
                   timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``script`` run by bash inside ``salloc -N nodes`` (an interactive allocation's shell)."""
-    return subprocess.run(["salloc", f"-N{nodes}", "-Q", "bash", "-c", script], cwd=REPO,
+    """``script`` run by bash inside ``salloc -N nodes`` (an interactive allocation's shell);
+    its first line of output names the allocation (allocation_of)."""
+    return subprocess.run(["salloc", f"-N{nodes}", "-Q", "bash", "-c",
+                           f"echo allocation=$SLURM_JOB_ID; {script}"], cwd=REPO,
                           env=command_env(env), capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 
+def allocation_of(done: subprocess.CompletedProcess[str]) -> str:
+    """The job id of in_allocation's allocation."""
+    return done.stdout.split("allocation=", 1)[1].split()[0]
+
+
 def summary(run_dir: Path) -> dict:  # type: ignore[type-arg]
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def assert_step_completed(run_dir: Path, env: dict[str, str]) -> None:
+    """Once salloc has returned: the run's step (summary.json's job id, <allocation>.<step>)
+    and its allocation ended COMPLETED 0:0 in Slurm, not only with a summary written."""
+    step = str(summary(run_dir)["job_id"])
+    assert "." in step, f"not a step id: {step}"
+    assert_completed(step, env)
+    assert_completed(step.split(".")[0], env)
 
 
 def test_steps_on_parts_of_an_allocation_train_side_by_side(slurm_env: dict[str, str],
@@ -50,6 +67,7 @@ def test_steps_on_parts_of_an_allocation_train_side_by_side(slurm_env: dict[str,
         got = summary(run_dir)
         assert got["world_size"] == 2 and got["global_step"] == 10
         assert sorted(got["hosts"]) == hosts
+        assert_step_completed(run_dir, slurm_env)
     endpoints = {p.name for run in (last, first) for p in (run / "rendezvous").iterdir()}
     assert len({name.split("-r")[0] for name in endpoints}) == 2  # job.step differs
 
@@ -70,6 +88,7 @@ def test_local_ranks_inside_an_allocation_are_their_own_world(
     ranks = sorted(p.name for p in (run_dir / "ranks").iterdir())
     assert ranks == ["rank0.json", "rank1.json"], ranks
     assert "local job" in done.stdout
+    assert_completed(allocation_of(done), slurm_env)  # local ranks: no step of their own
 
 
 @pytest.mark.parametrize("where", ["salloc shell", "srun shell on a node"])
@@ -84,14 +103,14 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
         sys.executable, "-m", "hpc_ddp.submit", "nodes=2", "trainer.max_steps=200",
         "trainer.checkpoint_interval=10", f"run_dir={run_dir}", *SMALL]))
     progress = shlex.quote(str(run_dir / "progress.json"))
-    script = f"echo allocation=$SLURM_JOB_ID; {submit}"
+    script = submit
     if where != "salloc shell":
         inner = (f"{submit} & p=$!; until [ -f {progress} ]; do sleep 0.2; done; "
                  f"kill -TERM $p; wait $p; echo submit exited $?; {submit} resume=true")
-        script = f"echo allocation=$SLURM_JOB_ID; srun -N1 -n1 bash -c {shlex.quote(inner)}"
+        script = f"srun -N1 -n1 bash -c {shlex.quote(inner)}"
     done = in_allocation(2, script, slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    alloc = done.stdout.split("allocation=", 1)[1].split()[0]
+    alloc = allocation_of(done)
     assert f"as a step of this shell's Slurm allocation {alloc}" in done.stdout, done.stdout
     job = json.loads((run_dir / "job.json").read_text())
     assert job["kind"] == "step" and job["job_id"] == alloc
@@ -101,6 +120,7 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     if where != "salloc shell":
         assert "submit exited 143" in done.stdout and "Continue with:" in done.stdout
         assert 0 < got["resumed_from_step"] < 200, got
+    assert_step_completed(run_dir, slurm_env)  # the step that finished (the resumed one)
 
 
 def test_master_interface_is_the_fast_ipv6_only_network(
@@ -113,6 +133,7 @@ def test_master_interface_is_the_fast_ipv6_only_network(
                               "trainer.max_steps=6", "wait=true", f"run_dir={run_dir}", *SMALL],
                    env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     [published] = [json.loads(p.read_text()) for p in (run_dir / "rendezvous").glob("*.json")]
     assert published["addr"] == slurm_cluster.config.fast_addresses[published["host"]]
     for rank in (0, 1):
@@ -143,6 +164,10 @@ def test_torchrun_under_slurm_restarts_into_a_fresh_rendezvous(slurm_env: dict[s
     # node1's agent restarted for a changed membership, so the ranks cannot go by it.)
     result = summary(run_dir)["result"]
     assert result["total"] == 1.0 and result["env_world"] == "2"
+    # The script's one srun (step 0) ran both torchruns to the end, and so did salloc.
+    alloc = allocation_of(done)
+    assert_completed(f"{alloc}.0", slurm_env)
+    assert_completed(alloc, slurm_env)
     assert "rank 1 fails in torchrun's first attempt" in (run_dir / "events.jsonl").read_text()
 
 
@@ -162,9 +187,9 @@ def test_a_second_job_on_a_run_dir_in_use_is_refused(slurm_env: dict[str, str],
         while not (run_dir / "progress.json").exists():  # the first one trains
             assert time.monotonic() < deadline, "the first job never started training"
             time.sleep(0.5)
-        state, log = sbatch_and_wait([*args, "trainer.max_steps=200000", "resume=true"],
-                                     tmp_path, activated(slurm_env))
-        assert state == "FAILED", log
+        second, log = sbatch_and_wait([*args, "trainer.max_steps=200000", "resume=true"],
+                                      tmp_path, activated(slurm_env))
+        assert_ended(second, slurm_env, "FAILED", log)
         assert f"is being written by slurm job {job}, which still runs" in log, log
         assert f"scancel {job}" in log
         owner = json.loads((run_dir / "owner.json").read_text())

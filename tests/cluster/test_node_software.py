@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.testcluster.cluster import TestCluster
-from tests.cluster.test_slurm_submit import SMALL
+from tests.cluster.slurm_final import assert_completed, assert_ended
+from tests.cluster.test_slurm_submit import SMALL, job_id_of
 from tests.conftest import REPO, command_env
 
 pytestmark = pytest.mark.cluster
@@ -54,6 +55,7 @@ def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
     assert doctor.returncode == 1, told
     assert "differs from the other nodes: fake-drift 1.0 (others not installed)" in told, told
     assert "Bad node(s): node3" in told
+    assert_completed(job_id_of(told), slurm_env, told)  # it ran its checks to the end
     for kind, out in outs.items():
         run_dir = tmp_path / kind
         assert procs[kind].returncode == 1, out
@@ -66,6 +68,7 @@ def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
         assert [p.name for p in (run_dir / "logs").glob("rank*.error")] == ["rank0.error"]
         assert not (run_dir / "events.jsonl").exists() or "requeue" not in (
             run_dir / "events.jsonl").read_text()
+        assert_ended(job_id_of(out), slurm_env, "FAILED", out)
     assert not started.exists()  # the script never started
 
 
@@ -83,12 +86,14 @@ def test_a_venv_is_activated_on_every_node_and_a_missing_one_named(
                  f"run_dir={tmp_path / 'bad'}"], bare)
     out, _ = good.communicate(timeout=300)
     assert good.returncode == 0, out
+    assert_completed(job_id_of(out), slurm_env, out)
     ranks = json.loads((tmp_path / "good" / "summary.json").read_text())["result"]["ranks"]
     assert sorted(r["host"] for r in ranks) == ["node1", "node2", "node3", "node4"]
     assert {r["python"] for r in ranks} == {str(venv / "bin" / "python")}
     assert {r["virtual_env"] for r in ranks} == {str(venv)}
     out, _ = bad.communicate(timeout=300)
     assert bad.returncode == 1, out
+    assert_ended(job_id_of(out), slurm_env, "FAILED", out)
     for rank in range(4):
         assert (f"rank {rank} on node{rank + 1}: cluster.venv={tmp_path / 'no-venv'}: no "
                 f"virtual environment there (no bin/activate) on node node{rank + 1}.") in out

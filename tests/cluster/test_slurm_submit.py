@@ -15,6 +15,7 @@ import pytest
 
 from hpc_ddp.hostlist import expand
 from hpc_ddp.testcluster.cluster import TestCluster
+from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
@@ -41,6 +42,13 @@ def summary_of(run_dir: Path) -> dict:  # type: ignore[type-arg]
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def assert_sweep_completed(sweep: Path, env: dict[str, str]) -> None:
+    """Every task of every array of the sweep ended COMPLETED 0:0 in Slurm: a point's summary
+    alone does not say so."""
+    for array in json.loads((sweep / "sweep.json").read_text())["arrays"]:
+        assert_completed(array, env)
+
+
 def test_auto_picks_slurm_when_a_controller_answers(hpc_ddp: Run, slurm_env: dict[str, str],
                                                     tmp_path: Path) -> None:
     done = hpc_ddp("submit", ["--cfg", f"run_dir={tmp_path}/r"], env=slurm_env)
@@ -57,7 +65,9 @@ def test_multi_node_ddp(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path,
     assert done.returncode == 0, done.stdout + done.stderr
     summary = summary_of(run_dir)
     assert summary["world_size"] == 4 and summary["global_step"] == 40
-    placed = sacct_nodes(job_id_of(done.stdout), slurm_env)
+    job = job_id_of(done.stdout)
+    assert_completed(job, slurm_env, done.stdout)
+    placed = sacct_nodes(job, slurm_env)
     assert len(placed) == nodes
     # Each rank ran on the node Slurm placed it on (block distribution: tasks per node).
     assert summary["hosts"] == [host for host in placed for _ in range(tasks)]
@@ -88,6 +98,23 @@ def test_returns_at_once_then_job_completes(hpc_ddp: Run, slurm_env: dict[str, s
         assert time.monotonic() < deadline, "job did not finish"
         time.sleep(0.5)
     assert summary_of(run_dir)["world_size"] == 2
+    assert_completed(job, slurm_env)
+
+
+@pytest.mark.parametrize("program", [
+    ["trainer.max_steps=30", *SMALL],
+    ["entry=tests.usercode.entries:counts", "app.steps=20"],
+], ids=["trainer", "entry"])
+def test_a_supervised_run_that_succeeds_ends_completed(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, program: list[str]) -> None:
+    """Issue 25: a supervised run wrote its summary, yet Slurm said FAILED 6:0 (a task
+    aborted at exit); afterok dependencies and sacct go by Slurm's word."""
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.supervise=true", *program,
+                              "wait=true", f"run_dir={run_dir}"], env=slurm_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert summary_of(run_dir)["world_size"] == 2
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
 
 
 def test_two_jobs_at_once_on_the_same_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
@@ -99,6 +126,8 @@ def test_two_jobs_at_once_on_the_same_nodes(slurm_env: dict[str, str], tmp_path:
                               stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+    for out in outs:
+        assert_completed(job_id_of(out), slurm_env, out)
     ports = {json.loads(next((tmp_path / n / "rendezvous").glob("*.json")).read_text())["port"]
              for n in ("a", "b")}
     assert len(ports) == 2
@@ -114,8 +143,8 @@ def activated(env: dict[str, str]) -> dict[str, str]:
 def sbatch_and_wait(args: list[str], folder: Path, env: dict[str, str],
                     timeout: float = 300) -> tuple[str, str]:
     """``sbatch args`` from ``folder`` (output in folder/slurm-<job>.out, or the run dir's),
-    waited for by polling squeue (``sbatch --wait`` only looks every 30 s or so): (final
-    state, the output)."""
+    waited for by polling squeue (``sbatch --wait`` only looks every 30 s or so): (job id,
+    the output). How it ended, state and exit code, is slurm_final's to check."""
     done = subprocess.run(["sbatch", "--parsable", f"--output={folder}/slurm-%j.out", *args],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=60,
                           check=True)
@@ -125,25 +154,18 @@ def sbatch_and_wait(args: list[str], folder: Path, env: dict[str, str],
                          check=False).stdout.strip():
         assert time.monotonic() < deadline, f"job {job} did not end"
         time.sleep(0.5)
-    state = ""
-    for _ in range(50):  # accounting may lag the end by a moment
-        state = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", job], env=env,
-                               capture_output=True, text=True, check=False).stdout.strip()
-        if state and state not in ("RUNNING", "COMPLETING"):
-            break
-        time.sleep(0.2)
     # jobs/train.sbatch writes its output into the run dir (<run dir>/logs/slurm-<job>.out).
     log = "".join(p.read_text() for p in sorted(folder.glob(f"**/slurm-{job}.out")))
-    return state, log
+    return job, log
 
 
 def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_path: Path) -> None:
     run_dir = tmp_path / "wrapped run"  # a space, passed through "$@" intact
-    state, log = sbatch_and_wait(
+    job, log = sbatch_and_wait(
         ["-N2", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
          str(REPO / "jobs" / "train.sbatch"), "trainer.max_steps=20", f"run_dir={run_dir}",
          *SMALL], tmp_path, activated(slurm_env))
-    assert state == "COMPLETED", log
+    assert_completed(job, slurm_env, log)
     summary = summary_of(run_dir)
     assert summary["world_size"] == 4 and summary["global_step"] == 20
     assert summary["nodes"] == sorted(set(summary["hosts"])) and len(summary["nodes"]) == 2
@@ -153,11 +175,11 @@ def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_pa
 
 
 def test_forgotten_srun_is_explained(slurm_env: dict[str, str], tmp_path: Path) -> None:
-    state, out = sbatch_and_wait(
+    job, out = sbatch_and_wait(
         ["-N2", "--ntasks-per-node=1", "--time=5",
          f"--wrap=cd {REPO} && {sys.executable} -m hpc_ddp.train run_dir={tmp_path}/r"],
         tmp_path, slurm_env, timeout=120)
-    assert state == "FAILED", out
+    assert_ended(job, slurm_env, "FAILED", out)
     assert "the batch script" in out and "asked for 2 tasks" in out and "srun" in out
 
 
@@ -168,6 +190,8 @@ def test_salloc_shell_is_explained(slurm_env: dict[str, str], tmp_path: Path) ->
         cwd=REPO, env=slurm_env, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode != 0
     assert "an salloc shell" in done.stderr and "srun" in done.stderr
+    allocation = done.stderr.split("Granted job allocation ", 1)[1].split()[0]
+    assert_ended(allocation, slurm_env, "FAILED", done.stderr)  # salloc's command failed
 
 
 def test_unreachable_master_fails_in_time_naming_missing_ranks(
@@ -182,7 +206,9 @@ def test_unreachable_master_fails_in_time_naming_missing_ranks(
     assert time.monotonic() - started < 120
     error = (run_dir / "logs" / "rank0.error").read_text()
     assert "3 of 4 ranks never joined the rendezvous within 15s" in error
-    hosts = sacct_nodes(job_id_of(done.stdout), slurm_env)
+    job = job_id_of(done.stdout)
+    assert_ended(job, slurm_env, "FAILED", done.stdout)
+    hosts = sacct_nodes(job, slurm_env)
     assert (f"1 (expected on {hosts[0]}), 2 (expected on {hosts[1]}), "
             f"3 (expected on {hosts[1]})") in error
     for rank in (1, 2, 3):
@@ -207,6 +233,7 @@ def test_dry_run_is_the_submitted_script_and_valid(hpc_ddp: Run, slurm_env: dict
     real = hpc_ddp("submit", [*args, "wait=true"], env=slurm_env)
     assert real.returncode == 0, real.stdout + real.stderr
     job = job_id_of(real.stdout)
+    assert_completed(job, slurm_env, real.stdout)
     submitted = (run_dir / "submitit" / job / f"{job}_submission.sh").read_text()
     assert submitted.rstrip("\n") == dry.stdout.rstrip("\n")
 
@@ -233,12 +260,13 @@ def test_hostile_paths_and_overrides_travel_as_data(hpc_ddp: Run, slurm_env: dic
                               f'run_dir="{run_dir}"', "wait=true"], env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert summary_of(run_dir)["global_step"] == 5 and not marker.exists()
+    assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     wrapped = tmp_path / f"w;$(touch {marker})"
-    state, log = sbatch_and_wait(
+    job, log = sbatch_and_wait(
         ["-N1", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5",
          str(REPO / "jobs" / "train.sbatch"), "trainer.max_steps=3", *SMALL,
          f'run_dir="{wrapped}"'], tmp_path, activated(slurm_env))
-    assert state == "COMPLETED", log
+    assert_completed(job, slurm_env, log)
     assert summary_of(wrapped)["global_step"] == 3 and not marker.exists()
 
 

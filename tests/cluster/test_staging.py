@@ -21,7 +21,12 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.data import fake_images, pack
-from tests.cluster.test_fault_tolerance import finish_releasing_requeues, wait_for_step
+from tests.cluster.slurm_final import assert_completed, assert_ended
+from tests.cluster.test_fault_tolerance import (
+    assert_completed_at_last,
+    finish_releasing_requeues,
+    wait_for_step,
+)
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
 
 pytestmark = pytest.mark.cluster
@@ -85,6 +90,7 @@ def test_each_node_stages_once_shares_it_and_a_requeue_reuses_it(
 
     subprocess.run(["scancel", "--signal=USR2", job], env=slurm_env, check=True)  # requeue
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    assert_completed_at_last(job, slurm_env)
     summary = summary_of(run_dir)
     assert summary["restarts"] == 1 and summary["global_step"] == 60
     stage = summary["data_stage"]  # the last start's: every node reused its copy
@@ -105,6 +111,7 @@ def test_a_function_entry_stages_through_its_context_and_reuses_other_jobs_copie
         done = hpc_ddp("submit", [*args, f"run_dir={run_dir}-{attempt}"], env=slurm_env,
                        timeout=300)
         assert done.returncode == 0, done.stdout + done.stderr
+        assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     first, again = summary_of(Path(f"{run_dir}-first")), summary_of(Path(f"{run_dir}-again"))
     assert first["data_stage"]["nodes_staged"] == 2
     assert again["data_stage"]["nodes_reused"] == 2 and again["data_stage"]["nodes_staged"] == 0
@@ -146,6 +153,7 @@ def test_a_node_without_the_space_is_named(hpc_ddp: Run, slurm_env: dict[str, st
                      rf"\({size} bytes needed, (\d+) free\)", done.stdout)
     assert said, done.stdout
     assert int(said[2]) < size
+    assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
     errors = {p.name: p.read_text() for p in (run_dir / "logs").glob("rank*.error")}
     assert len(errors) == 4 and all("node node3 has" in e for e in errors.values())
     for node in ("node1", "node2", "node4"):  # the others staged; node3 holds nothing

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.test_slurm_submit import SMALL
+from tests.cluster.test_slurm_submit import SMALL, assert_sweep_completed
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -64,6 +64,7 @@ def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, 
         assert len(set(summary["hosts"])) == 2
     job_ids = {p["job_id"].replace("_", "-") for p in points}
     assert {m.name for m in marks.iterdir()} == {f"{j}-{r}" for j in job_ids for r in (0, 1)}
+    assert_sweep_completed(sweep, slurm_env)  # both arrays, all 12 tasks
     deadline = time.monotonic() + 60
     while True:
         after = status_rows(hpc_ddp, sweep, slurm_env)
@@ -119,6 +120,7 @@ def test_requeueing_one_point_leaves_the_others_alone(hpc_ddp: Run, slurm_env: d
                  for p in (first, second)]
     assert [s["restarts"] for s in summaries] == [1, 0]
     assert [s["global_step"] for s in summaries] == [300, 300]
+    assert_sweep_completed(sweep, slurm_env)  # the requeued task's last start, too
 
 
 def test_sweep_dry_run_prints_the_array_scripts_and_submits_nothing(

@@ -6,12 +6,12 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from hpc_ddp.testcluster.cluster import TestCluster
+from tests.cluster.slurm_final import assert_completed
 
 pytestmark = pytest.mark.cluster
 
@@ -84,14 +84,8 @@ def test_sbatch_wait_then_sacct_completed(slurm_env: dict[str, str], tmp_path: P
     )
     job_id = out.strip().split(";")[0]
     assert (tmp_path / f"{job_id}.out").read_text().startswith("hello from node")
-    # slurmdbd records the end asynchronously: give it a few seconds.
-    states: list[str] = []
-    for _ in range(20):
-        states = run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], slurm_env).split()
-        if states == ["COMPLETED"]:
-            break
-        time.sleep(0.5)
-    assert states == ["COMPLETED"]
+    # slurmdbd records the end asynchronously: assert_completed reads until it has.
+    assert_completed(job_id, slurm_env)
 
 
 def test_batch_script_is_not_a_step_but_srun_tasks_are(

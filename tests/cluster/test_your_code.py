@@ -16,7 +16,9 @@ import torch
 
 from hpc_ddp import events
 from hpc_ddp.rank import checkpoint
+from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_fault_tolerance import (
+    assert_completed_at_last,
     assert_same_as,
     finish_releasing_requeues,
     squeue_state,
@@ -24,6 +26,7 @@ from tests.cluster.test_fault_tolerance import (
 )
 from tests.cluster.test_slurm_submit import (
     activated,
+    assert_sweep_completed,
     job_id_of,
     sacct_nodes,
     sbatch_and_wait,
@@ -51,9 +54,11 @@ def submit(hpc_ddp: Run, args: list[str], env: dict[str, str], *extra: str) -> s
 
 
 def run_to_end(hpc_ddp: Run, args: list[str], env: dict[str, str], run_dir: Path) -> None:
+    """An uninterrupted run, ended COMPLETED 0:0 in Slurm as well."""
     done = hpc_ddp("submit", [*args, f"run_dir={run_dir}", "wait=true"], env=env, cwd=PROJECT,
                    timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+    assert_completed(job_id_of(done.stdout), env, done.stdout)
 
 
 def requeue_signal(job: str, env: dict[str, str]) -> None:
@@ -79,6 +84,7 @@ def test_target_project_trains_requeues_and_resumes_bitwise(
     wait_for_step(run_dir, 40)
     requeue_signal(job, slurm_env)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    assert_completed_at_last(job, slurm_env)
     resumed = assert_same_as(reference, run_dir)  # weights bitwise, every TB step once
     assert resumed["restarts"] == 1 and resumed["resumed_from_step"] >= 40
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
@@ -105,6 +111,7 @@ def test_target_project_sweeps_as_a_job_array(hpc_ddp: Run, slurm_env: dict[str,
         summary = summary_of(run_dir)
         assert summary["global_step"] == 20 and len(summary["nodes"]) == 2
         assert "hparam/eval_mae" in _hparam_tags(run_dir)
+    assert_sweep_completed(sweep, slurm_env)
     dims = {json.loads((Path(p["run_dir"]) / "hparams.json").read_text())["model.dim"]
             for p in manifest["points"]}
     assert dims == {"16", "32"}
@@ -137,6 +144,7 @@ def test_function_entry_requeues_and_ends_as_uninterrupted(
     wait_for_step(run_dir, 30)
     requeue_signal(job, slurm_env)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    assert_completed_at_last(job, slurm_env)
     state = _user_state(run_dir)
     assert state["step"] == reference["step"] == 150
     for name, tensor in reference["model"].items():  # the loop resumed mid-epoch exactly
@@ -184,7 +192,9 @@ def test_unchanged_script_gets_the_torchrun_variables_on_four_nodes(
                    env=slurm_env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
-    placed = sacct_nodes(job_id_of(done.stdout), slurm_env)
+    job = job_id_of(done.stdout)
+    assert_completed(job, slurm_env, done.stdout)
+    placed = sacct_nodes(job, slurm_env)
     for rank, record in enumerate(records):
         assert record["RANK"] == str(rank) and record["WORLD_SIZE"] == "4"
         assert record["LOCAL_RANK"] == "0" and record["LOCAL_WORLD_SIZE"] == "1"
@@ -211,6 +221,7 @@ def test_textbook_script_requeues_and_continues(hpc_ddp: Run, slurm_env: dict[st
     requeue_signal(job, slurm_env)
     finish_releasing_requeues(job, run_dir, slurm_env)
     assert squeue_state(job, slurm_env) == ""
+    assert_completed_at_last(job, slurm_env)
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
     assert torch.load(saved)["epoch"] == 6
     out = (run_dir / "submitit" / job / f"{job}_0_log.out").read_text()
@@ -225,11 +236,12 @@ def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: 
     out = tmp_path / "out"
     out.mkdir()
     run_dir = tmp_path / "run"
-    state, log = sbatch_and_wait(
+    job, log = sbatch_and_wait(
         ["-N2", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10",
          str(REPO / "jobs" / "train.sbatch"), f"script={probe}", f"run_dir={run_dir}", "--",
          str(out), "two words"], tmp_path, activated(slurm_env))
-    assert state == "COMPLETED" and (run_dir / "summary.json").is_file(), log
+    assert_completed(job, slurm_env, log)
+    assert (run_dir / "summary.json").is_file(), log
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     assert [r["LOCAL_RANK"] for r in records] == ["0", "1", "0", "1"]
     assert [r["GROUP_RANK"] for r in records] == ["0", "0", "1", "1"]
@@ -250,3 +262,4 @@ def test_a_node_whose_environment_differs_is_named(hpc_ddp: Run, slurm_env: dict
     assert "rank 2 on node3: data._target_=tests.usercode.parts.differs_on_node3" in done.stdout
     assert "site_only_package" in done.stdout
     assert [e["kind"] for e in events.read(tmp_path / "run")].count("requeue") == 0
+    assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
