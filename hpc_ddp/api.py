@@ -14,6 +14,7 @@ accept the same overrides and refuse bad ones with the same :class:`~hpc_ddp.err
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shlex
 import shutil
@@ -50,7 +51,7 @@ class Plan:
     overrides: list[str]
     run_dir: RunDir
     # A function entry no node could import by name (a notebook's): pickled into the run
-    # dir at submission (hpc_ddp.rank.entry.from_pickle runs it).
+    # dir at submission (hpc_ddp.rank.main.entry.from_pickle runs it).
     entry_callable: Any = None
     # Why the run gets the ranks and devices it gets (the submit command's first line).
     why: str = ""
@@ -77,7 +78,7 @@ def program_overrides(entry: str | Callable[..., Any] | None = None,
     if config_dir is not None:
         extra.append(f"config_dir={quoted(str(Path(config_dir).expanduser().absolute()))}")
     if callable(entry):
-        from hpc_ddp.rank.entry import PICKLED_ENTRY
+        from hpc_ddp.rank.main.entry import PICKLED_ENTRY
         from hpc_ddp.targets import TargetError, locate
 
         name = f"{getattr(entry, '__module__', '')}:{getattr(entry, '__qualname__', '')}"
@@ -115,9 +116,11 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     touches no existing run.
     """
     from hpc_ddp.config.compose import check_overrides
+    from hpc_ddp.inputs import run_dir as run_inputs
+    from hpc_ddp.inputs.command_line import with_script_args
+    from hpc_ddp.inputs.resume_check import check_resumable
     from hpc_ddp.launch import resolve as _resolve
     from hpc_ddp.launch.check_code import check_code
-    from hpc_ddp.launch.resume_check import check_resumable
 
     extra, pickled = program_overrides(entry, config_dir)
     given = _as_list(overrides) + extra
@@ -127,14 +130,14 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     environ = os.environ if environ is None else environ
     cwd = cwd or Path.cwd()
     cfg, layout = _resolve.resolve_with_layout(composed or compose(merged), environ, cwd)
-    cfg = _resolve.with_script_args(cfg, script_args)
+    cfg = with_script_args(cfg, script_args)
     cfg, hidden = secrets.extract(cfg)  # literal secrets become references, values travel apart
     merged = secrets.scrub_overrides(merged)
     if check:
-        _resolve.check_inputs(cfg)
+        run_inputs.check_inputs(cfg)
         check_code(cfg, cwd)
     _resolve.check_local_gpus(cfg, environ)
-    run_dir = _resolve.check_run_dir(cfg)
+    run_dir = run_inputs.check_run_dir(cfg)
     if cfg.resume:
         _check_not_running(run_dir)
     check_resumable(cfg, run_dir)
@@ -170,7 +173,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
     function; one defined in a notebook is pickled into the run dir); ``config_dir``: your
     config folder; ``script_args``: the arguments of a ``script=`` (docs/your-code.md).
     """
-    from hpc_ddp.launch.resolve import write_run_config
+    from hpc_ddp.inputs.run_dir import write_run_config
 
     chosen = overrides if isinstance(overrides, Plan) else plan(
         overrides, cwd, config_dir=config_dir, entry=entry, script_args=script_args)
@@ -193,7 +196,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
 def _pickle_entry(run: RunDir, fn: Callable[..., Any]) -> None:
     import cloudpickle
 
-    from hpc_ddp.rank.entry import PICKLED
+    from hpc_ddp.rank.main.entry import PICKLED
 
     with open(run.root / PICKLED, "wb") as handle:
         cloudpickle.dump(fn, handle)
@@ -343,7 +346,6 @@ class Run:
         ``timeout`` in seconds raises TimeoutError (the run goes on); ``progress`` prints a
         line (a bar on a terminal) per logged step.
         """
-        import io
 
         from hpc_ddp.follow import RunView, follow
 
@@ -373,7 +375,7 @@ class Run:
         return data if isinstance(data, dict) else None
 
     def log_tail(self, lines: int = 20, rank: int = 0) -> str:
-        from hpc_ddp.rank.ranklog import tail
+        from hpc_ddp.rank.join.ranklog import tail
 
         return tail(self.files.rank_log(rank), lines)
 

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
-from hpc_ddp.rank.diagnose import LOCAL_MARK
-from hpc_ddp.rank.ranklog import tail
+from hpc_ddp.rank.join.ranklog import tail
+from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 from hpc_ddp.rundir import RunDir, read_json
 
 POLL_S = 0.5
@@ -99,15 +99,6 @@ def results_table(summary: dict[str, Any]) -> str:
     rows = [(name, v) for name, v in rows if v is not None and v != ""]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
-
-
-def summary_line(summary: dict[str, Any]) -> str:
-    """One line for the end of a rank-0 log or an srun's output."""
-    figures = [f"step {summary.get('global_step')}"]
-    for key in ("eval_loss", "eval_accuracy"):
-        if isinstance(summary.get(key), float):
-            figures.append(f"{key.replace('_', ' ')} {summary[key]:.4f}")
-    return ", ".join(figures)
 
 
 def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:

@@ -13,7 +13,7 @@
 
 Made with ``cluster.umask`` (027 by default: group-readable, never writable by anyone else):
 checkpoints and pickles in it are loaded only if no one else could have written them
-(hpc_ddp/rank/trusted.py, docs/run-directory.md).
+(hpc_ddp/rank/services/trusted.py, docs/run-directory.md).
 """
 
 from __future__ import annotations

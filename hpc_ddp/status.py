@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -246,7 +248,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     except KeyboardInterrupt:  # Ctrl-C ends --watch; the jobs go on
         return 130
     except BrokenPipeError:  # `... | head`: the reader has all it wanted
-        import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -276,7 +277,6 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
 
 def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: TextIO) -> int:
     if manifest is not None and manifest.get("kind") == "slurm" and manifest.get("arrays"):
-        import subprocess
 
         rows = rows_of(runs)
         unstarted = sum(never_started(Path(r["run_dir"]), r["state"]) for r in rows)

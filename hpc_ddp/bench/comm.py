@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from hpc_ddp.config.schema import Config
 from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
-from hpc_ddp.rank.join import RankProgram
+from hpc_ddp.rank.join.joined import RankProgram
 from hpc_ddp.rundir import RunDir, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     import torch.distributed as dist
 
     from hpc_ddp.bench import tcp
-    from hpc_ddp.rank.join import joined
+    from hpc_ddp.rank.join.joined import joined
 
     with joined(cfg, run_dir, environ) as rank:
         world = rank.env.world_size

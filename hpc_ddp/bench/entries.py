@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -104,7 +105,6 @@ def script_vs_srun(nodes: int, rounds: int, steps: int, extra: Sequence[str]) ->
     legs get this command's environment (sbatch exports it), with one intra-op thread per
     rank unless OMP_NUM_THREADS says otherwise: several ranks on a node would otherwise
     oversubscribe its cores and bury the comparison in noise."""
-    import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     legs: dict[str, list[float]] = {"script=": [], "bare srun": []}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import sys
 import tarfile
 import time
@@ -130,7 +131,6 @@ def encode_sample(sample: Any, quality: int | None, target: str) -> tuple[bytes,
 
 
 def _shuffled(items: list[Any], seed: int) -> list[Any]:
-    import random
 
     items = list(items)
     random.Random(seed).shuffle(items)

@@ -34,7 +34,7 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
     from hpc_ddp.config.nccl_schema import nccl_warnings
     from hpc_ddp.doctor import job, render
     from hpc_ddp.doctor.probe import run as probe
-    from hpc_ddp.rank.join import RankProgram
+    from hpc_ddp.rank.join.joined import RankProgram
 
     options = options or DoctorOptions()
     if not options.pins:
@@ -60,7 +60,7 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
 
 def reference_pins() -> tuple[tuple[str, str], ...]:
     """What environment.yml (beside the hpc_ddp checkout) pins; () when there is none."""
-    from hpc_ddp.rank.envcheck import read_pins
+    from hpc_ddp.rank.join.envcheck import read_pins
 
     path = Path(__file__).resolve().parents[2] / "environment.yml"
     try:
@@ -78,7 +78,7 @@ def preflight(cfg: Config, run_dir: Path | str | RunDir, out: TextIO = sys.stdou
     files in ``<run_dir>/preflight/<date>_<time>/`` (a resumed run gets a new one each time).
     """
     from hpc_ddp.doctor.job import stamp
-    from hpc_ddp.launch.resolve import check_run_dir
+    from hpc_ddp.inputs.run_dir import check_run_dir
 
     root = run_dir.root if isinstance(run_dir, RunDir) else Path(run_dir)
     folder = root.absolute() / "preflight" / stamp()

@@ -26,7 +26,7 @@ from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
 from hpc_ddp.launch.sbatch_refusal import no_client, refusal, sbatch_key_line
-from hpc_ddp.rank.task import TrainingTask
+from hpc_ddp.rank.main.task import TrainingTask
 from hpc_ddp.rundir import RunDir
 
 __all__ = ["check_client", "describe", "dry_run", "executor_parameters", "refusal", "render",

@@ -15,6 +15,7 @@ counted node group by node group (``sinfo -e``).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
@@ -352,7 +353,6 @@ def lazy_partitions(environ: Mapping[str, str] | None = None
                     ) -> Callable[[], dict[str, Partition] | None]:
     """``partitions`` asked once, on the first call (a status refresh or a follow that meets
     a reason needing the partitions' facts), then remembered."""
-    import os
 
     env = dict(os.environ if environ is None else environ)
     kept: list[dict[str, Partition] | None] = []

@@ -7,7 +7,7 @@ command follows the step like a local run: Ctrl-C stops it with a checkpoint (sr
 SIGTERM to every task), and a stop is not requeued — an interactive allocation cannot be
 requeued, and a batch script that runs ``submit`` would start a new run when requeued;
 ``jobs/train.sbatch`` is the requeueing form. Every task runs ``python -m
-hpc_ddp.rank.step_main``, which unpickles the same task a submitit job runs.
+hpc_ddp.rank.main.step``, which unpickles the same task a submitit job runs.
 
 The pure parts (``allocation``, ``check``, ``command``) are table-tested; the step itself is
 proven on the test cluster (tests/cluster/test_layouts.py).
@@ -32,8 +32,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.errors import UserError
 from hpc_ddp.procs import start_time
-from hpc_ddp.rank.requeue import STEP_OF_ENV
-from hpc_ddp.rank.step_main import TASK_ENV
+from hpc_ddp.rank.contract import STEP_OF_ENV, TASK_ENV
 from hpc_ddp.rundir import RunDir
 
 # The batch script runs as a step of this name (or number) in some versions: not a step
@@ -141,7 +140,7 @@ def command(cfg: Config, alloc: Allocation, python: str,
         argv.append("--overlap")
     task = container.command(cfg, run_root, python)
     return [*argv, *c.srun_args, *container.srun_words(task), task.python, "-u", "-m",
-            "hpc_ddp.rank.step_main"]
+            "hpc_ddp.rank.main.step"]
 
 
 def step_environment(environ: Mapping[str, str], alloc: Allocation,
@@ -166,7 +165,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
     """Start the step (srun in its own session: the terminal's Ctrl-C reaches this process,
     which stops the step properly); returns its handle at once."""
     from hpc_ddp.config.compose import to_yaml
-    from hpc_ddp.rank.task import TrainingTask
+    from hpc_ddp.rank.main.task import TrainingTask
 
     alloc = current()
     check(cfg, alloc)

@@ -265,9 +265,9 @@ def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
 def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
                    environ: Mapping[str, str], phases: Phases) -> None:
     """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
+    from hpc_ddp.inputs.run_dir import write_run_config
     from hpc_ddp.launch import slurm
-    from hpc_ddp.launch.resolve import write_run_config
-    from hpc_ddp.rank.task import TrainingTask
+    from hpc_ddp.rank.main.task import TrainingTask
 
     for indices, executor in _arrays(plans, folder, environ):
         with phases.timed("folders"):
@@ -354,7 +354,7 @@ def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, o
                 ok = run.state == "COMPLETED"
                 failed += not ok
                 summary = run.summary() or {}
-                from hpc_ddp.follow import summary_line
+                from hpc_ddp.rank.supervise.outcome import summary_line
 
                 print(f"point {i}: {'done' if ok else 'FAILED'}"
                       + (f"  {summary_line(summary)}" if summary else ""), file=out, flush=True)

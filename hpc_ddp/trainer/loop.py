@@ -2,7 +2,7 @@
 
 ``Trainer.train`` reads like a table of contents; every counter that matters for an exact
 resume (step, epoch, position inside the epoch, log window) is in ``state_dict``, and each
-rank's RNG streams go in a file of its own (ckpt_writer.py). The performance settings
+rank's RNG streams go in a file of its own (rank/services/ckpt_writer.py). The performance settings
 (precision, memory format, DDP options, compilation, optimizer kernel, allocator) are
 resolved in ``ddp_setup``. Nothing in a step waits for the GPU or for the other ranks
 beyond DDP's own all-reduce: the periodic log and stop-agreement collective is read a step
@@ -22,11 +22,11 @@ from hpc_ddp import events
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
-from hpc_ddp.rank import checkpoint, rng, stopping, window_sync
-from hpc_ddp.rank.ckpt_writer import CheckpointWriter
-from hpc_ddp.rank.ddp_warmup import settle_buckets
-from hpc_ddp.rank.distenv import DistEnv
-from hpc_ddp.rank.metrics import MetricsWriter
+from hpc_ddp.rank.join.distenv import DistEnv
+from hpc_ddp.rank.services import checkpoint, rng, stopping, window_sync
+from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
+from hpc_ddp.rank.services.ddp_warmup import settle_buckets
+from hpc_ddp.rank.services.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
@@ -139,7 +139,7 @@ class Trainer:
                         state["world_size"], self.env.world_size)
 
     def _restore_streams(self, step: int) -> None:
-        """This rank's random streams of ``step``, from its own file (checkpoint.py)."""
+        """This rank's random streams of ``step``, from its own file (services/checkpoint)."""
         streams = checkpoint.load_streams(self.run.checkpoints, self.env.rank, step)
         if streams is None:
             log.warning("rank %d restarts its random streams: the run is no longer bitwise "
@@ -196,8 +196,8 @@ class Trainer:
         self._progress_written = -math.inf
 
     def _settle_buckets(self) -> None:
-        """DDP's final gradient buckets before the first real step (ddp_warmup.py), so a
-        resumed run sums gradients exactly as the uninterrupted one."""
+        """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
+        a resumed run sums gradients exactly as the uninterrupted one."""
         import torch
 
         if self._settled:
@@ -329,8 +329,8 @@ class Trainer:
         raise stopping.StopTraining(code, self.global_step)
 
     def _start_reduction(self, log_now: bool, stop_code: int | None) -> None:
-        """Launch this step's collective (window_sync.py): the log window's sums and/or the
-        stop agreement; read at the next step or before anything that needs the result."""
+        """Launch this step's collective (services/window_sync): the log window's sums and/or
+        the stop agreement; read at the next step or before anything that needs the result."""
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         w: dict[str, Any] = self.window if log_now else {"loss_sum": 0.0, "count": 0,
@@ -388,7 +388,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """Every rank, at the same step: rank 0's state and each rank's random streams are
-        copied to the CPU here and written in the background (ckpt_writer.py)."""
+        copied to the CPU here and written in the background (rank/services/ckpt_writer.py)."""
         self._finish_reduction()  # on every rank: its result is awaited by all
         state = self.state_dict() if self.env.is_master else None
         self.writer.save(self.global_step, state, rng.capture(self._generators()))

@@ -8,6 +8,7 @@ measures the per-step overhead with it.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from hpc_ddp.config.schema import ModelConfig
@@ -100,7 +101,6 @@ def is_conv_net(model: Any) -> bool:
 
 def torchvision_model(arch: str, num_classes: int | None = None, **kwargs: Any) -> Any:
     """torchvision.models.get_model(arch), randomly initialised (nothing is downloaded)."""
-    import difflib
 
     from torchvision import models
 

@@ -22,7 +22,7 @@ import torch
 
 from hpc_ddp import events
 from hpc_ddp.hostlist import expand
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
 
 pytestmark = pytest.mark.cluster
@@ -82,7 +82,7 @@ def wait_for_step(run_dir: Path, step: int, timeout: float = 240) -> None:
 def finish_releasing_requeues(job: str, run_dir: Path, env: dict[str, str],
                               timeout: float = 420) -> int:
     """Wait for the run's summary; a requeued job waits ~2 min for its begin time: release it
-    (scontrol update StartTime=now, TESTCLUSTER.md) 2 s after it is pending again. Not at
+    (scontrol update StartTime=now, docs/testcluster.md) 2 s after it is pending again. Not at
     once: slurmd revokes the old allocation's credential with a time in whole seconds, and a
     new start within that second is killed ("Job credential revoked"), which is what the begin
     time protects against. Returns how many were released."""
@@ -180,7 +180,7 @@ def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
 def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, str],
                                             tmp_path: Path, reference: dict) -> None:
     run_dir = tmp_path / "run"
-    # --exclusive so the urgent job cannot just share the nodes' CPUs (TESTCLUSTER.md). It
+    # --exclusive so the urgent job cannot just share the nodes' CPUs (docs/testcluster.md). It
     # also hands the job the nodes' (fake) GPUs: CPU compute must then be chosen explicitly.
     job = submit(hpc_ddp, run_dir, slurm_env, "cluster.exclusive=true", "trainer.device=cpu")
     wait_for_step(run_dir, 40)

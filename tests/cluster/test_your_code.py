@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hpc_ddp import events
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 from tests.cluster.test_fault_tolerance import (
     assert_same_as,
     finish_releasing_requeues,

@@ -1,0 +1,1 @@
+"""Slurm's commands from a rank: requeue and the relay out of a container."""
