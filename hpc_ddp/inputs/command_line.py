@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+
+if TYPE_CHECKING:  # the type only: the schema's dataclasses take ~0.1 s to build
+    from hpc_ddp.config.schema import Config
 
 
 def split_script_args(args: Sequence[str]) -> tuple[list[str], list[str] | None]:

@@ -8,10 +8,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir
+
+if TYPE_CHECKING:  # the type only: the schema's dataclasses take ~0.1 s to build
+    from hpc_ddp.config.schema import Config
 
 # Command switches that belong to one invocation, not to the run.
 TRANSIENT = ("resume", "wait", "dry_run", "preflight")
