@@ -37,7 +37,6 @@ from hpc_ddp.trainer.optim import build_optimizer, build_scheduler, load_optimiz
 
 log = logging.getLogger(__name__)
 # Seconds between rewrites of progress.json (the last step's is always written).
-PROGRESS_EVERY_S = 1.0
 
 
 class Trainer:
@@ -93,9 +92,8 @@ class Trainer:
         self._pending: window_sync.Reduction | None = None  # see _start_reduction
         self._settled = False
         self._stop_agreed = stopping.NONE
-        self.writer = CheckpointWriter(run.checkpoints, env.rank, env.world_size,
-                                       t.keep_checkpoints, env.restart, t.collective_timeout_s,
-                                       t.checkpoint_background)
+        self.writer = CheckpointWriter.from_config(t, run.checkpoints, env.rank,
+                                                   env.world_size, env.restart)
 
     # -- state ---------------------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:
@@ -159,8 +157,7 @@ class Trainer:
         if state is None:
             return
         self.resumed_from_step = self.checkpoint_step = self.global_step
-        self.restarts.append({"from_step": self.global_step, "cause": cause,
-                              "time": time.time()})
+        self.restarts.append(checkpoint.restart_record(self.global_step, cause))
         log.info("resumed from step %d (epoch %d, batch %d of the epoch)", self.global_step,
                  self.epoch, self.micro_in_epoch)
 
@@ -193,7 +190,6 @@ class Trainer:
         self._settle_buckets()
         self.started = self._window_start = time.perf_counter()
         self.samples_at_start = self.samples_seen
-        self._progress_written = -math.inf
 
     def _settle_buckets(self) -> None:
         """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
@@ -360,13 +356,9 @@ class Trainer:
         values = {"train/loss": self.last_train_loss, "train/lr": p.lr,
                   "train/samples_per_s": samples / p.elapsed_s}
         self.metrics.scalars(p.step, values)
-        now = time.monotonic()
-        # progress.json is polled by `follow` about twice a second: rewriting it more often
-        # than once a second only costs rank 0 time (an atomic replace, ~0.5 ms).
-        if now - self._progress_written >= PROGRESS_EVERY_S or p.step >= self.total_steps:
-            self._progress_written = now
-            self.metrics.write_progress(p.step, p.epoch,
-                                        {k.split("/")[1]: v for k, v in values.items()})
+        self.metrics.write_progress(p.step, p.epoch,
+                                    {k.split("/")[1]: v for k, v in values.items()},
+                                    force=p.step >= self.total_steps)
         log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", p.step,
                  self.total_steps, p.epoch, self.last_train_loss, p.lr,
                  values["train/samples_per_s"])

@@ -21,9 +21,7 @@ gets the same object from ``hpc_ddp.context()``. ::
 from __future__ import annotations
 
 import logging
-import math
 import os
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,7 +70,6 @@ class Context:
         self._last_step = 0
         self._saved_step: int | None = None
         self._metrics: MetricsWriter | None = None
-        self._progress_at = -math.inf
         self._writer: Any = None  # ckpt_writer.CheckpointWriter, made at the first save
         self.stop_file = stop_file
         self._joined = joined
@@ -161,7 +158,7 @@ class Context:
         self._calls += 1
         pending, self._pending = self._pending, None
         if pending is not None:
-            code = pending.result()[3] or stopping.NONE
+            code = pending.result().stop_code or stopping.NONE
             if code != stopping.NONE:
                 self._agreed = code
                 self._stop_step = self._last_step
@@ -175,9 +172,7 @@ class Context:
             from hpc_ddp.rank.services import window_sync
 
             code = self._stop.code if self._stop is not None else stopping.NONE
-            self._pending = window_sync.start(0.0, 0, 0, code, self._agree_device(),
-                                              step=self._calls, epoch=0, lr=0.0,
-                                              elapsed_s=0.0, log=False)
+            self._pending = window_sync.agree_to_stop(code, self._agree_device(), self._calls)
         return False
 
     @property
@@ -215,10 +210,9 @@ class Context:
         if self._writer is None:
             from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
 
-            t = self.cfg.trainer
-            self._writer = CheckpointWriter(self.run.checkpoints, self.rank, self.world_size,
-                                            t.keep_checkpoints, self.restart,
-                                            t.collective_timeout_s, t.checkpoint_background)
+            self._writer = CheckpointWriter.from_config(self.cfg.trainer, self.run.checkpoints,
+                                                        self.rank, self.world_size,
+                                                        self.restart)
         return self._writer
 
     def flush(self) -> None:
@@ -249,8 +243,8 @@ class Context:
         ours = state[_OURS_KEY]
         self.restarts = list(ours.get("restarts", []))
         self.resumed_from_step = self._last_step = int(ours["step"])
-        self.restarts.append({"from_step": self.resumed_from_step,
-                              "cause": self._cause or "resume", "time": time.time()})
+        self.restarts.append(checkpoint.restart_record(self.resumed_from_step,
+                                                       self._cause or "resume"))
         streams = None
         if ours.get("world_size") == self.world_size:
             streams = checkpoint.load_streams(self.run.checkpoints, self.rank,
@@ -292,11 +286,8 @@ class Context:
                                           self.total_steps or 0)
         values = {k: float(v) for k, v in scalars.items()}
         self._metrics.scalars(step, values)
-        now = time.monotonic()
-        if now - self._progress_at >= 1.0:  # `follow` polls about twice a second
-            self._progress_at = now
-            self._metrics.total_steps = self.total_steps
-            self._metrics.write_progress(step, None, values)
+        self._metrics.total_steps = self.total_steps
+        self._metrics.write_progress(step, None, values, force=False)
 
     def close(self, finished: bool = True) -> None:
         """Flush what is pending; ``finished`` false (the loop raised): do not wait for the

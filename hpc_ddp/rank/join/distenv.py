@@ -112,9 +112,15 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
     )
 
 
+def in_slurm_step(environ: Mapping[str, str]) -> bool:
+    """A process of a Slurm job step (an srun task, or the batch script's step): slurmstepd
+    signals every process of it. https://slurm.schedmd.com/srun.html#OPT_SLURM_STEP_ID"""
+    return "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
+
+
 def _slurm_wants_tasks(environ: Mapping[str, str]) -> bool:
     """True in an srun step; LaunchError in a batch or salloc shell of a multi-task job."""
-    if "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ:
+    if in_slurm_step(environ):
         step = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID", ""))
         # The batch script runs as step "batch" (4294967291 in some versions): not a task.
         if step not in ("batch", "4294967291", "4294967292", "extern"):

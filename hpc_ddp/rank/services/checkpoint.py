@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -279,3 +280,9 @@ def fallback_event(skipped: list[tuple[Path, str]], used: int | None,
     """The events.jsonl line for a resume that skipped unusable checkpoints."""
     return {"kind": "checkpoint_fallback", "attempt": attempt,
             "cause": "; ".join(f"{p.name}: {why}" for p, why in skipped), "used_step": used}
+
+
+def restart_record(from_step: int, cause: str) -> dict[str, Any]:
+    """What a loop adds to its checkpointed restart history when it resumes (the summary's
+    restart_history): from which step, why (resume_cause), when."""
+    return {"from_step": from_step, "cause": cause, "time": time.time()}

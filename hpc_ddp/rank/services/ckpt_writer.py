@@ -28,10 +28,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.rank.services import checkpoint
 from hpc_ddp.rank.services.checkpoint import CheckpointError
+
+if TYPE_CHECKING:
+    from hpc_ddp.config.schema import TrainerConfig
 
 log = logging.getLogger(__name__)
 # Seconds between rank 0's looks at the counter while the others write (one store
@@ -78,6 +81,14 @@ def group_store() -> Any | None:
 
 class CheckpointWriter:
     """One rank's checkpoint writer (see the module docstring)."""
+
+    @classmethod
+    def from_config(cls, trainer: TrainerConfig, folder: Path, rank: int, world_size: int,
+                    attempt: int) -> CheckpointWriter:
+        """The writer a loop gets, ours or a user's through the Context: keep, timeout and
+        background writing from the trainer's config."""
+        return cls(folder, rank, world_size, trainer.keep_checkpoints, attempt,
+                   trainer.collective_timeout_s, trainer.checkpoint_background)
 
     def __init__(self, folder: Path, rank: int, world_size: int, keep: int, attempt: int = 0,
                  timeout_s: float = 300.0, background: bool = True, store: Any = None,

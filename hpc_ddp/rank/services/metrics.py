@@ -8,6 +8,10 @@ from typing import Any
 
 from hpc_ddp.rundir import write_json
 
+# progress.json is polled by `follow` about twice a second: rewriting it more often than once
+# a second only costs rank 0 time (an atomic replace, ~0.5 ms).
+PROGRESS_EVERY_S = 1.0
+
 
 class MetricsWriter:
     """TensorBoard + progress.json on rank 0; on other ranks every call does nothing."""
@@ -18,6 +22,7 @@ class MetricsWriter:
         self.progress = progress
         self.total_steps = total_steps
         self._tb: Any = None
+        self._progress_at = -float("inf")
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -30,10 +35,18 @@ class MetricsWriter:
             for tag, value in values.items():
                 self._tb.add_scalar(tag, value, step)
 
-    def write_progress(self, step: int, epoch: int | None, values: dict[str, float]) -> None:
-        if self.enabled:
-            write_json(self.progress, {"step": step, "total_steps": self.total_steps,
-                                       "epoch": epoch, "time": time.time(), **values})
+    def write_progress(self, step: int, epoch: int | None, values: dict[str, float],
+                       force: bool = True) -> None:
+        """progress.json; ``force`` false: only if the last write is PROGRESS_EVERY_S old
+        (a loop may call it at every log step)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._progress_at < PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        write_json(self.progress, {"step": step, "total_steps": self.total_steps,
+                                   "epoch": epoch, "time": time.time(), **values})
 
     def close(self) -> None:
         if self._tb is not None:

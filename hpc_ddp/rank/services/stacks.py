@@ -4,13 +4,13 @@ Each training process registers ``faulthandler`` for STACK_SIGNAL into
 ``logs/rank<N>.stacks`` (C-level: it writes even while the process is stuck inside a
 collective or a C call; https://docs.python.org/3/library/faulthandler.html). When a rank's
 collective fails because some ranks stopped answering, it sets one key per silent rank on the
-rendezvous store (one multi_set); each rank's supervisor (hpc_ddp/rank/supervise/program.py, which
-waits on its own rank's key on a connection of its own: no polling) signals its training
-process, and a rank on this host without a supervisor is signalled directly. The supervisor
-sets its own key to DONE when its training process has ended, which ends its waiting thread
-before the process exits (a thread still blocked in the store when the interpreter finalizes
-aborts the process: see rank/supervise/program.py). Then the report names the line each silent rank
-was on: "rank 3 on gpu-017 was in __getitem__ (my_loader.py line 88)".
+rendezvous store (one multi_set); each rank's supervisor (rank/supervise/supervisor.py's
+StackRelay, which waits on its own rank's key on a connection of its own: no polling)
+signals its training process, and a rank on this host without a supervisor is signalled
+directly. The supervisor sets its own key to DONE when its training process has ended, which
+ends its waiting thread before the process exits (a thread still blocked in the store when
+the interpreter finalizes aborts the process). Then the report names the line each silent
+rank was on: "rank 3 on gpu-017 was in __getitem__ (my_loader.py line 88)".
 """
 
 from __future__ import annotations

@@ -15,9 +15,18 @@ SIGTERM if any got one, else none.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from hpc_ddp.rank.services import stopping
+
+
+class Sums(NamedTuple):
+    """What an all-reduce of the window gives back, summed over the ranks."""
+
+    loss_sum: float
+    batches: float  # micro-batches
+    samples: float
+    stop_code: int | None  # the agreed stop code, None when this one carried no agreement
 
 
 @dataclass
@@ -34,8 +43,8 @@ class Reduction:
     _values: Any  # the reduced tensor (CPU), or its pinned host copy (CUDA)
     _ready: Any = None  # CUDA event after the copy to the host
 
-    def result(self) -> tuple[float, float, float, int | None]:
-        """(loss sum, micro-batches, samples, agreed stop code or None); waits if needed."""
+    def result(self) -> Sums:
+        """The sums over the ranks; waits if needed."""
         if self._ready is not None:
             self._ready.synchronize()
         else:
@@ -44,7 +53,7 @@ class Reduction:
         code = None
         if self.stop:
             code = stopping.REQUEUE if requeue else stopping.TERM if term else stopping.NONE
-        return loss_sum, count, samples, code
+        return Sums(loss_sum, count, samples, code)
 
 
 def start(loss_sum: Any, count: int, samples: int, stop_code: int | None, device: Any, *,
@@ -77,3 +86,10 @@ def start(loss_sum: Any, count: int, samples: int, stop_code: int | None, device
         values = host
     return Reduction(step, epoch, lr, elapsed_s, log, stop_code is not None, work, values,
                      ready)
+
+
+def agree_to_stop(stop_code: int, device: Any, step: int) -> Reduction:
+    """Launch the stop agreement alone (a loop that has no log window to sum: a user's,
+    through the Context); read its ``result().stop_code`` a call later."""
+    return start(0.0, 0, 0, stop_code, device, step=step, epoch=0, lr=0.0, elapsed_s=0.0,
+                 log=False)

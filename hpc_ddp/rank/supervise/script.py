@@ -1,11 +1,11 @@
 """A torchrun-style script, run unchanged on every rank under a supervisor (this process).
 
-The supervisor joins the job as every rank does (rendezvous, NCCL settings, GPU choice, the
-rank record) but makes no process group and never touches the GPU. It starts the script with
-the torchrun variables set: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+The supervisor (supervise/supervisor.py, as for the trainer) starts the script with the
+torchrun variables set: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
 MASTER_ADDR/MASTER_PORT pointing at the store rank 0's supervisor holds, and
 TORCHELASTIC_USE_AGENT_STORE=True, so ``init_process_group("nccl")`` joins that store as
-under torchrun (no port to pick, none to collide). Arguments reach the script as data.
+under torchrun (no port to pick, none to collide). Arguments reach the script as data; what
+``hpc_ddp.context()`` in the script reads is added (script_environment).
 
 Then it waits, and acts on how the script ended (rank 0 decides for the job):
 
@@ -27,14 +27,10 @@ Signals: on Slurm, slurmstepd signals every process of the step (the script too)
 
 from __future__ import annotations
 
-import collections
 import logging
-import os
 import shlex
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import MutableMapping
 from typing import Any, NoReturn
@@ -49,19 +45,21 @@ from hpc_ddp.rank.contract import (
     RUN_DIR_ENV,
     STOP_FILE_ENV,
 )
+from hpc_ddp.rank.join.distenv import in_slurm_step
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.services import checkpoint, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
 from hpc_ddp.rank.supervise.outcome import after_stop, fail, write_summary
+from hpc_ddp.rank.supervise.supervisor import (
+    ABRUPT,
+    Child,
+    child_environment,
+    exit_codes,
+    run_child,
+)
 from hpc_ddp.rundir import RunDir
 
 log = logging.getLogger(__name__)
-# Seconds rank 0's supervisor keeps the store up for the other ranks' scripts to finish.
-DONE_WAIT_S = 60.0
-_TAIL_LINES = 30
-# Deaths no script chooses: a new attempt may get past them.
-ABRUPT = {signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL,
-           signal.SIGFPE}
 
 
 def command(cfg: Config) -> list[str]:
@@ -80,18 +78,19 @@ def shown(cfg: Config) -> str:
     return " ".join(shlex.quote(a) for a in [cfg.script or "", *cfg.script_args])
 
 
-def child_environment(cfg: Config, rank: Rank, environ: MutableMapping[str, str], run: RunDir,
-                      cause: str | None) -> dict[str, str]:
-    """The script's environment: this task's (with the NCCL settings applied), the
-    torchrun variables, and what hpc_ddp.context() in the script reads."""
-    env = {**environ, **rank.torchrun_env(), "TORCHELASTIC_USE_AGENT_STORE": "True",
-           RUN_DIR_ENV: str(run.root), STOP_FILE_ENV: str(stop_file(run, rank)),
-           REQUEUE_EXIT_ENV: str(REQUEUE_EXIT_CODE),
-           REQUEUE_SIGNAL_ENV: cfg.cluster.signal.removeprefix("SIG")}
+def script_environment(cfg: Config, rank: Rank, run: RunDir, cause: str | None,
+                       staged: dict[str, Any] | None) -> dict[str, str]:
+    """What hpc_ddp.context() in the script reads (on top of the supervisor's child
+    environment): the run dir, the stop file, the requeue exit code and signal, why it
+    resumes, this node's copy of the data."""
+    extra = {RUN_DIR_ENV: str(run.root), STOP_FILE_ENV: str(stop_file(run, rank)),
+             REQUEUE_EXIT_ENV: str(REQUEUE_EXIT_CODE),
+             REQUEUE_SIGNAL_ENV: cfg.cluster.signal.removeprefix("SIG")}
     if cause:
-        env[RESUME_CAUSE_ENV] = cause
-    env.setdefault("PYTHONUNBUFFERED", "1")  # its log lines as they happen, as submitit's -u
-    return env
+        extra[RESUME_CAUSE_ENV] = cause
+    if staged is not None:
+        extra[DATA_ROOT_ENV] = staged["root"]
+    return extra
 
 
 def stop_file(run: RunDir, rank: Rank) -> Any:
@@ -111,27 +110,26 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
             child.signal(signum)
 
     stop = StopRequest()
-    on_slurm = "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
+    on_slurm = in_slurm_step(environ)
     stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
     with joined(cfg, run, environ, group=False) as rank:
         from hpc_ddp.data.stage_run import stage_data
 
         _, staged = stage_data(cfg, rank, run, environ)  # data.stage: this node's copy
-        child_env = child_environment(cfg, rank, environ, run, cause)
-        if staged is not None:
-            child_env[DATA_ROOT_ENV] = staged["root"]
-        child = Child(command(cfg), child_env)
-        children.append(child)
-        if stop.code != stopping.NONE and not on_slurm:  # signalled while joining
-            child.signal(signal.SIGTERM if stop.code == stopping.TERM else
-                         stopping.signal_number(cfg.cluster.signal))
-        started = time.perf_counter()
-        log.info("running %s on rank %d of %d", shown(cfg), rank.env.rank, rank.env.world_size)
-        code = child.wait()
-        report_done(rank, code)
-        if rank.env.is_master:
-            wait_for_all(rank, stop)
-        return _outcome(code, child, stop, cfg, rank, run, environ, started, staged)
+        env = child_environment(rank, environ,
+                                script_environment(cfg, rank, run, cause, staged))
+
+        def started(child: Child) -> None:
+            children.append(child)
+            if stop.code != stopping.NONE and not on_slurm:  # signalled while joining
+                child.signal(signal.SIGTERM if stop.code == stopping.TERM else
+                             stopping.signal_number(cfg.cluster.signal))
+            log.info("running %s on rank %d of %d", shown(cfg), rank.env.rank,
+                     rank.env.world_size)
+
+        began = time.perf_counter()
+        code, child = run_child(rank, command(cfg), env, stop, started=started)
+        return _outcome(code, child, stop, cfg, rank, run, environ, began, staged)
     return None
 
 
@@ -158,7 +156,7 @@ def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank
     result = read_json(stopped_file.with_suffix(".result.json")) or {}
     summary = {"program": f"script {shown(cfg)}",
                "world_size": rank.env.world_size, "num_nodes": rank.env.num_nodes,
-               "train_time_s": time.perf_counter() - started, "exit_codes": _exit_codes(rank),
+               "train_time_s": time.perf_counter() - started, "exit_codes": exit_codes(rank),
                "global_step": step, "restarts": rank.env.restart,
                **({"data_stage": staged} if staged is not None else {})}
     return write_summary(rank, run, {**{k: v for k, v in result.items() if k not in summary},
@@ -192,68 +190,3 @@ def _checkpoint_step(run: RunDir) -> int | None:
     return checkpoint.latest_step(run.checkpoints)
 
 
-def report_done(rank: Rank, code: int) -> None:
-    try:
-        rank.store.set(f"hpc_ddp/script_exit/{rank.env.rank}", str(code))
-        rank.store.add("hpc_ddp/script_done", 1)
-    except Exception:  # rank 0's store is gone (its supervisor died): nothing to tell
-        pass
-
-
-def wait_for_all(rank: Rank, stop: StopRequest | None = None) -> None:
-    """Keep the store (in this process) up until every rank's script has ended, so none of
-    them loses its store in its last collectives; not past a SIGTERM (Slurm ends the step:
-    a rank that hangs would hold this one until KillWait's SIGKILL)."""
-    deadline = time.monotonic() + DONE_WAIT_S
-    while time.monotonic() < deadline and not (stop and stop.code == stopping.TERM):
-        try:
-            if int(rank.store.add("hpc_ddp/script_done", 0)) >= rank.env.world_size:
-                return
-        except Exception:
-            return
-        time.sleep(0.2)
-    if time.monotonic() >= deadline:
-        log.warning("not every rank's program ended within %.0fs of rank 0's", DONE_WAIT_S)
-
-
-def _exit_codes(rank: Rank) -> dict[str, int | None]:
-    """Every rank's script exit code (rank 0 reads them once, at the end)."""
-    codes: dict[str, int | None] = {}
-    for r in range(rank.env.world_size):
-        key = f"hpc_ddp/script_exit/{r}"
-        try:
-            codes[str(r)] = int(rank.store.get(key)) if rank.store.check([key]) else None
-        except Exception:
-            codes[str(r)] = None
-    return codes
-
-
-class Child:
-    """The script's process: stdout passed through, stderr passed through and its last lines
-    kept (for the error report)."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.argv = argv
-        self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
-        self._copier = threading.Thread(target=self._copy_stderr, daemon=True)
-        self._copier.start()
-
-    def _copy_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        for raw in iter(self.proc.stderr.readline, b""):
-            sys.stderr.buffer.write(raw)
-            sys.stderr.flush()
-            self._tail.append(raw.decode(errors="replace").rstrip())
-
-    def signal(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signum)
-
-    def wait(self) -> int:
-        code = self.proc.wait()  # signal handlers run meanwhile (PEP 475 retries the wait)
-        self._copier.join(timeout=5)
-        return code
-
-    def tail(self) -> str:
-        return "\n".join(self._tail) or "(nothing on stderr)"
