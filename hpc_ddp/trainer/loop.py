@@ -18,7 +18,6 @@ import math
 import time
 from typing import Any
 
-from hpc_ddp import events
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
@@ -89,9 +88,8 @@ class Trainer:
         self.restarts: list[dict[str, Any]] = []
         self.resumed_from_step: int | None = None
         self.checkpoint_step: int | None = None
-        self._pending: window_sync.Reduction | None = None  # see _start_reduction
+        self._sync = window_sync.Periodic()  # see _start_reduction
         self._settled = False
-        self._stop_agreed = stopping.NONE
         self.writer = CheckpointWriter.from_config(t, run.checkpoints, env.rank,
                                                    env.world_size, env.restart)
 
@@ -149,11 +147,9 @@ class Trainer:
         # Onto the CPU: RNG states must stay CPU byte tensors, and load_state_dict moves the
         # weights and optimizer state to the parameters' device itself (optimizer step
         # counters stay on the CPU where torch wants them there).
-        state, skipped = checkpoint.load_usable(self.run.checkpoints, "cpu",
-                                                accept=self.load_state_dict)
-        if skipped and self.env.is_master:
-            events.append(self.run.root, checkpoint.fallback_event(
-                skipped, None if state is None else self.global_step, self.env.restart))
+        state = checkpoint.load_for_resume(self.run, self.env.is_master, self.env.restart,
+                                           accept=self.load_state_dict,
+                                           step_of=lambda _: self.global_step)
         if state is None:
             return
         self.resumed_from_step = self.checkpoint_step = self.global_step
@@ -213,7 +209,7 @@ class Trainer:
         is the cause, so neither the log reduction (a dead peer never joins it) nor the
         checkpoint being written (only logged if it fails) replaces it."""
         if not finished:
-            self._pending = None
+            self._sync.drop()
         try:
             self.writer.wait()  # a checkpoint still being written is on disk before we go
         except Exception as exc:
@@ -306,12 +302,12 @@ class Trainer:
         # finished run's checkpoint holds its final metrics too.
         if self.global_step % t.checkpoint_interval == 0 and not last:
             self.save_checkpoint()
-        if self._stop_agreed != stopping.NONE:
+        if self._sync.agreed != stopping.NONE:
             self._stop()
 
     def _stop(self) -> None:
         """The ranks agreed that one of them was signalled: all stop here, checkpointed."""
-        code = self._stop_agreed
+        code = self._sync.agreed
         log.warning("stop requested (%s): checkpointing at step %d", "SIGTERM" if code ==
                     stopping.TERM else "requeue signal", self.global_step)
         if self.checkpoint_step != self.global_step:
@@ -331,23 +327,19 @@ class Trainer:
         elapsed = max(now - self._window_start, 1e-9)
         w: dict[str, Any] = self.window if log_now else {"loss_sum": 0.0, "count": 0,
                                                          "samples": 0}
-        self._pending = window_sync.start(
+        self._sync.launch(window_sync.start(
             w["loss_sum"], w["count"], w["samples"], stop_code, self.device,
             step=self.global_step, epoch=self.epoch, lr=self.scheduler.get_last_lr()[0],
-            elapsed_s=elapsed, log=log_now)
+            elapsed_s=elapsed, log=log_now))
         if log_now:
             self._window_start = now
             self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
 
     def _finish_reduction(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        loss_sum, count, samples, code = pending.result()
-        if code is not None:
-            self._stop_agreed = max(self._stop_agreed, code)
-        if pending.log:
-            self._write_log(pending, loss_sum, count, samples)
+        done = self._sync.read()
+        if done is not None and done[0].log:
+            pending, sums = done
+            self._write_log(pending, sums.loss_sum, sums.batches, sums.samples)
 
     def _write_log(self, p: window_sync.Reduction, loss_sum: float, count: float,
                    samples: float) -> None:

@@ -172,6 +172,25 @@ def test_context_saves_and_loads_with_the_random_streams(group: None, tmp_path: 
     assert again.resumed_from_step == 7 and again.restarts[-1]["cause"] == "resume"  # type: ignore[attr-defined]
 
 
+def test_context_resumes_past_a_truncated_latest_as_the_trainer_does(group: None,
+                                                                     tmp_path: Path) -> None:
+    from hpc_ddp import events
+
+    ctx = _context(tmp_path, "trainer.keep_checkpoints=3")
+    for step in (5, 10):
+        ctx.save({"step": step, "w": torch.full((2,), float(step))})  # type: ignore[attr-defined]
+        ctx.flush()  # type: ignore[attr-defined]
+    latest = tmp_path / "run" / "checkpoints" / "step_000000010.pt"
+    latest.write_bytes(latest.read_bytes()[:100])  # a write the node died in
+    again = _context(tmp_path)
+    state = again.load()  # type: ignore[attr-defined]
+    assert state is not None and state["step"] == 5
+    assert torch.equal(state["w"], torch.full((2,), 5.0))
+    fallback = [e for e in events.read(tmp_path / "run") if e["kind"] == "checkpoint_fallback"]
+    assert len(fallback) == 1 and latest.name in fallback[0]["cause"]
+    assert fallback[0]["used_step"] == 5
+
+
 def test_context_logs_scalars_and_progress(group: None, tmp_path: Path) -> None:
     ctx = _context(tmp_path)
     ctx.total_steps = 20  # type: ignore[attr-defined]
@@ -244,16 +263,18 @@ def test_script_command_and_environment(tmp_path: Path) -> None:
     from hpc_ddp.rank.join.distenv import DistEnv
     from hpc_ddp.rank.join.joined import Rank
     from hpc_ddp.rank.join.rendezvous import Endpoint
-    from hpc_ddp.rank.supervise.script import child_environment, command
+    from hpc_ddp.rank.supervise.script import command, script_environment
+    from hpc_ddp.rank.supervise.supervisor import child_environment
     from hpc_ddp.rundir import RunDir
 
     cfg = compose(["script=-m pkg.train", "cluster.signal=SIGUSR1"])
     cfg = type(cfg)(**{**cfg.__dict__, "script_args": ["--lr", "0.1"]})
-    assert command(cfg)[1:] == ["-m", "hpc_ddp.rank.main.script_runner", "-m", "pkg.train", "--lr",
-                                "0.1"]
+    assert command(cfg)[1:] == ["-m", "hpc_ddp.rank.main.script_runner", "-m", "pkg.train",
+                                "--lr", "0.1"]
     env = DistEnv(5, 1, 8, 2, 4, 2, "slurm", "12.0", restart=1)
     rank = Rank(env, "node3", torch.device("cpu"), [], endpoint=Endpoint("node1", 4321))
-    child = child_environment(cfg, rank, {"KEEP": "1"}, RunDir(tmp_path), "requeue")
+    child = child_environment(rank, {"KEEP": "1"},
+                              script_environment(cfg, rank, RunDir(tmp_path), "requeue", None))
     assert {k: child[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                   "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                                   "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.rank.services import checkpoint, rng, stopping
+from hpc_ddp.rank.services import checkpoint, rng, stopping, window_sync
 from hpc_ddp.rank.services.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
 
@@ -64,8 +64,7 @@ class Context:
         self._stop = stop
         self._cause = resume_cause
         self._calls = 0
-        self._pending: Any = None  # the launched stop agreement (window_sync.Reduction)
-        self._agreed = stopping.NONE
+        self._sync = window_sync.Periodic()  # the stop agreement
         self._stop_step: int | None = None
         self._last_step = 0
         self._saved_step: int | None = None
@@ -153,14 +152,12 @@ class Context:
         for it (window_sync); the next call reads it, so a signal is acted on within that
         many steps plus one, at the same call on every rank. Then save and return: the job is
         requeued (or, after SIGTERM, left to Slurm) and resumes from the checkpoint."""
-        if self._agreed != stopping.NONE:
+        if self._sync.agreed != stopping.NONE:
             return True
         self._calls += 1
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            code = pending.result().stop_code or stopping.NONE
+        if self._sync.read() is not None:
+            code = self._sync.agreed
             if code != stopping.NONE:
-                self._agreed = code
                 self._stop_step = self._last_step
                 if self.stop_file is not None and self.is_master:
                     self.stop_file.write_text(str(code))
@@ -169,16 +166,15 @@ class Context:
                             self._calls)
                 return True
         if self._calls % self.cfg.trainer.stop_check_interval == 0:
-            from hpc_ddp.rank.services import window_sync
-
             code = self._stop.code if self._stop is not None else stopping.NONE
-            self._pending = window_sync.agree_to_stop(code, self._agree_device(), self._calls)
+            self._sync.launch(window_sync.agree_to_stop(code, self._agree_device(),
+                                                        self._calls))
         return False
 
     @property
     def stop_code(self) -> int:
         """stopping.NONE, TERM or REQUEUE: what the ranks agreed."""
-        return self._agreed
+        return self._sync.agreed
 
     def _agree_device(self) -> Any:
         import torch
@@ -233,7 +229,11 @@ class Context:
         """The state of the latest checkpoint (None for a fresh run); this rank's RNG streams
         are set back to where they were when it was saved."""
         self.flush()
-        state = checkpoint.load_latest(self.run.checkpoints, map_location="cpu")
+        # As the built-in trainer resumes: an unusable latest (a truncated file) falls back
+        # to the one before, recorded in events.jsonl.
+        state = checkpoint.load_for_resume(
+            self.run, self.is_master, self.restart,
+            step_of=lambda s: (s.get(_OURS_KEY) or {}).get("step"))
         if state is None:
             return None
         if _USER_KEY not in state or _OURS_KEY not in state:
@@ -292,9 +292,9 @@ class Context:
     def close(self, finished: bool = True) -> None:
         """Flush what is pending; ``finished`` false (the loop raised): do not wait for the
         last stop agreement, which a failed peer may never join."""
-        if self._pending is not None and finished:  # launched on every rank at one call
-            self._pending.result()
-        self._pending = None
+        if finished:  # launched on every rank at one call: every rank reads it
+            self._sync.read()
+        self._sync.drop()
         if finished:  # a requested stop's checkpoint is whole before the requeue or the exit
             self.flush()
         if self._metrics is not None:
@@ -313,6 +313,6 @@ class Context:
     @property
     def stopped_at(self) -> int | None:
         """The step of the agreed stop (the last saved, else the last logged step)."""
-        if self._agreed == stopping.NONE:
+        if self._sync.agreed == stopping.NONE:
             return None
         return self._saved_step if self._saved_step is not None else self._stop_step

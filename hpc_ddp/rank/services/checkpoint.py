@@ -25,9 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp import events
 from hpc_ddp.procs import pid_alive
 from hpc_ddp.rank.services import trusted
 from hpc_ddp.rank.services.trusted import UntrustedCheckpoint
+from hpc_ddp.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +275,20 @@ def load_streams(folder: Path, rank: int, step: int) -> dict[str, Any] | None:
         log.warning("random streams of rank %d at step %d cannot be read from %s (%s)", rank,
                     step, path, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
         return None
+
+
+def load_for_resume(run: RunDir, is_master: bool, attempt: int,
+                    accept: Callable[[dict[str, Any]], None] | None = None,
+                    step_of: Callable[[dict[str, Any]], int | None] = lambda state: None
+                    ) -> dict[str, Any] | None:
+    """The state a loop resumes from (ours or a user's, onto the CPU): the newest usable
+    checkpoint (load_usable); rank 0 records in events.jsonl which ones it skipped and the
+    step it used (``step_of`` the state). None for a fresh run."""
+    state, skipped = load_usable(run.checkpoints, "cpu", accept=accept)
+    if skipped and is_master:
+        events.append(run.root, fallback_event(
+            skipped, None if state is None else step_of(state), attempt))
+    return state
 
 
 def fallback_event(skipped: list[tuple[Path, str]], used: int | None,

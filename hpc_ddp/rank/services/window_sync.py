@@ -88,6 +88,34 @@ def start(loss_sum: Any, count: int, samples: int, stop_code: int | None, device
                      ready)
 
 
+class Periodic:
+    """A loop's periodic collective: at most one launched, read at a later call, and the
+    stop the ranks agreed on so far (the strongest request wins). The built-in trainer and a
+    user's loop (the Context's should_stop) keep theirs in one of these."""
+
+    def __init__(self) -> None:
+        self.pending: Reduction | None = None
+        self.agreed = stopping.NONE
+
+    def launch(self, reduction: Reduction) -> None:
+        self.pending = reduction
+
+    def read(self) -> tuple[Reduction, Sums] | None:
+        """The launched reduction and its sums (waiting if needed), or None if none is
+        launched; an agreed stop is kept in ``agreed``."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        sums = pending.result()
+        if sums.stop_code is not None:
+            self.agreed = max(self.agreed, sums.stop_code)
+        return pending, sums
+
+    def drop(self) -> None:
+        """Forget the launched one unread (a failed peer may never join it)."""
+        self.pending = None
+
+
 def agree_to_stop(stop_code: int, device: Any, step: int) -> Reduction:
     """Launch the stop agreement alone (a loop that has no log window to sum: a user's,
     through the Context); read its ``result().stop_code`` a call later."""
