@@ -33,8 +33,8 @@ from hpc_ddp.procs import pid_alive
 from hpc_ddp.rundir import RunDir, created_with, read_json, write_json
 
 if TYPE_CHECKING:
-    from hpc_ddp.launch.slurm_reasons import Pending
-    from hpc_ddp.launch.slurm_state import JobState
+    from hpc_ddp.slurm.reasons import Pending
+    from hpc_ddp.slurm.state import JobState
 
 JOB_FILE = "job.json"
 
@@ -271,7 +271,7 @@ class Run:
     def job_state(self) -> JobState:
         """The state now: ``.state`` (one word), ``.raw`` (Slurm's text), ``.exit_code``,
         ``.reason`` (Slurm's pending reason); one squeue call (sacct once it has ended)."""
-        from hpc_ddp.launch.slurm_state import JobState, query
+        from hpc_ddp.slurm.state import JobState, query
 
         if self.kind == "slurm":
             return query(self.job_id) or JobState("UNKNOWN")
@@ -286,8 +286,8 @@ class Run:
     def pending_reason(self) -> Pending | None:
         """Why a PENDING Slurm job waits, in words, and whether it can ever start
         (``.never``, with ``.fix``); None when it is not pending."""
-        from hpc_ddp.launch.slurm_fit import lazy_partitions
-        from hpc_ddp.launch.slurm_reasons import pending_of
+        from hpc_ddp.slurm.fit import lazy_partitions
+        from hpc_ddp.slurm.reasons import pending_of
 
         return pending_of(self.job_state(), self.run_dir, lazy_partitions()) \
             if self.kind == "slurm" else None
@@ -313,7 +313,7 @@ class Run:
         if self.done():
             return False
         if self.kind == "slurm":
-            from hpc_ddp.launch.slurm_state import SlurmJobView
+            from hpc_ddp.slurm.state import SlurmJobView
 
             SlurmJobView(self.job_id).cancel(check=check)
             return True

@@ -180,7 +180,7 @@ class RunView:
     Slurm query per done(), whose answer the other members reuse."""
 
     def __init__(self, run: Any) -> None:
-        from hpc_ddp.launch.slurm_fit import lazy_partitions
+        from hpc_ddp.slurm.fit import lazy_partitions
 
         self.run = run
         self.job_id = run.job_id
@@ -200,7 +200,7 @@ class RunView:
     def done(self) -> bool:
         if self.run.kind != "slurm":
             return bool(self.run.done())
-        from hpc_ddp.launch.slurm_reasons import pending_of
+        from hpc_ddp.slurm.reasons import pending_of
 
         self._last = self.run.job_state()
         self.pending = pending_of(self._last, self.run.run_dir, self._facts, self._requests)

@@ -89,7 +89,7 @@ class Lookups:
     only once a pending reason needs them) and the runs' requests (from config.yaml)."""
 
     def __init__(self) -> None:
-        from hpc_ddp.launch.slurm_fit import lazy_partitions
+        from hpc_ddp.slurm.fit import lazy_partitions
 
         self.facts = lazy_partitions()
         self.requests: dict[Path, Any] = {}
@@ -98,7 +98,7 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
-    from hpc_ddp.launch.slurm_state import query_many
+    from hpc_ddp.slurm.state import query_many
 
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
     states = query_many(str(j["job_id"]) for j in jobs.values()
@@ -110,8 +110,8 @@ def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
     from hpc_ddp import events
-    from hpc_ddp.launch.slurm_reasons import pending_of
-    from hpc_ddp.launch.slurm_state import JobState
+    from hpc_ddp.slurm.reasons import pending_of
+    from hpc_ddp.slurm.state import JobState
 
     summary = read_json(run_dir / "summary.json") or {}
     progress = read_json(run_dir / "progress.json") or {}
@@ -197,7 +197,7 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
 
 def finished(rows: list[dict[str, Any]]) -> bool:
     """Every job has ended, or can never start (watching it would never end)."""
-    from hpc_ddp.launch.slurm_state import TERMINAL
+    from hpc_ddp.slurm.state import TERMINAL
 
     return all(r["state"] in (*TERMINAL, "NOT SUBMITTED") or r.get("never") for r in rows)
 
@@ -316,8 +316,8 @@ def never_started(run_dir: Path, state: str) -> bool:
 
 
 def _fix_of(run_dir: Path, state: Any) -> str:
-    from hpc_ddp.launch.slurm_fit import lazy_partitions
-    from hpc_ddp.launch.slurm_reasons import pending_of
+    from hpc_ddp.slurm.fit import lazy_partitions
+    from hpc_ddp.slurm.reasons import pending_of
 
     pending = pending_of(state, run_dir, lazy_partitions())
     if pending is None or not pending.never:

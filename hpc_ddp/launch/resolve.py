@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,23 +18,9 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.inputs.command_line import absolute_script
 from hpc_ddp.rank.join.device import visible_devices
 from hpc_ddp.rundir import default_root
+from hpc_ddp.slurm.controller import slurm_available
 
 OVERRIDES_FILE = "overrides.yaml"
-
-
-def slurm_available(environ: Mapping[str, str]) -> bool:
-    """A Slurm controller answers. ``sbatch`` on PATH alone is not enough: the Debian client
-    installs it where no controller exists (docs/slurm.md); ``scontrol ping`` answers in ms
-(https://slurm.schedmd.com/scontrol.html#OPT_ping)."""
-    path = environ.get("PATH", os.defpath)
-    if not shutil.which("sbatch", path=path) or not shutil.which("scontrol", path=path):
-        return False
-    try:
-        done = subprocess.run(["scontrol", "ping"], env=dict(environ), capture_output=True,
-                              text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0 and "UP" in done.stdout
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     kind = plans[0].cfg.cluster.kind
     if kind == "slurm":
         from hpc_ddp.launch.slurm import check_client
-        from hpc_ddp.launch.slurm_fit import check
+        from hpc_ddp.slurm.fit import check
 
         check_client(environ)
         # One sinfo for the whole sweep: a point no node can run is refused before any is sent.

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.targets",),
     # The rank side: what runs on every rank.
     ("hpc_ddp.rank.contract",),
-    ("hpc_ddp.rank.slurm",),
+    ("hpc_ddp.slurm",),  # what hpc_ddp asks of Slurm, from the submit host and from a rank
     ("hpc_ddp.rank.services",),
     ("hpc_ddp.rank.join",),
     ("hpc_ddp.data",),

@@ -12,7 +12,7 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.launch import step
 from hpc_ddp.launch.resolve import resolve
 from hpc_ddp.rank.contract import TASK_ENV
-from hpc_ddp.rank.slurm.requeue import slurm_job
+from hpc_ddp.slurm.requeue import slurm_job
 
 # As Slurm 22.05 sets them (recorded on the test cluster): an `salloc -N2` shell, a batch
 # script, and the shell of `srun -N1 -n1 bash` inside the allocation.

@@ -18,7 +18,7 @@ from typing import Any
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.procs import pid_alive, start_time
-from hpc_ddp.rank.slurm.requeue import squeue_job
+from hpc_ddp.slurm.requeue import squeue_job
 
 FILE = "owner.json"
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hpc_ddp.rank.slurm.requeue import squeue_job
+from hpc_ddp.slurm.requeue import squeue_job
 
 log = logging.getLogger(__name__)
 

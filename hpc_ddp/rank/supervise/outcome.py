@@ -18,9 +18,9 @@ from hpc_ddp.rank.join import device, rendezvous
 from hpc_ddp.rank.join.joined import Rank, RunStopped
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
-from hpc_ddp.rank.slurm import requeue
 from hpc_ddp.rank.supervise import diagnose
 from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
+from hpc_ddp.slurm import requeue
 
 log = logging.getLogger(__name__)
 

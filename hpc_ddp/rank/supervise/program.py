@@ -37,10 +37,10 @@ from hpc_ddp.rank.join.distenv import in_slurm_step
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.services import stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
-from hpc_ddp.rank.slurm import requeue
 from hpc_ddp.rank.supervise.outcome import fail
 from hpc_ddp.rank.supervise.supervisor import ABRUPT, Child, child_environment, run_child
 from hpc_ddp.rundir import RunDir, read_json
+from hpc_ddp.slurm import requeue
 
 log = logging.getLogger(__name__)
 

@@ -79,7 +79,7 @@ def refusal(cfg: Config, exc: BaseException,
     otherwise the message names the key behind sbatch's words and carries those words."""
     from submitit.core.utils import FailedJobError
 
-    from hpc_ddp.launch.resolve import slurm_available
+    from hpc_ddp.slurm.controller import slurm_available
 
     environ = os.environ if environ is None else environ
     if isinstance(exc, FileNotFoundError) and "sbatch" in str(exc.filename or exc):
@@ -132,7 +132,7 @@ def blamed(cfg: Config, said: str, environ: Mapping[str, str]
 
 
 def _diagnosed(cfg: Config, environ: Mapping[str, str]) -> UserError | None:
-    from hpc_ddp.launch.slurm_fit import Request, partitions, problem
+    from hpc_ddp.slurm.fit import Request, partitions, problem
 
     parts = partitions(environ)
     return problem(Request.of(cfg, environ), parts) if parts else None

@@ -4,7 +4,7 @@ The same call submitit makes (``scontrol requeue <job>``); it needs the job to b
 (``--requeue``, which hpc_ddp's sbatch scripts carry, or the cluster's JobRequeue=1).
 https://slurm.schedmd.com/scontrol.html#OPT_requeue
 
-Inside a container both commands go through the relay outside it (rank/slurm/relay.py).
+Inside a container both commands go through the relay outside it (slurm/relay.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Mapping
 
 from hpc_ddp.rank.contract import STEP_OF_ENV
-from hpc_ddp.rank.slurm import relay as slurm_relay
+from hpc_ddp.slurm import relay as slurm_relay
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hpc_ddp.launch.slurm_fit import Partition, Request, problem, target
-from hpc_ddp.launch.slurm_state import JobState
+from hpc_ddp.slurm.fit import Partition, Request, problem, target
+from hpc_ddp.slurm.state import JobState
 
 # Reason codes told apart (or given figures) with the partitions' facts. Slurm 22.05 gives a
 # job asking 8 of 4 nodes PartitionConfig or PartitionNodeLimit (seen on the test cluster).
