@@ -32,7 +32,7 @@ from typing import Any, TextIO
 from hpc_ddp.config.schema import Config
 from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
-from hpc_ddp.rank.join.joined import RankProgram
+from hpc_ddp.rank.main.task import RankProgram
 from hpc_ddp.rundir import RunDir, read_json, write_json
 
 log = logging.getLogger(__name__)

@@ -208,7 +208,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     from hpc_ddp.bench.train_report import combine, table
     from hpc_ddp.config.compose import compose, to_yaml
     from hpc_ddp.doctor import job
-    from hpc_ddp.rank.join.joined import RankProgram
+    from hpc_ddp.rank.main.task import RankProgram
 
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     user = [o for o in args.overrides if not o.startswith("run_dir=")]

@@ -34,7 +34,7 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
     from hpc_ddp.config.nccl_schema import nccl_warnings
     from hpc_ddp.doctor import job, render
     from hpc_ddp.doctor.probe import run as probe
-    from hpc_ddp.rank.join.joined import RankProgram
+    from hpc_ddp.rank.main.task import RankProgram
 
     options = options or DoctorOptions()
     if not options.pins:

@@ -25,7 +25,7 @@ from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
-from hpc_ddp.rank.main.task import TrainingTask
+from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.refusal import no_client, refusal, sbatch_key_line
 
@@ -221,7 +221,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
     slurm_fit.check([cfg], environ)
     executor = make_executor(cfg, run)
     with sbatch_errors(cfg, environ):
-        return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
+        return executor.submit(task or training_task(to_yaml(cfg), str(run.root)))
 
 
 def describe(cfg: Config) -> str:

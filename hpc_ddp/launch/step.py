@@ -165,14 +165,14 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
     """Start the step (srun in its own session: the terminal's Ctrl-C reaches this process,
     which stops the step properly); returns its handle at once."""
     from hpc_ddp.config.compose import to_yaml
-    from hpc_ddp.rank.main.task import TrainingTask
+    from hpc_ddp.rank.main.task import training_task
 
     alloc = current()
     check(cfg, alloc)
     run.submitit.mkdir(parents=True, exist_ok=True)
     task_file = run.submitit / f"step-{uuid.uuid4().hex[:12]}.pkl"
     with open(task_file, "wb") as handle:
-        pickle.dump(task or TrainingTask(to_yaml(cfg), str(run.root)), handle)
+        pickle.dump(task or training_task(to_yaml(cfg), str(run.root)), handle)
     from hpc_ddp.launch import container
 
     argv = command(cfg, alloc, sys.executable, run.root)

@@ -267,7 +267,7 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
     """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
     from hpc_ddp.inputs.run_dir import write_run_config
     from hpc_ddp.launch import slurm
-    from hpc_ddp.rank.main.task import TrainingTask
+    from hpc_ddp.rank.main.task import training_task
 
     for indices, executor in _arrays(plans, folder, environ):
         with phases.timed("folders"):
@@ -277,7 +277,7 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
         try:
             with phases.timed("submission (pickles, sbatch)"), secrets.exported(hidden), \
                     slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
-                jobs = [executor.submit(TrainingTask(texts[i], str(plans[i].run_dir.root)))
+                jobs = [executor.submit(training_task(texts[i], str(plans[i].run_dir.root)))
                         for i in indices]
             phases.count("sbatch calls")
         except UserError as refused:

@@ -12,11 +12,10 @@ import os
 import socket
 import sys
 import traceback
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.schema import Config
@@ -48,24 +47,6 @@ class RunStopped(SystemExit):
 
     def __str__(self) -> str:
         return self.message
-
-
-class RankProgram:
-    """A picklable callable for submitit: runs ``program(cfg, run_dir, os.environ, options)``
-    on every task. ``program`` must be a module-level function (pickled by reference)."""
-
-    def __init__(self, program: Callable[..., Any], config_yaml: str, run_dir: str,
-                 options: Any = None) -> None:
-        self.program = program
-        self.config_yaml = config_yaml
-        self.run_dir = run_dir
-        self.options = options
-
-    def __call__(self) -> Any:
-        from hpc_ddp.config.compose import from_yaml
-
-        return self.program(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)),
-                            os.environ, self.options)
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,15 @@ it ended.
 
 The program is the built-in trainer, a user's function entry (entry.py) or a user's script
 under a supervisor (rank/supervise/script.py). Used by both paths: submitit pickles a
-:class:`TrainingTask` (``python -m hpc_ddp.submit``), and ``python -m hpc_ddp.train`` (srun inside
-``jobs/*.sbatch``) calls :func:`run` directly.
+:class:`RankProgram` of :func:`training_task` (``python -m hpc_ddp.submit``), and
+``python -m hpc_ddp.train`` (srun inside ``jobs/*.sbatch``) calls :func:`run` directly.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,30 @@ from hpc_ddp.rundir import RunDir, parse_umask
 log = logging.getLogger(__name__)
 
 
-class TrainingTask:
-    """The picklable callable submitit runs on every task of the job."""
+class RankProgram:
+    """A picklable callable for submitit: runs ``program(cfg, run_dir, os.environ, options)``
+    on every task. ``program`` must be a module-level function (pickled by reference)."""
 
-    def __init__(self, config_yaml: str, run_dir: str) -> None:
+    def __init__(self, program: Callable[..., Any], config_yaml: str, run_dir: str,
+                 options: Any = None) -> None:
+        self.program = program
         self.config_yaml = config_yaml
         self.run_dir = run_dir
+        self.options = options
 
-    def __call__(self) -> dict[str, Any] | None:
-        return run(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)), os.environ)
+    def __call__(self) -> Any:
+        return self.program(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)),
+                            os.environ, self.options)
+
+
+def training_task(config_yaml: str, run_dir: str) -> RankProgram:
+    """What submitit (or a step) runs on every task of a training job: :func:`run`."""
+    return RankProgram(_run_program, config_yaml, run_dir)
+
+
+def _run_program(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
+                 options: Any = None) -> dict[str, Any] | None:
+    return run(cfg, run_dir, environ)
 
 
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict[str, Any] | None:
