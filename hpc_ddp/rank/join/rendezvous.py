@@ -18,12 +18,15 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpc_ddp.rank.join.distenv import DistEnv
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,19 @@ def read_endpoint(path: Path) -> Endpoint | None:
 
 def _backoff(previous: float) -> float:
     return min(_MAX_POLL_S, previous * 1.5)
+
+
+def _until(deadline: float, attempt: Callable[[], T | None]) -> T | None:
+    """``attempt()`` until it gives something or ``deadline`` (time.monotonic) has passed,
+    backing off from _FIRST_POLL_S to _MAX_POLL_S between tries (a rank never hammers the
+    file system or rank 0's store); None if it never did. Tries at least once."""
+    pause = _FIRST_POLL_S
+    while True:
+        found = attempt()
+        if found is not None or time.monotonic() > deadline:
+            return found
+        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = _backoff(pause)
 
 
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
@@ -159,19 +175,22 @@ def _join_published(env: DistEnv, path: Path, timeout_s: float,
     """A client: read rank 0's endpoint (backing off), reach it, check its nonce; a file that
     leads nowhere or to another store is read again until the timeout."""
     deadline = time.monotonic() + timeout_s
-    pause = _FIRST_POLL_S
     seen: Endpoint | None = None
     last = "no endpoint file yet"
-    while time.monotonic() < deadline:
+
+    def attempt() -> tuple[Any, Endpoint] | None:
+        nonlocal seen, last
         published = read_endpoint(path)
-        if published is not None:
-            seen = endpoint = Endpoint(env.master_addr or published.addr, published.port,
-                                       published.nonce)
-            store, last = _try_store(env, endpoint, deadline, collective_timeout_s)
-            if store is not None:
-                return store, endpoint
-        time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = _backoff(pause)
+        if published is None:
+            return None
+        seen = endpoint = Endpoint(env.master_addr or published.addr, published.port,
+                                   published.nonce)
+        store, last = _try_store(env, endpoint, deadline, collective_timeout_s)
+        return (store, endpoint) if store is not None else None
+
+    found = _until(deadline, attempt)
+    if found is not None:
+        return found
     where = env.expected_host(0) or "its node"
     if seen is None:
         raise RendezvousError(
@@ -227,27 +246,32 @@ def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
                                           "nonce": endpoint.nonce}))
         return store, endpoint
     deadline = time.monotonic() + timeout_s
-    pause = _FIRST_POLL_S
     finished: set[bytes] = set()
     why = ""
-    while True:
+    named: Endpoint | None = None  # the store the agent's key names
+
+    def attempt() -> tuple[Any, Endpoint] | None:
+        nonlocal why, named
         raw = bytes(agent.get(_AGENT_KEY))  # waits until it is set
-        if raw not in finished:
-            data = json.loads(raw.decode())
-            endpoint = Endpoint(str(data["addr"]), int(data["port"]),
-                                str(data.get("nonce", "")))
-            store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
-            if store is not None:
-                if _announce(store, env, record):
-                    return store, endpoint
-                finished.add(raw)
-                why = "only the last attempt's store, which every rank had joined"
-        if time.monotonic() > deadline:
-            raise RendezvousError(
-                f"rank {env.rank} found rank 0's store at {endpoint} on torchrun's store but "
-                f"could not reach it within {timeout_s:.0f}s ({why}).")
-        time.sleep(pause)
-        pause = _backoff(pause)
+        if raw in finished:
+            return None
+        data = json.loads(raw.decode())
+        named = Endpoint(str(data["addr"]), int(data["port"]), str(data.get("nonce", "")))
+        store, why = _try_store(env, named, deadline, collective_timeout_s)
+        if store is None:
+            return None
+        if _announce(store, env, record):
+            return store, named
+        finished.add(raw)
+        why = "only the last attempt's store, which every rank had joined"
+        return None
+
+    found = _until(deadline, attempt)
+    if found is None:
+        raise RendezvousError(
+            f"rank {env.rank} found rank 0's store at {named} on torchrun's store but "
+            f"could not reach it within {timeout_s:.0f}s ({why}).")
+    return found
 
 
 def attempt_prefix(restart: int) -> str:
@@ -284,20 +308,22 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
     """A client of the store at a known address (MASTER_ADDR and MASTER_PORT given, or an
     agent's): reached with a backoff until the timeout."""
     deadline = time.monotonic() + timeout_s
-    pause = _FIRST_POLL_S
-    while True:
+    why = ""
+
+    def attempt() -> Any:
+        nonlocal why
         # A plain socket probe inside _try_store first: TCPStore's own connect retries with
         # long random delays past its timeout, which would blur the deadline we promise.
         store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
-        if store is not None:
-            return store
-        if time.monotonic() > deadline:
-            raise RendezvousError(
-                f"rank {env.rank} could not reach rank 0 at {endpoint} within "
-                f"{timeout_s:.0f}s ({why or 'no answer'}). Check that {endpoint.addr} "
-                "resolves and is reachable from this node, and MASTER_ADDR if you set it.")
-        time.sleep(pause)
-        pause = _backoff(pause)
+        return store
+
+    store = _until(deadline, attempt)
+    if store is None:
+        raise RendezvousError(
+            f"rank {env.rank} could not reach rank 0 at {endpoint} within "
+            f"{timeout_s:.0f}s ({why or 'no answer'}). Check that {endpoint.addr} "
+            "resolves and is reachable from this node, and MASTER_ADDR if you set it.")
+    return store
 
 
 def check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
