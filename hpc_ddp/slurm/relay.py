@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hpc_ddp.rundir import write_text
+
 log = logging.getLogger(__name__)
 
 RELAY_ENV = "HPC_DDP_SLURM_RELAY"
@@ -75,9 +77,7 @@ def ask(folder: Path, argv: Sequence[str], timeout_s: float
     base = folder / uuid.uuid4().hex
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = base.with_suffix(".tmp")
-        tmp.write_text("".join(f"{arg}\n" for arg in argv))
-        os.replace(tmp, base.with_suffix(".req"))  # whole, or not at all
+        write_text(base.with_suffix(".req"), "".join(f"{arg}\n" for arg in argv))
     except OSError as exc:
         raise OSError(f"cannot write a request for Slurm's relay in {folder}: {exc}") from exc
     deadline = time.monotonic() + timeout_s

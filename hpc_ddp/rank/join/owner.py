@@ -18,6 +18,7 @@ from typing import Any
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.procs import pid_alive, start_time
+from hpc_ddp.rundir import write_text
 from hpc_ddp.slurm.requeue import squeue_job
 
 FILE = "owner.json"
@@ -77,6 +78,4 @@ def claim(run_root: Path, mine: dict[str, Any], host: str, environ: Mapping[str,
                             f"wait for it to end or stop it ({stop}; it checkpoints), then "
                             "resume; or choose another run_dir.")
     run_root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(mine))
-    os.replace(tmp, path)
+    write_text(path, json.dumps(mine))

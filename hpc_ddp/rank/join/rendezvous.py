@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hpc_ddp.rank.join.distenv import DistEnv
+from hpc_ddp.rundir import write_text
 
 T = TypeVar("T")
 
@@ -67,10 +68,8 @@ def endpoint_file(folder: Path, env: DistEnv) -> Path:
 def publish(path: Path, endpoint: Endpoint, host: str) -> None:
     """Write the endpoint atomically (temp file + rename), so a reader never sees half."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"addr": endpoint.addr, "port": endpoint.port, "host": host,
-                               "nonce": endpoint.nonce}))
-    os.replace(tmp, path)
+    write_text(path, json.dumps({"addr": endpoint.addr, "port": endpoint.port, "host": host,
+                                 "nonce": endpoint.nonce}))
 
 
 def read_endpoint(path: Path) -> Endpoint | None:

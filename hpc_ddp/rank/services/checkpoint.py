@@ -29,7 +29,7 @@ from hpc_ddp import events
 from hpc_ddp.procs import pid_alive
 from hpc_ddp.rank.services import trusted
 from hpc_ddp.rank.services.trusted import UntrustedCheckpoint
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -57,34 +57,6 @@ def step_of(path: Path) -> int | None:
 def streams_path(folder: Path, rank: int, step: int) -> Path:
     """Where rank ``rank`` keeps its random streams of step ``step``."""
     return folder / STREAMS / f"rank{rank}" / name_for(step)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, write: Callable[[Any], None],
-                 check: Callable[[Path], None] | None = None) -> None:
-    """``write(fileobj)`` into a temp file beside ``path``, fsync, ``check(temp path)``, then
-    rename onto it. (Through a Python file object: a write error is the OSError that says
-    why, ENOSPC or EACCES, which torch's own file writer does not keep.)"""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if check is not None:
-            check(tmp)
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _write_torch(path: Path, state: Any, folder: Path) -> None:
