@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
 from hpc_ddp.launch.target import LaunchTarget
 from hpc_ddp.launch.target import target as launch_target
 from hpc_ddp.procs import pid_alive
@@ -151,7 +152,6 @@ def _check_not_running(run: RunDir) -> None:
         return
     current = Run(run.root, record)
     if not current.done():
-        from hpc_ddp.errors import UserError
 
         raise UserError("run_dir", str(run.root), f"its {current.kind} job {current.job_id} is "
                         "still running; a second one would train into the same files.",
@@ -241,7 +241,6 @@ class Run:
         """The handle of the run in ``run_dir`` (its latest submission)."""
         record = read_json(Path(run_dir) / JOB_FILE)
         if record is None:
-            from hpc_ddp.errors import UserError
 
             raise UserError("run_dir", str(run_dir), "holds no submitted run (no job.json).",
                             "pass the run_dir a submission printed.")

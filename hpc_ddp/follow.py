@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.rank.join.ranklog import tail
 from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
-from hpc_ddp.rundir import RunDir, read_json
+from hpc_ddp.rundir import RunDir, read_json, resume_command
 
 POLL_S = 0.5
 # Seconds the other ranks get to report on their own after one rank reported a failure
@@ -130,7 +130,6 @@ def last_stop(run: RunDir) -> dict[str, Any] | None:
 def stop_report(run: RunDir, job: Any) -> str | None:
     """A stop someone asked for (a signal, a cancel) is not a failure: where it stopped and
     how to go on; None when the run did not end with such a stop."""
-    from hpc_ddp.rundir import resume_command
 
     stop = last_stop(run)
     if stop is None or failed_ranks(run):

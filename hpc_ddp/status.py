@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
-from hpc_ddp.rundir import read_json, resume_command
+from hpc_ddp.rundir import RunDir, read_json, resume_command
 
 # Folders the other commands make, which status cannot follow: (their results file, which
 # also marks one once written, the name their config.yaml gives the job, what it is).
@@ -308,7 +308,6 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
 def never_started(run_dir: Path, state: str) -> bool:
     """A pending job that never ran: no rank record, progress or checkpoint (a requeued job
     is PENDING again, with them)."""
-    from hpc_ddp.rundir import RunDir
 
     files = RunDir(run_dir)
     return state == "PENDING" and not any(

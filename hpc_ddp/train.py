@@ -19,8 +19,9 @@ from pathlib import Path
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.inputs.resume_check import check_resumable
+from hpc_ddp.inputs.run_dir import check_inputs, check_writable, write_run_config
 from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
-from hpc_ddp.inputs.run_dir import check_writable
+from hpc_ddp.rundir import RunDir, created_with, default_root
 
 
 def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
@@ -51,11 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         take_config_dir,
         with_script_args,
     )
-    from hpc_ddp.inputs.run_dir import check_inputs, write_run_config
     from hpc_ddp.rank.join.device import DeviceError
     from hpc_ddp.rank.join.distenv import LaunchError, detect
     from hpc_ddp.rank.main.task import resume_cause, run
-    from hpc_ddp.rundir import RunDir, created_with, default_root
 
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args[:args.index("--") if "--" in args else None]):

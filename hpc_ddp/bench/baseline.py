@@ -160,7 +160,6 @@ def rank_env(environ: Mapping[str, str]) -> tuple[int, int, int, int] | None:
 
 
 def _slurm_master(environ: Mapping[str, str]) -> str:
-
     nodes = environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
     done = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
                           text=True, check=False)

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import hpc_ddp
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -90,8 +91,6 @@ def overhead_rank(ctx: Any) -> dict[str, Any]:
 
 
 def function_entry(rounds: int, steps: int, extra: Sequence[str]) -> dict[str, Any]:
-    import hpc_ddp
-
     with tempfile.TemporaryDirectory(prefix="hpc_ddp_bench_entry_") as tmp:
         run = hpc_ddp.submit(["cluster=local", f"run_dir={tmp}/run",
                               f"+app.steps={steps}", f"+app.rounds={rounds}", *extra],

@@ -42,6 +42,7 @@ from hpc_ddp.bench.train_plan import (
     Variant,
     with_overrides,
 )
+from hpc_ddp.doctor import job
 from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rundir import read_json, write_json
@@ -207,7 +208,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     from hpc_ddp.bench import train_rank
     from hpc_ddp.bench.train_report import combine, table
     from hpc_ddp.config.compose import compose, to_yaml
-    from hpc_ddp.doctor import job
     from hpc_ddp.rank.main.task import RankProgram
 
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)

@@ -22,7 +22,7 @@ from hpc_ddp.config import parts
 from hpc_ddp.config.folders import CONF_ENV, conf_dir
 from hpc_ddp.config.messages import reject_unknown_keys, user_error
 from hpc_ddp.config.overrides import check_override, check_overrides
-from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, register_schemas
+from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, compose_schema, register_schemas
 from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
 from hpc_ddp.errors import UserError
@@ -236,7 +236,6 @@ class _Base:
     rather than deep-copied (2.3 ms), where it pickles."""
 
     def __init__(self, node: Any) -> None:
-
         self.node = node
         try:
             self.blob: bytes | None = pickle.dumps(node)
@@ -244,7 +243,6 @@ class _Base:
             self.blob = None
 
     def copy(self) -> Any:
-
         return pickle.loads(self.blob) if self.blob is not None else copy.deepcopy(self.node)
 
 
@@ -264,7 +262,6 @@ _SECTIONS: dict[tuple[str, str], str] = {}
 
 
 def _section_yaml(name: str, value: Any) -> str:
-
     import yaml
 
     key = (name, repr(value))
@@ -287,7 +284,6 @@ def from_yaml(text: str) -> Config:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from hpc_ddp.config.schema import compose_schema
 
     data = yaml.safe_load(text) or {}
     rest = {k: v for k, v in data.items() if k not in PARTS and k not in FREE_FORM}

@@ -30,7 +30,6 @@ def schema_type(key: str) -> Any:
 
 
 def hint_has(hint: Any, kind: type) -> bool:
-
     return hint is kind or typing.get_origin(hint) is kind or any(
         a is kind or typing.get_origin(a) is kind for a in typing.get_args(hint))
 

@@ -132,7 +132,6 @@ def encode_sample(sample: Any, quality: int | None, target: str) -> tuple[bytes,
 
 
 def _shuffled(items: list[Any], seed: int) -> list[Any]:
-
     items = list(items)
     random.Random(seed).shuffle(items)
     return items

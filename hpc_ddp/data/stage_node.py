@@ -244,7 +244,6 @@ def _remove_unused_versions(home: Path, keep: str) -> None:
 
 
 def _free(home: Path) -> int:
-
     try:
         return shutil.disk_usage(home).free
     except OSError:

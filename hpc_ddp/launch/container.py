@@ -105,7 +105,6 @@ def mounts(cfg: Config, run_root: Path | None) -> list[Mount]:
 
 
 def _conf_env() -> str | None:
-
     from hpc_ddp.config.folders import CONF_ENV
 
     return os.environ.get(CONF_ENV) or None

@@ -19,6 +19,7 @@ from typing import Any
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.procs import pid_alive, start_time
+from hpc_ddp.rank.contract import LAUNCH_ID_ENV
 from hpc_ddp.rank.join.device import visible_devices
 from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
@@ -51,7 +52,6 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
     executor = submitit.LocalExecutor(folder=str(run.submitit))
     executor.update_parameters(**executor_parameters(cfg, os.environ))
 
-    from hpc_ddp.rank.contract import LAUNCH_ID_ENV
 
     ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12]}
     with _terminal_interrupt_ignored(), _environ(ranks_env):

@@ -31,9 +31,9 @@ from hpc_ddp import hostlist
 from hpc_ddp.config.schema import Config
 from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.errors import UserError
-from hpc_ddp.procs import start_time
+from hpc_ddp.procs import pid_alive, start_time
 from hpc_ddp.rank.contract import STEP_OF_ENV, TASK_ENV
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, read_json
 
 # The batch script runs as a step of this name (or number) in some versions: not a step
 # whose resources a new step must share.
@@ -222,7 +222,6 @@ def stop(run: RunDir, pid: int, started: int | None, grace_s: float, since: floa
     them ("forcing job termination"). Whatever still runs after ``grace_s`` is ended by
     ending srun. The step's id is what rank 0 recorded (once it joined)."""
     from hpc_ddp.launch.local import stop as end_process
-    from hpc_ddp.procs import pid_alive
 
     record = _rank0_record(run, since)
     step = str(record.get("job_id", "")) if record else ""
@@ -241,7 +240,6 @@ def stop(run: RunDir, pid: int, started: int | None, grace_s: float, since: floa
 
 def _rank0_record(run: RunDir, since: float) -> dict[str, Any] | None:
     """Rank 0's record of this step (not one an earlier step of the run dir left)."""
-    from hpc_ddp.rundir import read_json
 
     path = run.ranks / "rank0.json"
     try:

@@ -54,9 +54,10 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imports(known: dict[str, Path]) -> dict[str, set[str]]:
+def imports(known: dict[str, Path], top_level_only: bool = False) -> dict[str, set[str]]:
     """module -> the hpc_ddp modules it imports anywhere in its source (not under
-    TYPE_CHECKING: those are for the type checker only and never run)."""
+    TYPE_CHECKING: those are for the type checker only and never run); ``top_level_only``:
+    those imported when the module itself is (its body's imports, and its packages)."""
 
     def resolve(name: str) -> str | None:
         while name and name not in known:
@@ -70,7 +71,11 @@ def imports(known: dict[str, Path]) -> dict[str, set[str]]:
                        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                        for n in ast.walk(node)}
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(tree):
+        if top_level_only:
+            parts = module.split(".")
+            graph[module] |= {p for i in range(1, len(parts))
+                              if (p := ".".join(parts[:i])) in known}
+        for node in (tree.body if top_level_only else ast.walk(tree)):
             if id(node) in typing_only:
                 continue
             names: list[str] = []
@@ -151,6 +156,29 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     upward = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
                     if layer_of(t) > layer_of(m))
     assert not upward, "imports that point up (docs/architecture.md):\n" + "\n".join(upward)
+
+
+def loaded_with(module: str, top: dict[str, set[str]]) -> set[str]:
+    """Every hpc_ddp module that importing ``module`` loads."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for m in top.get(todo.pop(), ()):
+            if m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def test_no_import_is_deferred_for_nothing() -> None:
+    """An import inside a function keeps the modules it loads off the importer's path (a
+    CLI's start, a login node's status); one of a module the importer loads anyway only
+    hides a dependency."""
+    known = modules()
+    every, top = imports(known), imports(known, top_level_only=True)
+    pointless = sorted(f"{m} -> {t}" for m, targets in every.items()
+                       for t in targets - top.get(m, set()) if t in loaded_with(m, top))
+    assert not pointless, "import these at the top of the module:\n" + "\n".join(pointless)
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_arrow() -> None:

@@ -27,10 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import checkpoint, rng, stopping, window_sync
 from hpc_ddp.rank.services.metrics import MetricsWriter
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, write_json
 
 if TYPE_CHECKING:  # the type only: a script's context never joins through join/
     from hpc_ddp.rank.join.joined import Rank
@@ -121,7 +122,6 @@ class Context:
     def data_root(self) -> Path | None:
         """``data.root``: with data.stage=true, this node's copy of it (stage_run.py)."""
 
-        from hpc_ddp.rank.contract import DATA_ROOT_ENV
 
         if os.environ.get(DATA_ROOT_ENV):  # a script: its supervisor staged it
             return Path(os.environ[DATA_ROOT_ENV])
@@ -301,7 +301,6 @@ class Context:
             self._metrics.close()
             self._metrics = None
         if self.stop_file is not None and self.is_master and self.summary:
-            from hpc_ddp.rundir import write_json
 
             write_json(self.stop_file.with_suffix(".result.json"), self.summary)
 

@@ -17,6 +17,9 @@ from pathlib import Path
 
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.contract import RESUME_CAUSE_ENV, RUN_DIR_ENV, STOP_FILE_ENV
+from hpc_ddp.rank.join.distenv import detect
+from hpc_ddp.rank.services.stopping import StopRequest
+from hpc_ddp.rundir import RunDir
 
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Context:
@@ -24,10 +27,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Context:
     import torch.distributed as dist
 
     from hpc_ddp.config.compose import from_yaml
-    from hpc_ddp.rank.join.distenv import detect
     from hpc_ddp.rank.join.joined import choose_device
-    from hpc_ddp.rank.services.stopping import StopRequest
-    from hpc_ddp.rundir import RunDir
 
     environ = os.environ if environ is None else environ
     if not environ.get(RUN_DIR_ENV):

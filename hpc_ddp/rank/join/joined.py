@@ -20,6 +20,7 @@ from typing import Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV
 from hpc_ddp.rank.join import envcheck, nccl, netif, owner, ranklog, rendezvous
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
@@ -204,7 +205,6 @@ def _agent_store(environ: MutableMapping[str, str]) -> str | None:
     """Whose store the ranks join, if not one of their own (rendezvous.connect)."""
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV
 
     return "supervisor" if PROGRAM_CONFIG_ENV in environ else "torchrun"
 

@@ -22,6 +22,7 @@ from hpc_ddp.rank.context.current import active
 from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import rng, stopping
 from hpc_ddp.rank.services.stopping import StopRequest, StopTraining
+from hpc_ddp.rank.services.trusted import check_owned
 from hpc_ddp.rank.supervise.outcome import write_summary
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.targets import TargetError, locate
@@ -107,7 +108,6 @@ def from_pickle(ctx: Context) -> Any:
     (rank/services/trusted.py)."""
     import cloudpickle
 
-    from hpc_ddp.rank.services.trusted import check_owned
 
     path = Path(ctx.run_dir) / PICKLED
     check_owned(path, Path(ctx.run_dir))  # code by design: only if no one else could write it

@@ -47,8 +47,10 @@ from hpc_ddp.rank.contract import (
 )
 from hpc_ddp.rank.join.distenv import in_slurm_step
 from hpc_ddp.rank.join.joined import Rank, joined
+from hpc_ddp.rank.join.rendezvous import endpoint_file
 from hpc_ddp.rank.services import checkpoint, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
+from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 from hpc_ddp.rank.supervise.outcome import after_stop, fail, write_summary
 from hpc_ddp.rank.supervise.supervisor import (
     ABRUPT,
@@ -57,7 +59,7 @@ from hpc_ddp.rank.supervise.supervisor import (
     exit_codes,
     run_child,
 )
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +97,6 @@ def script_environment(cfg: Config, rank: Rank, run: RunDir, cause: str | None,
 
 def stop_file(run: RunDir, rank: Rank) -> Any:
     """Where the script's rank 0 notes an agreed stop (one file per job attempt)."""
-    from hpc_ddp.rank.join.rendezvous import endpoint_file
 
     return endpoint_file(run.rendezvous, rank.env).with_suffix(".stopped")
 
@@ -151,7 +152,6 @@ def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank
         _failed(code, child, cfg, rank, run, environ)
     if not rank.env.is_master:
         return None
-    from hpc_ddp.rundir import read_json
 
     result = read_json(stopped_file.with_suffix(".result.json")) or {}
     summary = {"program": f"script {shown(cfg)}",
@@ -179,7 +179,6 @@ def _failed(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
                    + (" (an abort: NCCL's watchdog after a failed or timed-out collective, or "
                       "a crash)" if -code in ABRUPT else "") + f"; its last lines:\n{tail}")
         fail(message, -code in ABRUPT, cfg, rank, run, environ)
-    from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 
     fail(f"{LOCAL_MARK} the script exited with code {code}; its last lines:\n{tail}", False,
          cfg, rank, run, environ)
