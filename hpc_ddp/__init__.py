@@ -11,6 +11,7 @@ Nothing happens at import time; heavy modules (torch, submitit, hydra) load wher
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -20,20 +21,19 @@ _API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api", "submit": "hpc_ddp.api"
         "Run": "hpc_ddp.api", "RunFailed": "hpc_ddp.api", "Plan": "hpc_ddp.api",
         "UserError": "hpc_ddp.errors", "check_data": "hpc_ddp.datacheck",
         # On every rank: the context of your own training (docs/your-code.md).
-        "Context": "hpc_ddp.rank.context", "REQUEUE_EXIT_CODE": "hpc_ddp.rank.context"}
+        "Context": "hpc_ddp.rank.context.context", "REQUEUE_EXIT_CODE": "hpc_ddp.rank.contract"}
 __all__ = [*_API, "__version__", "context"]
 
 
 def context() -> Any:
     """This rank's :class:`Context`, in a function entry or a script hpc_ddp started."""
-    from hpc_ddp.rank.context import current
+    from hpc_ddp.rank.context.current import current
 
     return current()
 
 
 def __getattr__(name: str) -> Any:
     if name in _API:
-        import importlib
 
         return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'hpc_ddp' has no attribute {name!r}")

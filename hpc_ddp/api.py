@@ -14,6 +14,7 @@ accept the same overrides and refuse bad ones with the same :class:`~hpc_ddp.err
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shlex
 import shutil
@@ -26,14 +27,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
 from hpc_ddp.launch.target import LaunchTarget
 from hpc_ddp.launch.target import target as launch_target
 from hpc_ddp.procs import pid_alive
 from hpc_ddp.rundir import RunDir, created_with, read_json, write_json
 
 if TYPE_CHECKING:
-    from hpc_ddp.launch.slurm_reasons import Pending
-    from hpc_ddp.launch.slurm_state import JobState
+    from hpc_ddp.slurm.reasons import Pending
+    from hpc_ddp.slurm.state import JobState
 
 JOB_FILE = "job.json"
 
@@ -50,7 +52,7 @@ class Plan:
     overrides: list[str]
     run_dir: RunDir
     # A function entry no node could import by name (a notebook's): pickled into the run
-    # dir at submission (hpc_ddp.rank.entry.from_pickle runs it).
+    # dir at submission (hpc_ddp.rank.main.entry.from_pickle runs it).
     entry_callable: Any = None
     # Why the run gets the ranks and devices it gets (the submit command's first line).
     why: str = ""
@@ -77,7 +79,7 @@ def program_overrides(entry: str | Callable[..., Any] | None = None,
     if config_dir is not None:
         extra.append(f"config_dir={quoted(str(Path(config_dir).expanduser().absolute()))}")
     if callable(entry):
-        from hpc_ddp.rank.entry import PICKLED_ENTRY
+        from hpc_ddp.rank.main.entry import PICKLED_ENTRY
         from hpc_ddp.targets import TargetError, locate
 
         name = f"{getattr(entry, '__module__', '')}:{getattr(entry, '__qualname__', '')}"
@@ -115,9 +117,11 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     touches no existing run.
     """
     from hpc_ddp.config.compose import check_overrides
+    from hpc_ddp.inputs import run_dir as run_inputs
+    from hpc_ddp.inputs.command_line import with_script_args
+    from hpc_ddp.inputs.resume_check import check_resumable
     from hpc_ddp.launch import resolve as _resolve
     from hpc_ddp.launch.check_code import check_code
-    from hpc_ddp.launch.resume_check import check_resumable
 
     extra, pickled = program_overrides(entry, config_dir)
     given = _as_list(overrides) + extra
@@ -127,14 +131,14 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     environ = os.environ if environ is None else environ
     cwd = cwd or Path.cwd()
     cfg, layout = _resolve.resolve_with_layout(composed or compose(merged), environ, cwd)
-    cfg = _resolve.with_script_args(cfg, script_args)
+    cfg = with_script_args(cfg, script_args)
     cfg, hidden = secrets.extract(cfg)  # literal secrets become references, values travel apart
     merged = secrets.scrub_overrides(merged)
     if check:
-        _resolve.check_inputs(cfg)
+        run_inputs.check_inputs(cfg)
         check_code(cfg, cwd)
     _resolve.check_local_gpus(cfg, environ)
-    run_dir = _resolve.check_run_dir(cfg)
+    run_dir = run_inputs.check_run_dir(cfg)
     if cfg.resume:
         _check_not_running(run_dir)
     check_resumable(cfg, run_dir)
@@ -148,7 +152,6 @@ def _check_not_running(run: RunDir) -> None:
         return
     current = Run(run.root, record)
     if not current.done():
-        from hpc_ddp.errors import UserError
 
         raise UserError("run_dir", str(run.root), f"its {current.kind} job {current.job_id} is "
                         "still running; a second one would train into the same files.",
@@ -170,7 +173,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
     function; one defined in a notebook is pickled into the run dir); ``config_dir``: your
     config folder; ``script_args``: the arguments of a ``script=`` (docs/your-code.md).
     """
-    from hpc_ddp.launch.resolve import write_run_config
+    from hpc_ddp.inputs.run_dir import write_run_config
 
     chosen = overrides if isinstance(overrides, Plan) else plan(
         overrides, cwd, config_dir=config_dir, entry=entry, script_args=script_args)
@@ -193,7 +196,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
 def _pickle_entry(run: RunDir, fn: Callable[..., Any]) -> None:
     import cloudpickle
 
-    from hpc_ddp.rank.entry import PICKLED
+    from hpc_ddp.rank.main.entry import PICKLED
 
     with open(run.root / PICKLED, "wb") as handle:
         cloudpickle.dump(fn, handle)
@@ -238,7 +241,6 @@ class Run:
         """The handle of the run in ``run_dir`` (its latest submission)."""
         record = read_json(Path(run_dir) / JOB_FILE)
         if record is None:
-            from hpc_ddp.errors import UserError
 
             raise UserError("run_dir", str(run_dir), "holds no submitted run (no job.json).",
                             "pass the run_dir a submission printed.")
@@ -268,7 +270,7 @@ class Run:
     def job_state(self) -> JobState:
         """The state now: ``.state`` (one word), ``.raw`` (Slurm's text), ``.exit_code``,
         ``.reason`` (Slurm's pending reason); one squeue call (sacct once it has ended)."""
-        from hpc_ddp.launch.slurm_state import JobState, query
+        from hpc_ddp.slurm.state import JobState, query
 
         if self.kind == "slurm":
             return query(self.job_id) or JobState("UNKNOWN")
@@ -283,8 +285,8 @@ class Run:
     def pending_reason(self) -> Pending | None:
         """Why a PENDING Slurm job waits, in words, and whether it can ever start
         (``.never``, with ``.fix``); None when it is not pending."""
-        from hpc_ddp.launch.slurm_fit import lazy_partitions
-        from hpc_ddp.launch.slurm_reasons import pending_of
+        from hpc_ddp.slurm.fit import lazy_partitions
+        from hpc_ddp.slurm.reasons import pending_of
 
         return pending_of(self.job_state(), self.run_dir, lazy_partitions()) \
             if self.kind == "slurm" else None
@@ -310,7 +312,7 @@ class Run:
         if self.done():
             return False
         if self.kind == "slurm":
-            from hpc_ddp.launch.slurm_state import SlurmJobView
+            from hpc_ddp.slurm.state import SlurmJobView
 
             SlurmJobView(self.job_id).cancel(check=check)
             return True
@@ -343,7 +345,6 @@ class Run:
         ``timeout`` in seconds raises TimeoutError (the run goes on); ``progress`` prints a
         line (a bar on a terminal) per logged step.
         """
-        import io
 
         from hpc_ddp.follow import RunView, follow
 
@@ -373,7 +374,7 @@ class Run:
         return data if isinstance(data, dict) else None
 
     def log_tail(self, lines: int = 20, rank: int = 0) -> str:
-        from hpc_ddp.rank.ranklog import tail
+        from hpc_ddp.rank.join.ranklog import tail
 
         return tail(self.files.rank_log(rank), lines)
 

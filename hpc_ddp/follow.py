@@ -14,9 +14,9 @@ import sys
 import time
 from typing import Any, TextIO
 
-from hpc_ddp.rank.diagnose import LOCAL_MARK
-from hpc_ddp.rank.ranklog import tail
-from hpc_ddp.rundir import RunDir, read_json
+from hpc_ddp.rank.join.ranklog import tail
+from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
+from hpc_ddp.rundir import RunDir, read_json, resume_command
 
 POLL_S = 0.5
 # Seconds the other ranks get to report on their own after one rank reported a failure
@@ -101,15 +101,6 @@ def results_table(summary: dict[str, Any]) -> str:
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
 
 
-def summary_line(summary: dict[str, Any]) -> str:
-    """One line for the end of a rank-0 log or an srun's output."""
-    figures = [f"step {summary.get('global_step')}"]
-    for key in ("eval_loss", "eval_accuracy"):
-        if isinstance(summary.get(key), float):
-            figures.append(f"{key.replace('_', ' ')} {summary[key]:.4f}")
-    return ", ".join(figures)
-
-
 def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:
     """A rank's error as its error file begins: "rank N on host: message" (the whole message,
     which for a state-dict mismatch names the keys on the following lines)."""
@@ -139,7 +130,6 @@ def last_stop(run: RunDir) -> dict[str, Any] | None:
 def stop_report(run: RunDir, job: Any) -> str | None:
     """A stop someone asked for (a signal, a cancel) is not a failure: where it stopped and
     how to go on; None when the run did not end with such a stop."""
-    from hpc_ddp.rundir import resume_command
 
     stop = last_stop(run)
     if stop is None or failed_ranks(run):
@@ -189,7 +179,7 @@ class RunView:
     Slurm query per done(), whose answer the other members reuse."""
 
     def __init__(self, run: Any) -> None:
-        from hpc_ddp.launch.slurm_fit import lazy_partitions
+        from hpc_ddp.slurm.fit import lazy_partitions
 
         self.run = run
         self.job_id = run.job_id
@@ -209,7 +199,7 @@ class RunView:
     def done(self) -> bool:
         if self.run.kind != "slurm":
             return bool(self.run.done())
-        from hpc_ddp.launch.slurm_reasons import pending_of
+        from hpc_ddp.slurm.reasons import pending_of
 
         self._last = self.run.job_state()
         self.pending = pending_of(self._last, self.run.run_dir, self._facts, self._requests)

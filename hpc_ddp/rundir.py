@@ -13,7 +13,7 @@
 
 Made with ``cluster.umask`` (027 by default: group-readable, never writable by anyone else):
 checkpoints and pickles in it are loaded only if no one else could have written them
-(hpc_ddp/rank/trusted.py, docs/run-directory.md).
+(hpc_ddp/rank/services/trusted.py, docs/run-directory.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import datetime as _dt
 import json
 import os
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,12 +121,47 @@ def created_with(umask: str | int) -> Iterator[None]:
         os.umask(previous)
 
 
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, write: Callable[[Any], None],
+                 check: Callable[[Path], None] | None = None, durable: bool = True) -> None:
+    """``write(fileobj)`` into a temp file beside ``path``, fsync, ``check(temp path)``, then
+    rename onto it (atomic on POSIX: a reader sees the old file or the new one, never half).
+    ``durable`` false: no fsync (a file rewritten every second, whose loss in a crash costs
+    nothing). (Through a Python file object: a write error is the OSError that says why,
+    ENOSPC or EACCES, which torch's own file writer does not keep.)"""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            write(handle)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        if check is not None:
+            check(tmp)
+        os.replace(tmp, path)
+        if durable:
+            _fsync_dir(path.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str, durable: bool = False) -> None:
+    """Atomically replace ``path`` with ``text`` (write_atomic)."""
+    write_atomic(path, lambda handle: handle.write(text.encode()), durable=durable)
+
+
 def write_json(path: Path, data: Any) -> None:
     """Atomically replace ``path`` with ``data`` as JSON (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> Any | None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -25,7 +27,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
-from hpc_ddp.rundir import read_json, resume_command
+from hpc_ddp.rundir import RunDir, read_json, resume_command
 
 # Folders the other commands make, which status cannot follow: (their results file, which
 # also marks one once written, the name their config.yaml gives the job, what it is).
@@ -87,7 +89,7 @@ class Lookups:
     only once a pending reason needs them) and the runs' requests (from config.yaml)."""
 
     def __init__(self) -> None:
-        from hpc_ddp.launch.slurm_fit import lazy_partitions
+        from hpc_ddp.slurm.fit import lazy_partitions
 
         self.facts = lazy_partitions()
         self.requests: dict[Path, Any] = {}
@@ -96,7 +98,7 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
-    from hpc_ddp.launch.slurm_state import query_many
+    from hpc_ddp.slurm.state import query_many
 
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
     states = query_many(str(j["job_id"]) for j in jobs.values()
@@ -108,8 +110,8 @@ def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
     from hpc_ddp import events
-    from hpc_ddp.launch.slurm_reasons import pending_of
-    from hpc_ddp.launch.slurm_state import JobState
+    from hpc_ddp.slurm.reasons import pending_of
+    from hpc_ddp.slurm.state import JobState
 
     summary = read_json(run_dir / "summary.json") or {}
     progress = read_json(run_dir / "progress.json") or {}
@@ -195,7 +197,7 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
 
 def finished(rows: list[dict[str, Any]]) -> bool:
     """Every job has ended, or can never start (watching it would never end)."""
-    from hpc_ddp.launch.slurm_state import TERMINAL
+    from hpc_ddp.slurm.state import TERMINAL
 
     return all(r["state"] in (*TERMINAL, "NOT SUBMITTED") or r.get("never") for r in rows)
 
@@ -246,7 +248,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     except KeyboardInterrupt:  # Ctrl-C ends --watch; the jobs go on
         return 130
     except BrokenPipeError:  # `... | head`: the reader has all it wanted
-        import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
@@ -276,7 +277,6 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
 
 def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: TextIO) -> int:
     if manifest is not None and manifest.get("kind") == "slurm" and manifest.get("arrays"):
-        import subprocess
 
         rows = rows_of(runs)
         unstarted = sum(never_started(Path(r["run_dir"]), r["state"]) for r in rows)
@@ -308,7 +308,6 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
 def never_started(run_dir: Path, state: str) -> bool:
     """A pending job that never ran: no rank record, progress or checkpoint (a requeued job
     is PENDING again, with them)."""
-    from hpc_ddp.rundir import RunDir
 
     files = RunDir(run_dir)
     return state == "PENDING" and not any(
@@ -316,8 +315,8 @@ def never_started(run_dir: Path, state: str) -> bool:
 
 
 def _fix_of(run_dir: Path, state: Any) -> str:
-    from hpc_ddp.launch.slurm_fit import lazy_partitions
-    from hpc_ddp.launch.slurm_reasons import pending_of
+    from hpc_ddp.slurm.fit import lazy_partitions
+    from hpc_ddp.slurm.reasons import pending_of
 
     pending = pending_of(state, run_dir, lazy_partitions())
     if pending is None or not pending.never:

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.inputs.command_line import split_script_args, take_config_dir
 
 
 class Stopped(KeyboardInterrupt):
@@ -112,39 +113,6 @@ def _masked(text: str, args: Sequence[str]) -> str:
     except UserError:
         given = []
     return secrets.mask(text, secrets.values_to_mask(os.environ, given))
-
-
-def split_script_args(args: Sequence[str]) -> tuple[list[str], list[str] | None]:
-    """(the command's own arguments, a script's arguments after ``--``; None without ``--``)."""
-    args = list(args)
-    if "--" not in args:
-        return args, None
-    cut = args.index("--")
-    return args[:cut], args[cut + 1:]
-
-
-def take_config_dir(args: Sequence[str]) -> list[str]:
-    """``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` (Hydra's spelling) as the
-    override ``config_dir=<absolute DIR>``, which the run saves (a resume finds it again)."""
-    from pathlib import Path
-
-    from hpc_ddp.config.compose import quoted
-
-    kept: list[str] = []
-    rest = list(args)
-    while rest:
-        arg = rest.pop(0)
-        name, eq, value = arg.partition("=")
-        if name not in ("--config-dir", "-cd"):
-            kept.append(arg)
-            continue
-        if not eq:
-            if not rest or rest[0].startswith("-"):
-                raise UserError("option", name, "needs a folder.",
-                                f"write {name} DIR, e.g. {name} conf.")
-            value = rest.pop(0)
-        kept.append(f"config_dir={quoted(str(Path(value).expanduser().absolute()))}")
-    return kept
 
 
 def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
@@ -236,7 +204,7 @@ def stopped_how(files: Any, killed: bool) -> str:
     """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
     with the steps after its last checkpoint lost, counted from the last logged step."""
     from hpc_ddp.follow import last_stop
-    from hpc_ddp.rank.checkpoint import latest_step
+    from hpc_ddp.rank.services.checkpoint import latest_step
     from hpc_ddp.rundir import read_json
 
     saved = latest_step(files.checkpoints)

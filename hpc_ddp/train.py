@@ -18,6 +18,10 @@ from pathlib import Path
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.inputs.resume_check import check_resumable
+from hpc_ddp.inputs.run_dir import check_inputs, check_writable, write_run_config
+from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
+from hpc_ddp.rundir import RunDir, created_with, default_root
 
 
 def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
@@ -29,34 +33,28 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
     other ranks may already see rank 0's config.yaml; a fresh start in a folder holding
     checkpoints is refused by task.resume_cause.
     """
-    from hpc_ddp.launch import resolve
-
     checked = dataclasses.replace(cfg, run_dir=cfg.run_dir or str(root),
                                   resume=cfg.resume and restart == 0)
     if checked.resume or (root.exists() and not root.is_dir()):
-        run = resolve.check_run_dir(checked)  # a file; no run to resume; not writable
-        from hpc_ddp.launch.resume_check import check_resumable
-
+        run = check_run_dir_as_submit_does(checked)  # a file; no run to resume; not writable
         check_resumable(checked, run)  # a network or optimizer the checkpoint cannot take
     else:
         assert checked.run_dir is not None
-        resolve.check_writable(root, checked.run_dir)
+        check_writable(root, checked.run_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from hpc_ddp.config import secrets
     from hpc_ddp.config.compose import compose
-    from hpc_ddp.launch.resolve import (
+    from hpc_ddp.inputs.command_line import (
         absolute_script,
-        check_inputs,
+        split_script_args,
+        take_config_dir,
         with_script_args,
-        write_run_config,
     )
-    from hpc_ddp.rank.device import DeviceError
-    from hpc_ddp.rank.distenv import LaunchError, detect
-    from hpc_ddp.rank.task import resume_cause, run
-    from hpc_ddp.rundir import RunDir, created_with, default_root
-    from hpc_ddp.submit import split_script_args, take_config_dir
+    from hpc_ddp.rank.join.device import DeviceError
+    from hpc_ddp.rank.join.distenv import LaunchError, detect
+    from hpc_ddp.rank.main.task import resume_cause, run
 
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args[:args.index("--") if "--" in args else None]):
@@ -92,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if summary is not None:
-        from hpc_ddp.follow import summary_line
+        from hpc_ddp.rank.supervise.outcome import summary_line
 
         print(f"hpc_ddp: done, {summary_line(summary)}, run dir {run_dir.root}")
     return 0

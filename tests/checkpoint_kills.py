@@ -3,7 +3,7 @@
     python -m tests.checkpoint_kills FOLDER KILLS SEED     # prints one JSON line
 
 One interpreter imports torch once; per kill it forks a child (cheap) that checkpoints a
-2-rank world in the background as fast as it can (ckpt_writer.py: both ranks' writers
+2-rank world in the background as fast as it can (rank/services/ckpt_writer.py: both ranks' writers
 on one store, a 1 MiB state; one rank's part, chosen at random, is the slowest to write),
 SIGKILLs the child after a random delay, and checks that
 ``latest`` names a complete set: rank 0's file loads as data and holds its step, and each
@@ -29,8 +29,8 @@ def _child(folder: Path, slow_rank: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.rank import checkpoint
-    from hpc_ddp.rank.ckpt_writer import CheckpointWriter
+    from hpc_ddp.rank.services import checkpoint
+    from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
 
     store = dist.HashStore()
     writers = [CheckpointWriter(folder, r, 2, keep=2, store=store, timeout_s=60)
@@ -50,7 +50,7 @@ def _child(folder: Path, slow_rank: int) -> None:
 
 def check(folder: Path) -> dict[str, Any]:
     """What the latest set holds; ``problem`` says what is wrong with it, if anything."""
-    from hpc_ddp.rank import checkpoint
+    from hpc_ddp.rank.services import checkpoint
 
     step = checkpoint.latest_step(folder)
     if step is None:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Generator, Mapping, Sequence
@@ -158,8 +160,6 @@ def rank_env(environ: Mapping[str, str]) -> tuple[int, int, int, int] | None:
 
 
 def _slurm_master(environ: Mapping[str, str]) -> str:
-    import subprocess
-
     nodes = environ.get("SLURM_JOB_NODELIST", "127.0.0.1")
     done = subprocess.run(["scontrol", "show", "hostnames", nodes], capture_output=True,
                           text=True, check=False)
@@ -179,7 +179,7 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int,
     if cuda:
         # The textbook says cuda:local_rank; that is wrong under --gpus-per-task (each task
         # sees only its own GPU, as index 0), so the GPU is chosen as hpc_ddp's ranks choose.
-        from hpc_ddp.rank.device import DeviceError, select
+        from hpc_ddp.rank.join.device import DeviceError, select
 
         try:
             choice = select(os.environ, local_rank, local_world, torch.cuda.device_count())
@@ -266,7 +266,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("MASTER_PORT", "29533")
         result = run_rank(*found, args)
     else:
-        import socket
 
         import torch.multiprocessing as mp
 

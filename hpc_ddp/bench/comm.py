@@ -29,10 +29,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
+from hpc_ddp.doctor import job
 from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
-from hpc_ddp.rank.join import RankProgram
+from hpc_ddp.rank.join.joined import joined
+from hpc_ddp.rank.main.task import RankProgram
 from hpc_ddp.rundir import RunDir, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -96,7 +99,6 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     import torch.distributed as dist
 
     from hpc_ddp.bench import tcp
-    from hpc_ddp.rank.join import joined
 
     with joined(cfg, run_dir, environ) as rank:
         world = rank.env.world_size
@@ -327,9 +329,6 @@ def options_from(args: argparse.Namespace) -> CommOptions:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
-    from hpc_ddp.config.compose import to_yaml
-    from hpc_ddp.doctor import job
-
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
         options = options_from(args)

@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,6 @@ def decoder_rates(sizes: Sequence[tuple[int, int]], seconds: float = 2.0
                   ) -> list[dict[str, Any]]:
     """Decodes per second on one core: Pillow, torchvision.io.decode_jpeg, simplejpeg (what
     data.decoder=auto chooses by)."""
-    import warnings
 
     import torch
 
@@ -177,7 +177,7 @@ def staging_rates(root: Path) -> list[dict[str, Any]]:
     import tarfile
 
     from hpc_ddp.data import stage_node
-    from hpc_ddp.rank.distenv import DistEnv
+    from hpc_ddp.rank.join.distenv import DistEnv
 
     with tarfile.open(root / "folder.tar", "w") as tar:
         tar.add(root / "folder", arcname="folder")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import hpc_ddp
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
@@ -89,8 +91,6 @@ def overhead_rank(ctx: Any) -> dict[str, Any]:
 
 
 def function_entry(rounds: int, steps: int, extra: Sequence[str]) -> dict[str, Any]:
-    import hpc_ddp
-
     with tempfile.TemporaryDirectory(prefix="hpc_ddp_bench_entry_") as tmp:
         run = hpc_ddp.submit(["cluster=local", f"run_dir={tmp}/run",
                               f"+app.steps={steps}", f"+app.rounds={rounds}", *extra],
@@ -104,7 +104,6 @@ def script_vs_srun(nodes: int, rounds: int, steps: int, extra: Sequence[str]) ->
     legs get this command's environment (sbatch exports it), with one intra-op thread per
     rank unless OMP_NUM_THREADS says otherwise: several ranks on a node would otherwise
     oversubscribe its cores and bury the comparison in noise."""
-    import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     legs: dict[str, list[float]] = {"script=": [], "bare srun": []}
@@ -120,9 +119,23 @@ def script_vs_srun(nodes: int, rounds: int, steps: int, extra: Sequence[str]) ->
                 legs[name].append(json.loads(out.read_text())["samples_per_s"])
                 print(f"  round {r + 1}/{rounds} {name:<10} {legs[name][-1]:9.0f} samples/s",
                       file=sys.stderr, flush=True)
-    ours, bare = statistics.median(legs["script="]), statistics.median(legs["bare srun"])
-    return {"script_samples_per_s": ours, "srun_samples_per_s": bare, "ratio": ours / bare,
-            "rounds": rounds, "nodes": nodes, "legs": legs}
+    return {**paired(legs["script="], legs["bare srun"]), "rounds": rounds, "nodes": nodes,
+            "legs": legs}
+
+
+def paired(ours: Sequence[float], bare: Sequence[float]) -> dict[str, float]:
+    """Interleaved rounds, compared: each leg's median and spread ((max - min) / median), and
+    the ratio as the median of the per-round ratios (a round's two legs ran back to back, so
+    the machine's changing load falls on both), with the lowest and highest round's."""
+    ratios = [o / b for o, b in zip(ours, bare, strict=True)]
+
+    def spread(values: Sequence[float]) -> float:
+        return (max(values) - min(values)) / statistics.median(values)
+
+    return {"script_samples_per_s": statistics.median(ours),
+            "srun_samples_per_s": statistics.median(bare), "ratio": statistics.median(ratios),
+            "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "script_spread": spread(ours), "srun_spread": spread(bare)}
 
 
 def _run_script_leg(nodes: int, steps: int, out: Path, run_dir: Path,
@@ -158,7 +171,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench entries",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="interleaved rounds (at least 6 for a figure worth quoting)")
     parser.add_argument("--steps", type=int, default=100, help="steps per leg")
     parser.add_argument("--slurm-nodes", type=int, default=0,
                         help="also compare script= with a bare srun on this many nodes")
@@ -196,8 +210,11 @@ def main(argv: Sequence[str]) -> int:
         script = results["script"] = script_vs_srun(args.slurm_nodes, args.rounds,
                                                     args.steps, overrides)
         print(f"script: {script['script_samples_per_s']:.0f} samples/s under script= vs "
-              f"{script['srun_samples_per_s']:.0f} under bare srun: ratio "
-              f"{script['ratio']:.3f} (target >= 0.99: "
+              f"{script['srun_samples_per_s']:.0f} under bare srun (medians of "
+              f"{script['rounds']} interleaved rounds; spread "
+              f"{100 * script['script_spread']:.1f} % and {100 * script['srun_spread']:.1f} %): "
+              f"ratio {script['ratio']:.3f}, median of the rounds' "
+              f"{script['ratio_min']:.3f}..{script['ratio_max']:.3f} (target >= 0.99: "
               f"{'met' if script['ratio'] >= 0.99 else 'NOT met'})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -42,7 +42,7 @@ def _worlds(text: str) -> list[int]:
 def costs(sizes: Sequence[int], root: Path) -> dict[int, dict[str, dict[str, Any]]]:
     """world size -> scenario -> the busiest simulated rank's cost."""
     from hpc_ddp.bench.scale_world import SCENARIOS, World
-    from hpc_ddp.rank.diagnose import fallback_reporter
+    from hpc_ddp.rank.supervise.diagnose import fallback_reporter
 
     found: dict[int, dict[str, dict[str, Any]]] = {}
     for size in sizes:
@@ -60,7 +60,7 @@ def costs(sizes: Sequence[int], root: Path) -> dict[int, dict[str, dict[str, Any
 def node_lists(repeat: int) -> dict[str, float]:
     """Seconds to read a 10,000-node job's lists, best of ``repeat``."""
     from hpc_ddp import hostlist
-    from hpc_ddp.rank.distenv import detect
+    from hpc_ddp.rank.join.distenv import detect
 
     cartesian = "rack[001-050]-node[001-200]"  # 10,000 nodes in one expression
     scattered = "gpu[" + ",".join(f"{2 * i + 1:05d}" for i in range(NODES)) + "]"  # no ranges

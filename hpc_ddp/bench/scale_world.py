@@ -23,7 +23,7 @@ from typing import Any
 
 from hpc_ddp.bench.recording import RecordingStore, recording
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rundir import RunDir
 
 STEP = 10  # the step of the world's checkpoint
@@ -62,7 +62,7 @@ class World:
     def __init__(self, root: Path, size: int, ranks: tuple[int, ...], per_node: int = 8) -> None:
         import torch
 
-        from hpc_ddp.rank import checkpoint, rng
+        from hpc_ddp.rank.services import checkpoint, rng
 
         self.size, self.per_node = size, per_node
         self.run = RunDir(root / f"world{size}")
@@ -113,7 +113,7 @@ class World:
 
 @contextlib.contextmanager
 def _group_store(store: RecordingStore) -> Iterator[None]:
-    from hpc_ddp.rank import ckpt_writer
+    from hpc_ddp.rank.services import ckpt_writer
 
     saved = ckpt_writer.group_store
     ckpt_writer.group_store = lambda: store
@@ -126,7 +126,7 @@ def _group_store(store: RecordingStore) -> Iterator[None]:
 def _context(world: World, rank: int) -> Any:
     import torch
 
-    from hpc_ddp.rank.context import Context
+    from hpc_ddp.rank.context.context import Context
 
     return Context(world.cfg, world.run, world.env(rank), torch.device("cpu"), world.host(rank),
                    None)
@@ -154,13 +154,13 @@ def checkpoint_resume(world: World, rank: int) -> Cost:
 def _rank(world: World, rank: int, store: RecordingStore) -> Any:
     import torch
 
-    from hpc_ddp.rank.join import Rank
+    from hpc_ddp.rank.join.joined import Rank
 
     return Rank(world.env(rank), world.host(rank), torch.device("cpu"), [], store)
 
 
 def _after_failure(world: World, rank: int, store: RecordingStore, error: Exception) -> Cost:
-    from hpc_ddp.rank.outcome import after_failure
+    from hpc_ddp.rank.supervise.outcome import after_failure
 
     who = _rank(world, rank, store)
     return world.measure(lambda: after_failure(error, world.cfg, who, world.run,
@@ -199,8 +199,8 @@ def failure_own(world: World, rank: int) -> Cost:
 def start_up(world: World, rank: int) -> Cost:
     """The start of a requeued attempt: why it resumes (task.resume_cause), and whether rank 0
     refused the run dir (join.claim_run_dir: one store read on the others)."""
-    from hpc_ddp.rank import join
-    from hpc_ddp.rank.task import resume_cause
+    from hpc_ddp.rank.join import joined as join
+    from hpc_ddp.rank.main.task import resume_cause
 
     store = RecordingStore()
     store.seed("hpc_ddp/run_dir_refused", "")
@@ -208,17 +208,17 @@ def start_up(world: World, rank: int) -> Cost:
 
     def work() -> None:
         resume_cause(world.cfg, world.run, env, JOB)
-        if rank != 0:  # rank 0 claims the run dir with an squeue call: rank/owner.py
+        if rank != 0:  # rank 0 claims the run dir with an squeue call: rank/join/owner.py
             join.claim_run_dir(world.run, env, world.host(rank), {}, store)
 
     return world.measure(work, store)
 
 
 def rendezvous_join(world: World, rank: int) -> Cost:
-    """Joining the rendezvous (rendezvous.py): reading rank 0's endpoint file, then the
+    """Joining the rendezvous (rank/join/rendezvous.py): reading rank 0's endpoint file, then the
     check-in on its store, as the last rank to arrive (which also releases the others'
     waits); the TCP connection itself is left out (one per rank, as a TCPStore makes it)."""
-    from hpc_ddp.rank import rendezvous
+    from hpc_ddp.rank.join import rendezvous
 
     store = RecordingStore()
     store.seed("hpc_ddp/arrived", world.size - 1)  # the others have announced themselves
@@ -247,7 +247,7 @@ SCENARIOS: dict[str, Callable[[World, int], Cost]] = {
 
 def designated(world: World) -> dict[str, int]:
     """The one rank per scenario whose cost may grow with the world, and why it may."""
-    from hpc_ddp.rank.diagnose import fallback_reporter
+    from hpc_ddp.rank.supervise.diagnose import fallback_reporter
 
     return {"failure: a peer hangs": 0,  # reads the survivors' list once (one store get)
             "failure: rank 0 and its store die": fallback_reporter(

@@ -32,7 +32,7 @@ def measure(rank: int, hosts: list[str], seconds: float) -> dict[str, Any] | Non
     server: socket.socket | None = None
     offer: Any = None
     if rank == peer:
-        from hpc_ddp.rank import netif
+        from hpc_ddp.rank.join import netif
 
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("0.0.0.0", 0))

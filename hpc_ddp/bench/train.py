@@ -25,34 +25,30 @@ bench/train.png into the run dir.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from hpc_ddp.config.schema import Config
+from hpc_ddp.bench.train_plan import (
+    EXACT,
+    MODELS,
+    PLAIN,
+    RESULT,
+    TrainOptions,
+    Variant,
+    with_overrides,
+)
+from hpc_ddp.doctor import job
 from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rundir import read_json, write_json
 
-RESULT = Path("bench") / "train.json"
 PLOT = Path("bench") / "train.png"
 BASELINE = "baseline"
-# exact: the hand-written loop's settings: fp32, NCHW, torch's default optimizer
-# implementation, DDP's defaults, no loader workers and no pinning (a default DataLoader),
-# torch's default (non-deterministic) algorithms; on hpc_ddp's own loader, which slices a
-# batch out of the in-memory tensors (the baseline has no such setting).
-EXACT = ("trainer.precision=fp32", "trainer.channels_last=false", "trainer.compile=false",
-         "trainer.fused_optimizer=false", "trainer.ddp_bucket_cap_mb=null",
-         "trainer.ddp_gradient_as_bucket_view=false", "trainer.ddp_static_graph=false",
-         "data.num_workers=0", "data.pin_memory=false", "trainer.deterministic=false")
-# plain: exact on the textbook data path too (per-sample fetch + default_collate): the same
-# work as the hand-written loop, step for step, so plain - baseline is the framework's cost.
-PLAIN = (*EXACT, "data.batched=false")
 PRESETS: dict[str, tuple[str, ...]] = {"plain": PLAIN, "exact": EXACT, "tuned": ()}
 # --ablate: the tuned defaults minus one each (what that default buys, in context).
 ABLATIONS = {"tuned-bf16": "trainer.precision=fp32",
@@ -64,42 +60,7 @@ ABLATIONS = {"tuned-bf16": "trainer.precision=fp32",
 # The bench's own settings, before the user's overrides: no checkpoints, no evaluation.
 BENCH_OVERRIDES = ("trainer.checkpoint_interval=1000000000",
                    "trainer.eval_interval=1000000000")
-MODELS = ("null", "tiny_cnn", "resnet18")
 CKPT_SYNC, CKPT_BACKGROUND = "ckpt-sync", "ckpt-background"
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str
-    overrides: tuple[str, ...]  # on top of the job's config (empty for the baseline)
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    models: tuple[str, ...] = MODELS
-    variants: tuple[Variant, ...] = ()
-    # Rounds per model: as many as fit budget_s (estimated from the baseline's pace), at
-    # least min_rounds and at most rounds.
-    rounds: int = 15
-    min_rounds: int = 3
-    budget_s: float = 45.0
-    # Seconds of the baseline's steps per window; each window runs that many steps.
-    window_s: float = 1.0
-    min_steps: int = 1
-    warmup_steps: int = 2
-    world_sizes: tuple[int, ...] = ()
-    startup: bool = False
-    # Checkpoint every this many steps in two more contenders (0: none): synchronous and
-    # background writes, each against `tuned` (the step stall a checkpoint costs).
-    checkpoint_every: int = 0
-
-
-def for_model(model: str, variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
-    """The contenders besides the baseline for ``model``: the null model also gets ``plain``
-    (the framework's overhead is plain - baseline on it)."""
-    if model == "null" and all(v.name != "plain" for v in variants):
-        return (Variant("plain", PLAIN), *variants)
-    return variants
 
 
 def variants_from(settings: str, extra: Sequence[str], ablate: bool) -> tuple[Variant, ...]:
@@ -124,25 +85,6 @@ def variants_from(settings: str, extra: Sequence[str], ablate: bool) -> tuple[Va
         raise UserError("--variant", ",".join(names), "names must be unique and not "
                         f"{BASELINE!r}.", "rename the variant.")
     return tuple(out)
-
-
-def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
-    """``cfg`` with dotted ``key=value`` overrides applied and checked (UserError if bad)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from hpc_ddp.config.validate import validate
-
-    if not overrides:
-        return cfg
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(cfg), OmegaConf.from_dotlist(list(overrides)))
-        out = OmegaConf.to_object(node)
-    except OmegaConfBaseException as exc:
-        raise UserError("--variant", " ".join(overrides), f"does not fit the config ({exc}).",
-                        "check the key names against docs/configuration.md.") from None
-    assert isinstance(out, Config)
-    return validate(out)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -266,8 +208,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     from hpc_ddp.bench import train_rank
     from hpc_ddp.bench.train_report import combine, table
     from hpc_ddp.config.compose import compose, to_yaml
-    from hpc_ddp.doctor import job
-    from hpc_ddp.rank.join import RankProgram
+    from hpc_ddp.rank.main.task import RankProgram
 
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     user = [o for o in args.overrides if not o.startswith("run_dir=")]
@@ -313,11 +254,6 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         print(plot(combined, root / PLOT), file=out)
     print(f"results: {root / RESULT}", file=out, flush=True)
     return 0
-
-
-def replace_model(cfg: Config, name: str) -> Config:
-    """``cfg`` training model ``name`` (``null`` included, which the config cannot name)."""
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name))
 
 
 if __name__ == "__main__":

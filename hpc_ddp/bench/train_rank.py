@@ -15,7 +15,7 @@ import time
 from collections.abc import MutableMapping
 from typing import Any
 
-from hpc_ddp.bench.train import (
+from hpc_ddp.bench.train_plan import (
     RESULT,
     TrainOptions,
     for_model,
@@ -65,7 +65,7 @@ class TrainerRunner:
     """hpc_ddp's Trainer with one setting, driven through Trainer.train_steps."""
 
     def __init__(self, name: str, cfg: Config, rank: Any, run_dir: RunDir) -> None:
-        from hpc_ddp.rank import stopping
+        from hpc_ddp.rank.services import stopping
         from hpc_ddp.trainer.loop import Trainer
 
         self.name = name
@@ -98,7 +98,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     import torch
     import torch.distributed as dist
 
-    from hpc_ddp.rank.join import joined
+    from hpc_ddp.rank.join.joined import joined
 
     with joined(cfg, run_dir, environ) as rank:
         # Process-wide and not undone: set before any contender exists, so all of them, the
@@ -154,7 +154,7 @@ def measure_model(cfg: Config, rank: Any, run_dir: RunDir, model: str,
 
 def _checkpoint_mb(runner: Any) -> float | None:
     """The size of the contender's latest checkpoint (rank 0's file), if it wrote one."""
-    from hpc_ddp.rank import checkpoint
+    from hpc_ddp.rank.services import checkpoint
 
     trainer = getattr(runner, "trainer", None)
     path = checkpoint.latest_path(trainer.run.checkpoints) if trainer is not None else None

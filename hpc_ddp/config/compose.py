@@ -8,31 +8,27 @@ folder (``config_dir``) is searched before hpc_ddp's own.
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import os
+import pickle
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config import parts
+from hpc_ddp.config.folders import CONF_ENV, conf_dir
 from hpc_ddp.config.messages import reject_unknown_keys, user_error
 from hpc_ddp.config.overrides import check_override, check_overrides
-from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, register_schemas
+from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, compose_schema, register_schemas
 from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
 from hpc_ddp.errors import UserError
 
-CONF_ENV = "HPC_DDP_CONF"
 # A user's config folder for commands that take no --config-dir (srun entries in sbatch files).
 CONFIG_DIR_ENV = "HPC_DDP_CONFIG_DIR"
-
-
-def conf_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """hpc_ddp's config folder: ``$HPC_DDP_CONF`` if set, else ``conf/`` beside the package."""
-    environ = os.environ if environ is None else environ
-    if environ.get(CONF_ENV):
-        return Path(environ[CONF_ENV]).resolve()
-    return Path(__file__).resolve().parents[2] / "conf"
 
 
 def check_conf_dir(folder: Path, key: str = CONF_ENV) -> Path:
@@ -72,7 +68,6 @@ def user_config_dir(overrides: Sequence[str], config_dir: Path | str | None = No
 def quoted(value: str) -> str:
     """``value`` as an override's value: as it is when Hydra's grammar reads it back
     unchanged, else single-quoted with its quotes escaped (Hydra unescapes only those)."""
-    import re
 
     if re.fullmatch(r"[\w./:@+-]+", value):
         return value
@@ -241,8 +236,6 @@ class _Base:
     rather than deep-copied (2.3 ms), where it pickles."""
 
     def __init__(self, node: Any) -> None:
-        import pickle
-
         self.node = node
         try:
             self.blob: bytes | None = pickle.dumps(node)
@@ -250,9 +243,6 @@ class _Base:
             self.blob = None
 
     def copy(self) -> Any:
-        import copy
-        import pickle
-
         return pickle.loads(self.blob) if self.blob is not None else copy.deepcopy(self.node)
 
 
@@ -272,8 +262,6 @@ _SECTIONS: dict[tuple[str, str], str] = {}
 
 
 def _section_yaml(name: str, value: Any) -> str:
-    import dataclasses
-
     import yaml
 
     key = (name, repr(value))
@@ -296,7 +284,6 @@ def from_yaml(text: str) -> Config:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from hpc_ddp.config.schema import compose_schema
 
     data = yaml.safe_load(text) or {}
     rest = {k: v for k, v in data.items() if k not in PARTS and k not in FREE_FORM}

@@ -9,6 +9,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.config.folders import conf_dir
 from hpc_ddp.config.overrides import hint_has, parse_error, schema_type, unparsable
 from hpc_ddp.config.schema import FREE_FORM, PARTS, Config
 from hpc_ddp.errors import UserError, shown
@@ -116,8 +117,6 @@ def _missing_option(text: str) -> tuple[str, str]:
 def group_options(group: str, folders: Sequence[Path] = ()) -> list[str]:
     """The options of a config group over the search folders (default: hpc_ddp's conf/)."""
     if not folders:
-        from hpc_ddp.config.compose import conf_dir
-
         folders = [conf_dir()]
     where = group.replace(".", "/")
     found = {p.stem for folder in folders for p in (folder / where).glob("*.yaml")}

@@ -6,6 +6,7 @@ Checked before composing, so each mistake gets one line naming the override and 
 from __future__ import annotations
 
 import functools
+import typing
 from collections.abc import Sequence
 from dataclasses import is_dataclass
 from typing import Any
@@ -17,7 +18,6 @@ from hpc_ddp.errors import UserError
 @functools.cache
 def schema_type(key: str) -> Any:
     """The schema's type of a dotted key; None for a map entry, a typo or a group name."""
-    import typing
 
     hint: Any = Config
     for part in key.split("."):
@@ -30,8 +30,6 @@ def schema_type(key: str) -> Any:
 
 
 def hint_has(hint: Any, kind: type) -> bool:
-    import typing
-
     return hint is kind or typing.get_origin(hint) is kind or any(
         a is kind or typing.get_origin(a) is kind for a in typing.get_args(hint))
 

@@ -10,6 +10,7 @@ and ``model.width=256`` work without Hydra's ``+``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -102,7 +103,6 @@ def _holder(part: str) -> type:
 def to_typed(part: str, node: Mapping[str, Any] | None) -> Any:
     """A part's YAML node -> its checked dataclass. OmegaConf errors pass through (compose
     turns them into one-line UserErrors naming ``part.key``)."""
-    import copy
 
     typed = to_typed_dict(part, node)
     try:

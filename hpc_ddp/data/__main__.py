@@ -17,6 +17,7 @@ Exit codes: 0 done, 1 the download failed, 2 bad usage.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -89,7 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_EXIT_CODE
     code = _download(path)
     if code != 0 and made is not None:  # a failed download leaves no folder it made behind
-        import shutil
 
         shutil.rmtree(made, ignore_errors=True)
     return code

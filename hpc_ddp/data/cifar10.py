@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 from hpc_ddp.data.tensor_dataset import ImageTensorDataset
@@ -35,7 +36,6 @@ def _reader(verify_checksum: bool) -> type:
             return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
 
         def _load_meta(self) -> None:  # the same reading as torchvision's, minus the MD5
-            import pickle
 
             with open(Path(self.root) / self.base_folder / self.meta["filename"], "rb") as f:
                 self.classes = pickle.load(f, encoding="latin1")[self.meta["key"]]

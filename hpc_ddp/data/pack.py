@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import sys
 import tarfile
 import time
@@ -26,6 +27,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.data.shard_index import FORMAT, INDEX
 from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import write_text
 
 SAMPLES_PER_SHARD = 1000
 PROGRESS_EVERY_S = 5.0
@@ -130,8 +132,6 @@ def encode_sample(sample: Any, quality: int | None, target: str) -> tuple[bytes,
 
 
 def _shuffled(items: list[Any], seed: int) -> list[Any]:
-    import random
-
     items = list(items)
     random.Random(seed).shuffle(items)
     return items
@@ -198,10 +198,8 @@ def _write_index(dst: str, classes: list[str], splits: dict[str, list[dict[str, 
                  source: str) -> dict[str, Any]:
     index = {"format": FORMAT, "classes": classes, "splits": splits, "source": source,
              "packed_at": time.time()}
-    path = Path(dst).expanduser() / INDEX
-    tmp = path.with_name(f".{INDEX}.tmp")
-    tmp.write_text(json.dumps(index, indent=1) + "\n")
-    os.replace(tmp, path)
+    write_text(Path(dst).expanduser() / INDEX, json.dumps(index, indent=1) + "\n",
+               durable=True)
     return index
 
 

@@ -12,6 +12,7 @@ list or a ``num_classes`` attribute.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -153,7 +154,6 @@ def describe(sets: DataSets) -> str:
 
 def first_batch(dataset: Any, batch_size: int) -> Any:
     """A batch of the first samples of ``dataset`` (for a warm-up step; not a training batch)."""
-    import itertools
 
     from torch.utils.data import IterableDataset, default_collate
 

@@ -30,6 +30,7 @@ Evaluation reads its split unshuffled and unpadded, contiguous slices per rank.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,7 +92,6 @@ class ShardSet(IterableDataset):  # type: ignore[type-arg]
     # -- reading ---------------------------------------------------------------------------
     def locate(self, sample: int) -> tuple[int, int]:
         """(shard, position in it) of a sample number."""
-        import bisect
 
         if not hasattr(self, "_starts"):
             self._starts = [0]

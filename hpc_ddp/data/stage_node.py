@@ -20,8 +20,11 @@ What it costs at 1,000 nodes x 8 ranks, per rank and independent of the world si
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
+import re
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -31,7 +34,7 @@ from typing import IO, Any
 from hpc_ddp.data import staging
 from hpc_ddp.data.staging import Source, Staged
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.join.distenv import DistEnv
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +69,6 @@ def stage(root: str, stage_dir: str | None, env: DistEnv, host: str, store: Any,
           key: str = "data.root") -> Staged:
     """This node's copy of ``root`` (made here if needed); every rank of the job calls it.
     ``store``: the rendezvous store (None: this process is alone, it stages for itself)."""
-    import hashlib
 
     alone = store is None
     store = _OwnStore() if store is None else store
@@ -93,7 +95,6 @@ def stage(root: str, stage_dir: str | None, env: DistEnv, host: str, store: Any,
 
 def _expanded(stage_dir: str, environ: Mapping[str, str], host: str) -> str:
     """``$VARS`` of this node's environment (data.stage_dir='$SLURM_TMPDIR/x') and ``~``."""
-    import re
 
     def value(match: re.Match[str]) -> str:
         name = match[1] or match[2]
@@ -243,8 +244,6 @@ def _remove_unused_versions(home: Path, keep: str) -> None:
 
 
 def _free(home: Path) -> int:
-    import shutil
-
     try:
         return shutil.disk_usage(home).free
     except OSError:

@@ -26,7 +26,6 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
-DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
 
 
 def source_root(cfg: Config) -> str:

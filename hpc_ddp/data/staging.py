@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import write_text
 
 log = logging.getLogger(__name__)
 
@@ -289,12 +290,10 @@ def data_root(version: Path, kind: str) -> Path:
 
 def write_manifest(version: Path, source: Source, fp: str, files: int, size: int,
                    seconds: float, host: str) -> None:
-    tmp = version / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({
+    write_text(version / MANIFEST, json.dumps({
         "format": FORMAT, "source": str(source.path), "kind": source.kind, "fingerprint": fp,
         "files": files, "bytes": size, "seconds": round(seconds, 3), "host": host,
         "staged_at": time.time()}, indent=2) + "\n")
-    os.replace(tmp, version / MANIFEST)
 
 
 def is_no_space(exc: BaseException) -> bool:

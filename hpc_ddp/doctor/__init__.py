@@ -19,8 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpc_ddp.config.nccl_schema import nccl_warnings
 from hpc_ddp.config.schema import Config
 from hpc_ddp.doctor.probe import REPORT, DoctorOptions
+from hpc_ddp.doctor.probe import run as probe
+from hpc_ddp.rank.join.envcheck import read_pins
 from hpc_ddp.rundir import RunDir, read_json
 
 __all__ = ["DoctorOptions", "preflight", "run_doctor"]
@@ -31,10 +34,8 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
     """Submit the doctor with ``cfg`` (resolved) into ``run``, wait, print the table and the
     verdict; returns the report (``ok``, ``bad_nodes``, ``problems``, ...)."""
     from hpc_ddp.config.compose import to_yaml
-    from hpc_ddp.config.nccl_schema import nccl_warnings
     from hpc_ddp.doctor import job, render
-    from hpc_ddp.doctor.probe import run as probe
-    from hpc_ddp.rank.join import RankProgram
+    from hpc_ddp.rank.main.task import RankProgram
 
     options = options or DoctorOptions()
     if not options.pins:
@@ -60,7 +61,6 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
 
 def reference_pins() -> tuple[tuple[str, str], ...]:
     """What environment.yml (beside the hpc_ddp checkout) pins; () when there is none."""
-    from hpc_ddp.rank.envcheck import read_pins
 
     path = Path(__file__).resolve().parents[2] / "environment.yml"
     try:
@@ -78,7 +78,7 @@ def preflight(cfg: Config, run_dir: Path | str | RunDir, out: TextIO = sys.stdou
     files in ``<run_dir>/preflight/<date>_<time>/`` (a resumed run gets a new one each time).
     """
     from hpc_ddp.doctor.job import stamp
-    from hpc_ddp.launch.resolve import check_run_dir
+    from hpc_ddp.inputs.run_dir import check_run_dir
 
     root = run_dir.root if isinstance(run_dir, RunDir) else Path(run_dir)
     folder = root.absolute() / "preflight" / stamp()

@@ -9,13 +9,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from hpc_ddp.doctor.job import add_job_arguments, check_timeout
+from hpc_ddp import doctor
+from hpc_ddp.doctor import run_doctor
+from hpc_ddp.doctor.job import add_job_arguments, check_timeout, prepare
+from hpc_ddp.doctor.probe import DoctorOptions
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 
 def parser() -> argparse.ArgumentParser:
-    from hpc_ddp import doctor
-
     p = argparse.ArgumentParser(prog="python -m hpc_ddp.doctor", description=doctor.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mib", type=float, default=32.0,
@@ -28,10 +29,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
-    from hpc_ddp.doctor import run_doctor
-    from hpc_ddp.doctor.job import prepare
-    from hpc_ddp.doctor.probe import DoctorOptions
-
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
         if not args.size_mib > 0 or args.iters < 1:  # (nan is not > 0)

@@ -19,8 +19,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from hpc_ddp.rank.device import collisions
-from hpc_ddp.rank.nccl import FAIL, WARN
+from hpc_ddp.rank.join.device import collisions
+from hpc_ddp.rank.join.nccl import FAIL, WARN
 
 Facts = dict[str, Any]
 

@@ -65,6 +65,7 @@ def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
             cwd: Path) -> tuple[Config, RunDir]:
     """Compose, resolve and check the run dir exactly as submit does (UserError on bad input)."""
     from hpc_ddp.config.compose import compose
+    from hpc_ddp.inputs import run_dir as run_inputs
     from hpc_ddp.launch import resolve as plan
 
     cfg = compose([*DEFAULT_OVERRIDES, f"cluster.job_name=hpc_ddp_{name}", *overrides])
@@ -81,8 +82,8 @@ def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
         raise UserError("run_dir", cfg.run_dir, f"already holds files; the {name} writes only "
                         "into a new folder, and nothing there is touched.",
                         f"give a new run_dir, or none (outputs/{name}-<date>_<time> is made).")
-    run = plan.check_run_dir(cfg)
-    plan.write_run_config(run, cfg, overrides)
+    run = run_inputs.check_run_dir(cfg)
+    run_inputs.write_run_config(run, cfg, overrides)
     return cfg, run
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank import envcheck, nccl, nodeinfo
+from hpc_ddp.rank.join import envcheck, nccl, nodeinfo
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     import torch.distributed as dist
 
     from hpc_ddp.doctor.checks import analyse
-    from hpc_ddp.rank.join import joined
+    from hpc_ddp.rank.join.joined import joined
 
     with joined(cfg, run_dir, environ) as rank:
         facts = collect(rank, environ, dict(options.pins))
@@ -106,7 +106,7 @@ def collect(rank: Any, environ: Mapping[str, str],
     return {"rank": rank.env.rank, "local_rank": rank.env.local_rank, "drift": drift,
             "node_rank": rank.env.node_rank, "local_world_size": rank.env.local_world_size,
             "host": rank.host, **versions(), "gpu": gpu, "node": node.to_dict(), "env": env,
-            # What Slurm allocated and which GPU this rank takes (hpc_ddp.rank.device.select).
+            # What Slurm allocated and which GPU this rank takes (hpc_ddp.rank.join.device.select).
             "placement": {"rank": rank.env.rank, "host": rank.host, **(rank.gpu or {})},
             "detected": {c.name: nccl.mask(c.name, c.new) for c in rank.env_changes
                          if c.source == "detected"},

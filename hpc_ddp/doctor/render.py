@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpc_ddp.rank.nccl import FAIL
+from hpc_ddp.rank.join.nccl import FAIL
 
 
 def exclude_override(bad: list[str], already: str | None) -> str:

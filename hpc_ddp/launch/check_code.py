@@ -11,6 +11,7 @@ skips the building (the ranks then report what fails, naming their node).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from hpc_ddp.config.schema import Config
@@ -23,7 +24,6 @@ _FACTORY_CLASSES: dict[str, int | None] = {}
 def check_code(cfg: Config, cwd: Path) -> None:
     """Raise UserError for code of the user's that cannot run as configured. ``cwd`` is on
     the import path meanwhile, as it is on every rank (``python -m`` from the submit folder)."""
-    import sys
 
     added = str(cwd) not in sys.path and str(cwd.absolute()) not in sys.path
     if added:
@@ -37,7 +37,7 @@ def check_code(cfg: Config, cwd: Path) -> None:
 
 def _check(cfg: Config) -> None:
     if cfg.entry is not None:
-        from hpc_ddp.rank.entry import resolve
+        from hpc_ddp.rank.main.entry import resolve
 
         resolve(cfg.entry)
         return  # the entry builds what it needs itself

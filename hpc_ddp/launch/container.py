@@ -13,7 +13,7 @@ podman      srun ... podman run --rm --network=host --pid=host --ipc=host --uts=
 
 hpc_ddp's own entry runs inside the container; Slurm's commands (requeue, squeue) do not
 (the image need not have them): the batch script, outside, runs them for the ranks
-(rank/slurm_relay.py). The host namespaces keep what a task outside would have: the node's
+(slurm/relay.py). The host namespaces keep what a task outside would have: the node's
 network (rank 0's address, NCCL's interfaces), its hostname (the rendezvous names hosts),
 its PID space (a rank's recorded pid is signalled by its peers on the node) and /dev/shm
 (NCCL's and the data loaders' shared memory).
@@ -22,6 +22,7 @@ its PID space (a rank's recorded pid is signalled by its peers on the node) and 
 from __future__ import annotations
 
 import hashlib
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,9 +105,7 @@ def mounts(cfg: Config, run_root: Path | None) -> list[Mount]:
 
 
 def _conf_env() -> str | None:
-    import os
-
-    from hpc_ddp.config.compose import CONF_ENV
+    from hpc_ddp.config.folders import CONF_ENV
 
     return os.environ.get(CONF_ENV) or None
 
@@ -199,14 +198,14 @@ def shown(cmd: TaskCommand) -> str:
 
 def setup_lines(cfg: Config, run_root: Path | None) -> list[str]:
     """Batch-script lines before srun, outside the container: the NAME=value environment,
-    and Slurm's relay for the ranks inside (rank/slurm_relay.py)."""
-    from hpc_ddp.rank import slurm_relay
+    and Slurm's relay for the ranks inside (slurm/relay.py)."""
+    from hpc_ddp.slurm import relay as slurm_relay
 
     lines = [f"export {name}={shlex.quote(value)}" for name, value in exports(cfg).items()]
     if enabled(cfg):
         root = run_root if run_root is not None else Path("/run_dir")  # a sweep's grouping key
         lines += ["# Slurm's commands for the ranks inside the container, run out here "
-                  "(hpc_ddp/rank/slurm_relay.py)", *slurm_relay.start_lines(
+                  "(hpc_ddp/slurm/relay.py)", *slurm_relay.start_lines(
                       root / "submitit" / "relay")]
     return lines
 

@@ -12,14 +12,16 @@ import os
 import shlex
 import signal
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.procs import pid_alive, start_time
-from hpc_ddp.rank.device import visible_devices
-from hpc_ddp.rank.task import TrainingTask
+from hpc_ddp.rank.contract import LAUNCH_ID_ENV
+from hpc_ddp.rank.join.device import visible_devices
+from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
 
 
@@ -49,13 +51,11 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
 
     executor = submitit.LocalExecutor(folder=str(run.submitit))
     executor.update_parameters(**executor_parameters(cfg, os.environ))
-    import uuid
 
-    from hpc_ddp.rank.distenv import LAUNCH_ID_ENV
 
     ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12]}
     with _terminal_interrupt_ignored(), _environ(ranks_env):
-        return LocalJobHandle(executor.submit(task or TrainingTask(to_yaml(cfg),
+        return LocalJobHandle(executor.submit(task or training_task(to_yaml(cfg),
                                                                     str(run.root))))
 
 

@@ -9,36 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpc_ddp.config.schema import ClusterConfig, Config, ContainerConfig
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank.device import visible_devices
-from hpc_ddp.rundir import RunDir, default_root
+from hpc_ddp.inputs.command_line import absolute_script
+from hpc_ddp.rank.join.device import visible_devices
+from hpc_ddp.rundir import default_root
+from hpc_ddp.slurm.controller import slurm_available
 
 OVERRIDES_FILE = "overrides.yaml"
-# Command switches that belong to one invocation, not to the run.
-TRANSIENT = ("resume", "wait", "dry_run", "preflight")
-
-
-def slurm_available(environ: Mapping[str, str]) -> bool:
-    """A Slurm controller answers. ``sbatch`` on PATH alone is not enough: the Debian client
-    installs it where no controller exists (docs/slurm.md); ``scontrol ping`` answers in ms
-(https://slurm.schedmd.com/scontrol.html#OPT_ping)."""
-    path = environ.get("PATH", os.defpath)
-    if not shutil.which("sbatch", path=path) or not shutil.which("scontrol", path=path):
-        return False
-    try:
-        done = subprocess.run(["scontrol", "ping"], env=dict(environ), capture_output=True,
-                              text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0 and "UP" in done.stdout
 
 
 @dataclass(frozen=True)
@@ -139,31 +121,6 @@ def _container_for(cluster: ClusterConfig, kind: str, cwd: Path) -> ContainerCon
     return cluster.container
 
 
-def absolute_script(script: str | None, cwd: Path) -> str | None:
-    """A script path made absolute (the ranks and a later resume may start elsewhere); a
-    module (``-m pkg.train``) as it is."""
-    if script is None or script.startswith("-m"):
-        return script
-    return str((cwd / Path(script).expanduser()).absolute())
-
-
-def with_script_args(cfg: Config, script_args: Sequence[str] | None) -> Config:
-    """The script's arguments: those given, else on a resume the run's own (they are not
-    overrides, so overrides.yaml does not hold them)."""
-    from hpc_ddp.config.validate import validate_entry
-
-    if script_args is None and cfg.resume and cfg.run_dir:
-        saved = Path(cfg.run_dir) / "config.yaml"
-        if saved.is_file():
-            import yaml
-
-            old = (yaml.safe_load(saved.read_text()) or {}).get("script_args") or []
-            script_args = [str(a) for a in old] if cfg.script else None
-    if script_args is None:
-        return cfg
-    return validate_entry(dataclasses.replace(cfg, script_args=list(script_args)))
-
-
 def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     """With resume=true, the run's saved overrides come first and the new ones win."""
     if not any(o.lstrip("+~").startswith("resume") for o in overrides):
@@ -183,23 +140,6 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
 
     previous = [str(o) for o in OmegaConf.to_container(OmegaConf.load(saved)) or []]
     return previous + list(overrides)
-
-
-def saved_overrides(overrides: Sequence[str], cfg: Config | None = None) -> list[str]:
-    """What overrides.yaml keeps: everything but the per-command switches, and of overrides
-    of the same key only the last (a run resumed ten times keeps one ``optim.lr=``); paths
-    as ``cfg`` resolved them (absolute), so a resume from another folder finds them."""
-    from hpc_ddp.config.compose import quoted
-
-    kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
-    last = {o.partition("=")[0]: i for i, o in enumerate(kept)}
-    kept = [o for i, o in enumerate(kept) if last[o.partition("=")[0]] == i]
-    if cfg is None:
-        return kept
-    resolved = {"config_dir": cfg.config_dir, "script": cfg.script}
-    return [f"{o.partition('=')[0]}={quoted(str(resolved[key]))}"
-            if (key := o.partition("=")[0].lstrip("+")) in resolved and resolved[key] else o
-            for o in kept]
 
 
 def _as_bool(value: object) -> bool:
@@ -223,14 +163,6 @@ def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
     except OverrideParseException:
         return {}  # compose() reports the bad override with its own message
     return {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
-
-
-def check_inputs(cfg: Config) -> None:
-    """File-system checks of the inputs (before launch, so a rank never finds them broken)."""
-    if cfg.data.name == "cifar10" and cfg.data.root:
-        from hpc_ddp.data.cifar10 import check_root
-
-        check_root(cfg.data.root)
 
 
 @functools.cache
@@ -268,67 +200,3 @@ def check_local_gpus(cfg: Config, environ: Mapping[str, str],
                         + ", or run on a machine with GPUs (cluster=slurm).")
 
 
-def check_run_dir(cfg: Config) -> RunDir:
-    """The run dir must be new or empty (or an existing run with resume=true) and writable.
-
-    Only reads and a probe file in a new folder: an existing run is never modified here.
-    """
-    assert cfg.run_dir is not None
-    run = RunDir(Path(cfg.run_dir))
-    exists = run.root.exists()
-    if exists and not run.root.is_dir():
-        raise UserError("run_dir", cfg.run_dir, "is a file, not a folder.", "choose a folder.")
-    if cfg.resume:
-        if not run.config.is_file():
-            raise UserError("run_dir", cfg.run_dir, "holds no run to resume.",
-                            "check the path, or drop resume=true to start a new run.")
-    # A sweep point that never started holds only its hparams.json: it may be run by hand.
-    elif exists and any(p != run.hparams for p in run.root.iterdir()):
-        raise UserError("run_dir", cfg.run_dir, "already holds files; nothing there is touched.",
-                        "pass resume=true to continue that run, or choose a new run_dir.")
-    check_writable(run.root, cfg.run_dir)
-    return run
-
-
-# Folders this process found writable in the last seconds (a sweep's thousand run dirs
-# share one parent: one probe for all); later checks probe again.
-_WRITABLE: dict[Path, float] = {}
-_WRITABLE_FOR_S = 5.0
-
-
-def check_writable(folder: Path, shown: str) -> None:
-    """Try for real (root ignores permission bits, read-only mounts do not): make and remove
-    an empty probe folder in the run dir, or in its nearest existing parent."""
-    import tempfile
-
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    import time
-
-    if time.monotonic() - _WRITABLE.get(existing, -_WRITABLE_FOR_S) < _WRITABLE_FOR_S:
-        return
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(f"{existing} is a file")
-        os.rmdir(tempfile.mkdtemp(prefix=".hpc_ddp_probe_", dir=existing))
-    except OSError as exc:
-        raise UserError("run_dir", shown, f"is not writable ({exc.strerror or exc}).",
-                        "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.") from None
-    _WRITABLE[existing] = time.monotonic()
-
-
-def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> str:
-    """config.yaml (resolved) and overrides.yaml (what a later resume=true starts from);
-    returns config.yaml's text (what the ranks are handed, made once)."""
-    import yaml
-
-    from hpc_ddp.config.compose import to_yaml
-
-    run.root.mkdir(parents=True, exist_ok=True)
-    text = to_yaml(cfg)
-    run.config.write_text(text)
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    run.overrides.write_text(yaml.dump(saved_overrides(overrides, cfg), Dumper=dumper,
-                                       default_flow_style=False))
-    return text

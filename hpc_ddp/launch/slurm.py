@@ -25,9 +25,9 @@ from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
-from hpc_ddp.launch.sbatch_refusal import no_client, refusal, sbatch_key_line
-from hpc_ddp.rank.task import TrainingTask
+from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
+from hpc_ddp.slurm.refusal import no_client, refusal, sbatch_key_line
 
 __all__ = ["check_client", "describe", "dry_run", "executor_parameters", "refusal", "render",
            "sbatch_key_line", "submit"]
@@ -213,7 +213,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
            environ: Mapping[str, str] | None = None) -> Any:
     """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob.
     A job that could never start is refused first (one sinfo call, slurm_fit)."""
-    from hpc_ddp.launch import slurm_fit
+    from hpc_ddp.slurm import fit as slurm_fit
 
     environ = os.environ if environ is None else environ
     check_shell_safety(cfg)
@@ -221,7 +221,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
     slurm_fit.check([cfg], environ)
     executor = make_executor(cfg, run)
     with sbatch_errors(cfg, environ):
-        return executor.submit(task or TrainingTask(to_yaml(cfg), str(run.root)))
+        return executor.submit(task or training_task(to_yaml(cfg), str(run.root)))
 
 
 def describe(cfg: Config) -> str:

@@ -7,7 +7,7 @@ command follows the step like a local run: Ctrl-C stops it with a checkpoint (sr
 SIGTERM to every task), and a stop is not requeued — an interactive allocation cannot be
 requeued, and a batch script that runs ``submit`` would start a new run when requeued;
 ``jobs/train.sbatch`` is the requeueing form. Every task runs ``python -m
-hpc_ddp.rank.step_main``, which unpickles the same task a submitit job runs.
+hpc_ddp.rank.main.step``, which unpickles the same task a submitit job runs.
 
 The pure parts (``allocation``, ``check``, ``command``) are table-tested; the step itself is
 proven on the test cluster (tests/cluster/test_layouts.py).
@@ -31,10 +31,9 @@ from hpc_ddp import hostlist
 from hpc_ddp.config.schema import Config
 from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.errors import UserError
-from hpc_ddp.procs import start_time
-from hpc_ddp.rank.requeue import STEP_OF_ENV
-from hpc_ddp.rank.step_main import TASK_ENV
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.procs import pid_alive, start_time
+from hpc_ddp.rank.contract import STEP_OF_ENV, TASK_ENV
+from hpc_ddp.rundir import RunDir, read_json
 
 # The batch script runs as a step of this name (or number) in some versions: not a step
 # whose resources a new step must share.
@@ -141,7 +140,7 @@ def command(cfg: Config, alloc: Allocation, python: str,
         argv.append("--overlap")
     task = container.command(cfg, run_root, python)
     return [*argv, *c.srun_args, *container.srun_words(task), task.python, "-u", "-m",
-            "hpc_ddp.rank.step_main"]
+            "hpc_ddp.rank.main.step"]
 
 
 def step_environment(environ: Mapping[str, str], alloc: Allocation,
@@ -166,14 +165,14 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
     """Start the step (srun in its own session: the terminal's Ctrl-C reaches this process,
     which stops the step properly); returns its handle at once."""
     from hpc_ddp.config.compose import to_yaml
-    from hpc_ddp.rank.task import TrainingTask
+    from hpc_ddp.rank.main.task import training_task
 
     alloc = current()
     check(cfg, alloc)
     run.submitit.mkdir(parents=True, exist_ok=True)
     task_file = run.submitit / f"step-{uuid.uuid4().hex[:12]}.pkl"
     with open(task_file, "wb") as handle:
-        pickle.dump(task or TrainingTask(to_yaml(cfg), str(run.root)), handle)
+        pickle.dump(task or training_task(to_yaml(cfg), str(run.root)), handle)
     from hpc_ddp.launch import container
 
     argv = command(cfg, alloc, sys.executable, run.root)
@@ -223,7 +222,6 @@ def stop(run: RunDir, pid: int, started: int | None, grace_s: float, since: floa
     them ("forcing job termination"). Whatever still runs after ``grace_s`` is ended by
     ending srun. The step's id is what rank 0 recorded (once it joined)."""
     from hpc_ddp.launch.local import stop as end_process
-    from hpc_ddp.procs import pid_alive
 
     record = _rank0_record(run, since)
     step = str(record.get("job_id", "")) if record else ""
@@ -242,7 +240,6 @@ def stop(run: RunDir, pid: int, started: int | None, grace_s: float, since: floa
 
 def _rank0_record(run: RunDir, since: float) -> dict[str, Any] | None:
     """Rank 0's record of this step (not one an earlier step of the run dir left)."""
-    from hpc_ddp.rundir import read_json
 
     path = run.ranks / "rank0.json"
     try:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hpc_ddp.config.messages import group_options
+from hpc_ddp.config.messages import group_options, user_error
 from hpc_ddp.errors import UserError
 
 
@@ -34,7 +34,6 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as exc:
-        from hpc_ddp.config.messages import user_error
 
         raise user_error(exc, overrides) from None
     axes: list[list[tuple[str, str, bool]]] = []

@@ -138,7 +138,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     kind = plans[0].cfg.cluster.kind
     if kind == "slurm":
         from hpc_ddp.launch.slurm import check_client
-        from hpc_ddp.launch.slurm_fit import check
+        from hpc_ddp.slurm.fit import check
 
         check_client(environ)
         # One sinfo for the whole sweep: a point no node can run is refused before any is sent.
@@ -265,9 +265,9 @@ def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
 def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
                    environ: Mapping[str, str], phases: Phases) -> None:
     """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
+    from hpc_ddp.inputs.run_dir import write_run_config
     from hpc_ddp.launch import slurm
-    from hpc_ddp.launch.resolve import write_run_config
-    from hpc_ddp.rank.task import TrainingTask
+    from hpc_ddp.rank.main.task import training_task
 
     for indices, executor in _arrays(plans, folder, environ):
         with phases.timed("folders"):
@@ -277,7 +277,7 @@ def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path
         try:
             with phases.timed("submission (pickles, sbatch)"), secrets.exported(hidden), \
                     slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
-                jobs = [executor.submit(TrainingTask(texts[i], str(plans[i].run_dir.root)))
+                jobs = [executor.submit(training_task(texts[i], str(plans[i].run_dir.root)))
                         for i in indices]
             phases.count("sbatch calls")
         except UserError as refused:
@@ -354,7 +354,7 @@ def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, o
                 ok = run.state == "COMPLETED"
                 failed += not ok
                 summary = run.summary() or {}
-                from hpc_ddp.follow import summary_line
+                from hpc_ddp.rank.supervise.outcome import summary_line
 
                 print(f"point {i}: {'done' if ok else 'FAILED'}"
                       + (f"  {summary_line(summary)}" if summary else ""), file=out, flush=True)

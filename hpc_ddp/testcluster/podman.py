@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import resource
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +87,6 @@ def prepare(state_dir: Path, python_prefix: Path | None = None) -> PodmanSetup:
 
 def leftover_containers(setup: PodmanSetup, env: dict[str, str]) -> list[str]:
     """Containers still in the private store (each test's `--rm` should leave none)."""
-    import subprocess
 
     done = subprocess.run(["podman", "ps", "-a", "-q"], env={**env, **setup.env},
                           capture_output=True, text=True, timeout=60, check=False)

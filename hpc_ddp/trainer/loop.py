@@ -2,7 +2,7 @@
 
 ``Trainer.train`` reads like a table of contents; every counter that matters for an exact
 resume (step, epoch, position inside the epoch, log window) is in ``state_dict``, and each
-rank's RNG streams go in a file of its own (ckpt_writer.py). The performance settings
+rank's RNG streams go in a file of its own (rank/services/ckpt_writer.py). The performance settings
 (precision, memory format, DDP options, compilation, optimizer kernel, allocator) are
 resolved in ``ddp_setup``. Nothing in a step waits for the GPU or for the other ranks
 beyond DDP's own all-reduce: the periodic log and stop-agreement collective is read a step
@@ -18,15 +18,14 @@ import math
 import time
 from typing import Any
 
-from hpc_ddp import events
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
-from hpc_ddp.rank import checkpoint, rng, stopping, window_sync
-from hpc_ddp.rank.ckpt_writer import CheckpointWriter
-from hpc_ddp.rank.ddp_warmup import settle_buckets
-from hpc_ddp.rank.distenv import DistEnv
-from hpc_ddp.rank.metrics import MetricsWriter
+from hpc_ddp.rank.join.distenv import DistEnv
+from hpc_ddp.rank.services import checkpoint, rng, stopping, window_sync
+from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
+from hpc_ddp.rank.services.ddp_warmup import settle_buckets
+from hpc_ddp.rank.services.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
@@ -37,7 +36,6 @@ from hpc_ddp.trainer.optim import build_optimizer, build_scheduler, load_optimiz
 
 log = logging.getLogger(__name__)
 # Seconds between rewrites of progress.json (the last step's is always written).
-PROGRESS_EVERY_S = 1.0
 
 
 class Trainer:
@@ -90,12 +88,10 @@ class Trainer:
         self.restarts: list[dict[str, Any]] = []
         self.resumed_from_step: int | None = None
         self.checkpoint_step: int | None = None
-        self._pending: window_sync.Reduction | None = None  # see _start_reduction
+        self._sync = window_sync.Periodic()  # see _start_reduction
         self._settled = False
-        self._stop_agreed = stopping.NONE
-        self.writer = CheckpointWriter(run.checkpoints, env.rank, env.world_size,
-                                       t.keep_checkpoints, env.restart, t.collective_timeout_s,
-                                       t.checkpoint_background)
+        self.writer = CheckpointWriter.from_config(t, run.checkpoints, env.rank,
+                                                   env.world_size, env.restart)
 
     # -- state ---------------------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:
@@ -139,7 +135,7 @@ class Trainer:
                         state["world_size"], self.env.world_size)
 
     def _restore_streams(self, step: int) -> None:
-        """This rank's random streams of ``step``, from its own file (checkpoint.py)."""
+        """This rank's random streams of ``step``, from its own file (services/checkpoint)."""
         streams = checkpoint.load_streams(self.run.checkpoints, self.env.rank, step)
         if streams is None:
             log.warning("rank %d restarts its random streams: the run is no longer bitwise "
@@ -151,16 +147,13 @@ class Trainer:
         # Onto the CPU: RNG states must stay CPU byte tensors, and load_state_dict moves the
         # weights and optimizer state to the parameters' device itself (optimizer step
         # counters stay on the CPU where torch wants them there).
-        state, skipped = checkpoint.load_usable(self.run.checkpoints, "cpu",
-                                                accept=self.load_state_dict)
-        if skipped and self.env.is_master:
-            events.append(self.run.root, checkpoint.fallback_event(
-                skipped, None if state is None else self.global_step, self.env.restart))
+        state = checkpoint.load_for_resume(self.run, self.env.is_master, self.env.restart,
+                                           accept=self.load_state_dict,
+                                           step_of=lambda _: self.global_step)
         if state is None:
             return
         self.resumed_from_step = self.checkpoint_step = self.global_step
-        self.restarts.append({"from_step": self.global_step, "cause": cause,
-                              "time": time.time()})
+        self.restarts.append(checkpoint.restart_record(self.global_step, cause))
         log.info("resumed from step %d (epoch %d, batch %d of the epoch)", self.global_step,
                  self.epoch, self.micro_in_epoch)
 
@@ -193,11 +186,10 @@ class Trainer:
         self._settle_buckets()
         self.started = self._window_start = time.perf_counter()
         self.samples_at_start = self.samples_seen
-        self._progress_written = -math.inf
 
     def _settle_buckets(self) -> None:
-        """DDP's final gradient buckets before the first real step (ddp_warmup.py), so a
-        resumed run sums gradients exactly as the uninterrupted one."""
+        """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
+        a resumed run sums gradients exactly as the uninterrupted one."""
         import torch
 
         if self._settled:
@@ -217,7 +209,7 @@ class Trainer:
         is the cause, so neither the log reduction (a dead peer never joins it) nor the
         checkpoint being written (only logged if it fails) replaces it."""
         if not finished:
-            self._pending = None
+            self._sync.drop()
         try:
             self.writer.wait()  # a checkpoint still being written is on disk before we go
         except Exception as exc:
@@ -310,12 +302,12 @@ class Trainer:
         # finished run's checkpoint holds its final metrics too.
         if self.global_step % t.checkpoint_interval == 0 and not last:
             self.save_checkpoint()
-        if self._stop_agreed != stopping.NONE:
+        if self._sync.agreed != stopping.NONE:
             self._stop()
 
     def _stop(self) -> None:
         """The ranks agreed that one of them was signalled: all stop here, checkpointed."""
-        code = self._stop_agreed
+        code = self._sync.agreed
         log.warning("stop requested (%s): checkpointing at step %d", "SIGTERM" if code ==
                     stopping.TERM else "requeue signal", self.global_step)
         if self.checkpoint_step != self.global_step:
@@ -329,29 +321,25 @@ class Trainer:
         raise stopping.StopTraining(code, self.global_step)
 
     def _start_reduction(self, log_now: bool, stop_code: int | None) -> None:
-        """Launch this step's collective (window_sync.py): the log window's sums and/or the
-        stop agreement; read at the next step or before anything that needs the result."""
+        """Launch this step's collective (services/window_sync): the log window's sums and/or
+        the stop agreement; read at the next step or before anything that needs the result."""
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         w: dict[str, Any] = self.window if log_now else {"loss_sum": 0.0, "count": 0,
                                                          "samples": 0}
-        self._pending = window_sync.start(
+        self._sync.launch(window_sync.start(
             w["loss_sum"], w["count"], w["samples"], stop_code, self.device,
             step=self.global_step, epoch=self.epoch, lr=self.scheduler.get_last_lr()[0],
-            elapsed_s=elapsed, log=log_now)
+            elapsed_s=elapsed, log=log_now))
         if log_now:
             self._window_start = now
             self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
 
     def _finish_reduction(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        loss_sum, count, samples, code = pending.result()
-        if code is not None:
-            self._stop_agreed = max(self._stop_agreed, code)
-        if pending.log:
-            self._write_log(pending, loss_sum, count, samples)
+        done = self._sync.read()
+        if done is not None and done[0].log:
+            pending, sums = done
+            self._write_log(pending, sums.loss_sum, sums.batches, sums.samples)
 
     def _write_log(self, p: window_sync.Reduction, loss_sum: float, count: float,
                    samples: float) -> None:
@@ -360,13 +348,9 @@ class Trainer:
         values = {"train/loss": self.last_train_loss, "train/lr": p.lr,
                   "train/samples_per_s": samples / p.elapsed_s}
         self.metrics.scalars(p.step, values)
-        now = time.monotonic()
-        # progress.json is polled by `follow` about twice a second: rewriting it more often
-        # than once a second only costs rank 0 time (an atomic replace, ~0.5 ms).
-        if now - self._progress_written >= PROGRESS_EVERY_S or p.step >= self.total_steps:
-            self._progress_written = now
-            self.metrics.write_progress(p.step, p.epoch,
-                                        {k.split("/")[1]: v for k, v in values.items()})
+        self.metrics.write_progress(p.step, p.epoch,
+                                    {k.split("/")[1]: v for k, v in values.items()},
+                                    force=p.step >= self.total_steps)
         log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", p.step,
                  self.total_steps, p.epoch, self.last_train_loss, p.lr,
                  values["train/samples_per_s"])
@@ -388,7 +372,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """Every rank, at the same step: rank 0's state and each rank's random streams are
-        copied to the CPU here and written in the background (ckpt_writer.py)."""
+        copied to the CPU here and written in the background (rank/services/ckpt_writer.py)."""
         self._finish_reduction()  # on every rank: its result is awaited by all
         state = self.state_dict() if self.env.is_master else None
         self.writer.save(self.global_step, state, rng.capture(self._generators()))

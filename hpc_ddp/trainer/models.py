@@ -8,9 +8,11 @@ measures the per-step overhead with it.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from hpc_ddp.config.schema import ModelConfig
+from hpc_ddp.errors import UserError
 
 
 def build_model(cfg: ModelConfig, image_size: int, num_classes: int | None = None) -> Any:
@@ -69,7 +71,6 @@ def builtin_model(name: str, num_classes: int, image_size: int) -> Any:
 def check_classes(cfg: Any, data_classes: int | None) -> int | None:
     """The classes the model predicts: the config's where it says, else the data's. A config
     and data set that disagree are refused (UserError naming both)."""
-    from hpc_ddp.errors import UserError
 
     m = cfg.model
     given = m.num_classes if m.target is None else m.kwargs.get("num_classes")
@@ -100,11 +101,9 @@ def is_conv_net(model: Any) -> bool:
 
 def torchvision_model(arch: str, num_classes: int | None = None, **kwargs: Any) -> Any:
     """torchvision.models.get_model(arch), randomly initialised (nothing is downloaded)."""
-    import difflib
 
     from torchvision import models
 
-    from hpc_ddp.errors import UserError
 
     known = models.list_models()
     if arch not in known:
@@ -118,7 +117,6 @@ def torchvision_model(arch: str, num_classes: int | None = None, **kwargs: Any) 
 
 def timm_model(arch: str, num_classes: int | None = None, **kwargs: Any) -> Any:
     """timm.create_model(arch), randomly initialised; timm is optional (pip install timm)."""
-    from hpc_ddp.errors import UserError
 
     try:
         import timm

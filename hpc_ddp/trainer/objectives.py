@@ -8,6 +8,7 @@ the means over the whole eval set, so every sample counts once whatever the shar
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,6 @@ def build_metrics(cfg: MetricsConfig) -> Metrics | None:
 def _callable(part: str, target: str, kwargs: dict[str, Any]) -> Any:
     """A class is instantiated with its arguments (torch.nn.MSELoss()); a function is used as
     it is, bound to its arguments (`_partial_` implied: a loss is called with the batch)."""
-    import inspect
 
     from hpc_ddp.targets import TargetError, build, locate
 

@@ -3,7 +3,7 @@
 A run can write its summary and still end FAILED in Slurm (a task that aborted at exit did
 exactly that); ``afterok`` dependencies, dashboards built on sacct and the user read Slurm's
 state, so the tests do too. Plain sacct, parsed here: the check does not go through
-hpc_ddp's own reading of Slurm (launch/slurm_state.py), which it would then trust.
+hpc_ddp's own reading of Slurm (slurm/state.py), which it would then trust.
 """
 
 from __future__ import annotations

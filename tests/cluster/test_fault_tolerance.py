@@ -22,7 +22,7 @@ import torch
 
 from hpc_ddp import events
 from hpc_ddp.hostlist import expand
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
 

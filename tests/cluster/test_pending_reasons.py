@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.api import Run, RunFailed
-from hpc_ddp.launch import slurm_fit
+from hpc_ddp.slurm import fit as slurm_fit
 from hpc_ddp.status import main as status
 from hpc_ddp.submit import main as submit_main
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hpc_ddp import events
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,

@@ -40,7 +40,7 @@ def nccl_group() -> Iterator[torch.device]:
 
 def _trainer(overrides: list[str], folder: Path, device: torch.device) -> Any:
     from hpc_ddp.config.compose import compose
-    from hpc_ddp.rank.distenv import DistEnv
+    from hpc_ddp.rank.join.distenv import DistEnv
     from hpc_ddp.rundir import RunDir
     from hpc_ddp.trainer.loop import Trainer
 

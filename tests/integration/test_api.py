@@ -48,7 +48,7 @@ def test_wait_timeout_and_cancel(tmp_path: Path) -> None:
     assert run.cancel() is False  # nothing left to cancel
     stops = [e for e in run.events() if e["kind"] == "stop"]
     assert len(stops) == 1 and stops[0]["cause"].startswith("SIGTERM")
-    from hpc_ddp.rank import checkpoint
+    from hpc_ddp.rank.services import checkpoint
 
     latest = checkpoint.latest_path(run.files.checkpoints)
     assert latest is not None and latest.name == f"step_{stops[0]['step']:09d}.pt"

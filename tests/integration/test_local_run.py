@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 from tests.conftest import REPO, command_env
 
 Run = Callable[..., subprocess.CompletedProcess[str]]

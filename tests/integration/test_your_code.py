@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hpc_ddp as api
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 from tests.conftest import REPO
 from tests.integration.test_local_run import tb_scalars
 
@@ -131,7 +131,7 @@ def test_a_notebook_function_is_pickled_and_run(tmp_path: Path) -> None:
     summary = run.wait(progress=False)
     assert summary["world"] == 2 and sorted(p.name for p in marker.iterdir()) == ["rank0",
                                                                                   "rank1"]
-    assert "entry: hpc_ddp.rank.entry:from_pickle" in (tmp_path / "run" / "config.yaml"
+    assert "entry: hpc_ddp.rank.main.entry:from_pickle" in (tmp_path / "run" / "config.yaml"
                                                        ).read_text()
 
 

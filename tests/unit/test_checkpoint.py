@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpc_ddp.rank import checkpoint
+from hpc_ddp.rank.services import checkpoint
 
 
 def test_save_points_latest_and_keeps_k(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_no_checkpoint_is_none(tmp_path: Path) -> None:
 # and before os.replace: the moment a non-atomic writer would lose everything.
 _KILLED_BEFORE_REPLACE = textwrap.dedent("""
     import os, signal, sys, torch
-    from hpc_ddp.rank import checkpoint
+    from hpc_ddp.rank.services import checkpoint
     folder = sys.argv[1]
     from pathlib import Path
     checkpoint.save({"step": 1}, Path(folder), 1, keep=3)
@@ -76,7 +76,8 @@ def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
         pytest.skip("mounting a small tmpfs needs root")
     mount = tmp_path / "small"
     mount.mkdir()
-    # mode 755: a world-writable tmpfs (its default 1777) would be refused (trusted.py).
+    # mode 755: a world-writable tmpfs (its default 1777) would be refused
+    # (rank/services/trusted.py).
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=755", "tmpfs", str(mount)],
                    check=True)
     try:

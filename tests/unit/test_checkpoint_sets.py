@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hpc_ddp.rank import checkpoint, rng, trusted
-from hpc_ddp.rank.checkpoint import CheckpointError
-from hpc_ddp.rank.ckpt_writer import CheckpointWriter, snapshot
-from hpc_ddp.rank.trusted import UntrustedCheckpoint
+from hpc_ddp.rank.services import checkpoint, rng, trusted
+from hpc_ddp.rank.services.checkpoint import CheckpointError
+from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter, snapshot
+from hpc_ddp.rank.services.trusted import UntrustedCheckpoint
 
 
 def writers(folder: Path, world: int, **kwargs: Any) -> list[CheckpointWriter]:
@@ -179,7 +179,7 @@ def test_a_resume_of_a_checkpoint_others_could_write_is_refused_at_submission(
 
     from hpc_ddp.config.compose import compose
     from hpc_ddp.errors import UserError
-    from hpc_ddp.launch.resume_check import check_resumable
+    from hpc_ddp.inputs.resume_check import check_resumable
     from hpc_ddp.rundir import RunDir
 
     run = RunDir(tmp_path)

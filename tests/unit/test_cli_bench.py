@@ -180,3 +180,18 @@ def test_bench_data_options_are_checked(args: list[str], said: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["data", *args]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_script_rounds_are_compared_pair_by_pair() -> None:
+    from hpc_ddp.bench.entries import paired
+
+    # A machine whose load drifts: each round's two legs move together.
+    ours, bare = [990.0, 1485.0, 1188.0, 1386.0, 1089.0, 1584.0], [1000.0, 1500.0, 1200.0,
+                                                                  1400.0, 1100.0, 1600.0]
+    figures = paired(ours, bare)
+    assert figures["ratio"] == pytest.approx(0.99) and figures["ratio_min"] == pytest.approx(0.99)
+    assert figures["srun_samples_per_s"] == 1300.0  # the median of the bare legs
+    assert figures["srun_spread"] == pytest.approx(600 / 1300)
+    # The medians' ratio would say 1287/1300 = 0.99 here too, but not when one leg drifts.
+    drift = paired([1000.0, 1000.0, 1000.0], [900.0, 1000.0, 1100.0])
+    assert drift["ratio"] == 1.0 and drift["ratio_min"] == pytest.approx(1000 / 1100)

@@ -126,7 +126,7 @@ def test_a_step_of_an_allocation_runs_in_the_container_too() -> None:
                         alloc, "/usr/bin/python3", RUN)
     start = argv.index("apptainer")
     assert argv[0] == "srun" and argv[start + 1] == "exec"
-    assert argv[-4:] == ["python", "-u", "-m", "hpc_ddp.rank.step_main"]
+    assert argv[-4:] == ["python", "-u", "-m", "hpc_ddp.rank.main.step"]
 
 
 def test_the_relay_starts_only_with_a_container() -> None:

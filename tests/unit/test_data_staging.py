@@ -15,7 +15,7 @@ import pytest
 
 from hpc_ddp.data import stage_node, staging
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.join.distenv import DistEnv
 
 
 def alone(node: int = 0) -> DistEnv:

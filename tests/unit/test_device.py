@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.rank.device import (
+from hpc_ddp.rank.join.device import (
     DeviceError,
     collisions,
     gpu_allocated,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.rank.distenv import LaunchError, detect
+from hpc_ddp.rank.join.distenv import LaunchError, detect
 
 SLURM_STEP = {
     "SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
@@ -126,7 +126,7 @@ def test_which_tasks_run_their_training_under_a_supervisor(
     import dataclasses
 
     from hpc_ddp.config.schema import Config
-    from hpc_ddp.rank.supervised import wanted
+    from hpc_ddp.rank.supervise.program import wanted
 
     cfg = Config()
     cfg = dataclasses.replace(

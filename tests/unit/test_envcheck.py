@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.rank import envcheck
-from hpc_ddp.rank.envcheck import EnvironmentMismatch, Fingerprint
+from hpc_ddp.rank.join import envcheck
+from hpc_ddp.rank.join.envcheck import EnvironmentMismatch, Fingerprint
 from tests.unit.test_rendezvous import Recording, env_of
 
 BASE = Fingerprint({"python": "3.11.7", "torch": "2.4.1", "cuda": "12.4", "nccl": "2.21.5",

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from hpc_ddp.procs import pid_alive, start_time
-from hpc_ddp.rank.diagnose import LOCAL_MARK, is_comm_failure, own_error, peer_error, worth_requeue
+from hpc_ddp.rank.supervise.diagnose import (
+    LOCAL_MARK,
+    is_comm_failure,
+    own_error,
+    peer_error,
+    worth_requeue,
+)
 
 GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
                             "Timed out waiting 20000ms for recv operation to complete")
@@ -49,7 +55,7 @@ def test_own_error_keeps_the_whole_message_within_bounds() -> None:
 
 def test_peer_error_is_one_store_key_or_rank_0s_file(tmp_path: Path) -> None:
     from hpc_ddp.bench.recording import RecordingStore
-    from hpc_ddp.rank.diagnose import publish_own_failure
+    from hpc_ddp.rank.supervise.diagnose import publish_own_failure
 
     store = RecordingStore()
     assert peer_error(store, tmp_path) is None

@@ -15,8 +15,8 @@ import pytest
 from hpc_ddp import events
 from hpc_ddp.bench.recording import RecordingStore, SimulatedTime, SlurmCalls
 from hpc_ddp.bench.scale_world import JOB, World, _rank, address
-from hpc_ddp.rank.diagnose import fallback_reporter
-from hpc_ddp.rank.outcome import after_failure
+from hpc_ddp.rank.supervise.diagnose import fallback_reporter
+from hpc_ddp.rank.supervise.outcome import after_failure
 
 SIZE = 16
 

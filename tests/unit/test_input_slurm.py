@@ -12,8 +12,8 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import slurm
 from hpc_ddp.launch.resolve import resolve
-from hpc_ddp.launch.slurm_state import JobState, SlurmJobView
 from hpc_ddp.rundir import RunDir
+from hpc_ddp.slurm.state import JobState, SlurmJobView
 from tests.conftest import compose_refusal
 
 

@@ -33,27 +33,6 @@ def test_no_module_is_too_long() -> None:
     assert not long, f"split these modules: {long}"
 
 
-# The submit side (what runs where `submit` is typed) -> the rank side (what runs on every
-# rank), never back: a rank never needs the code that plans and submits jobs.
-SUBMIT_SIDE = ("hpc_ddp.launch", "hpc_ddp.sweep", "hpc_ddp.api", "hpc_ddp.submit",
-               "hpc_ddp.status", "hpc_ddp.follow", "hpc_ddp.doctor", "hpc_ddp.bench")
-RANK_SIDE = ("rank", "trainer", "data", "config")
-
-
-def test_rank_side_never_imports_the_submit_side() -> None:
-    import ast
-
-    found = []
-    for package in RANK_SIDE:
-        for path in sorted((REPO / "hpc_ddp" / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
-                         [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-                found += [f"{path.relative_to(REPO)}: {name}" for name in names
-                          if name.startswith(SUBMIT_SIDE)]
-    assert not found, found
-
-
 # A reader of the project has the repository only: comments and docs cite a page of docs/ or
 # an upstream link, never notes kept outside it (the pattern does not match its own text).
 OUTSIDE = re.compile(r"\b(FIELD|STYLE|TESTCLUSTER)\.md\b|/work/(shared|main)\b")

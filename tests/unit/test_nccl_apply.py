@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.config.nccl_schema import NcclConfig
-from hpc_ddp.rank import nccl, nodeinfo
-from hpc_ddp.rank.nodeinfo import IbPort, NetIf, NodeInfo
+from hpc_ddp.rank.join import nccl, nodeinfo
+from hpc_ddp.rank.join.nodeinfo import IbPort, NetIf, NodeInfo
 from tests.unit.test_nodeinfo import make_sysfs
 
 AUTO = NcclConfig(profile="auto", detect=True)
@@ -73,7 +73,7 @@ def test_apply_auto_on_a_tree_logs_each_choice(tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     root = make_sysfs(tmp_path, {"mlx5_0:1": "ACTIVE", "mlx5_1:1": "DOWN"})
     environ = {"NCCL_DEBUG": "INFO"}
-    with caplog.at_level(logging.INFO, logger="hpc_ddp.rank.nccl"):
+    with caplog.at_level(logging.INFO, logger="hpc_ddp.rank.join.nccl"):
         changes = nccl.apply(AUTO, environ, root)
     assert environ == {"NCCL_DEBUG": "INFO", "NCCL_IB_HCA": "=mlx5_0:1",
                        "NCCL_NET_GDR_LEVEL": "PHB"}
@@ -85,7 +85,7 @@ def test_override_of_an_export_is_logged_with_both_values(
         caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     environ = {"NCCL_SOCKET_IFNAME": "eth1", "NCCL_API_TOKEN": "old"}
     cfg = NcclConfig(profile="site", socket_ifname="=eth0", env={"NCCL_API_TOKEN": "new"})
-    with caplog.at_level(logging.INFO, logger="hpc_ddp.rank.nccl"):
+    with caplog.at_level(logging.INFO, logger="hpc_ddp.rank.join.nccl"):
         nccl.apply(cfg, environ, make_sysfs(tmp_path))
     assert "NCCL_SOCKET_IFNAME==eth0 overrides the exported eth1 (profile site)" in caplog.text
     assert "NCCL_API_TOKEN=**** overrides the exported ****" in caplog.text
@@ -94,7 +94,7 @@ def test_override_of_an_export_is_logged_with_both_values(
 
 def test_config_warnings_reach_the_rank_log(caplog: pytest.LogCaptureFixture,
                                             tmp_path: Path) -> None:
-    with caplog.at_level(logging.WARNING, logger="hpc_ddp.rank.nccl"):
+    with caplog.at_level(logging.WARNING, logger="hpc_ddp.rank.join.nccl"):
         nccl.apply(NcclConfig(env={"NCCL_BLOCKING_WAIT": "1"}), {}, make_sysfs(tmp_path))
     assert "NCCL_BLOCKING_WAIT is deprecated" in caplog.text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpc_ddp.rank.netif import gloo_interface
+from hpc_ddp.rank.join.netif import gloo_interface
 
 # name -> the interface the kernel routes it through, on the node asking
 ROUTES = {"node1": "eth0", "node2": "eth0", "127.0.0.1": "lo", "ib-node1": "ib0"}

@@ -13,7 +13,8 @@ import pytest
 
 from hpc_ddp.config.schema import ClusterConfig
 from hpc_ddp.launch import nodeenv
-from hpc_ddp.rank import requeue, slurm_relay
+from hpc_ddp.slurm import relay as slurm_relay
+from hpc_ddp.slurm import requeue
 
 
 def run_wrapped(cluster: ClusterConfig, errors: Path | None, env: dict[str, str],

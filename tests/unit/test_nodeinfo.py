@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.rank import nodeinfo
-from hpc_ddp.rank.nodeinfo import IbPort, NetIf, NodeInfo
+from hpc_ddp.rank.join import nodeinfo
+from hpc_ddp.rank.join.nodeinfo import IbPort, NetIf, NodeInfo
 
 
 def make_sysfs(root: Path, ports: dict[str, str] | None = None, link_layer: str = "InfiniBand",

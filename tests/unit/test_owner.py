@@ -10,7 +10,7 @@ import pytest
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.procs import start_time
-from hpc_ddp.rank import owner
+from hpc_ddp.rank.join import owner
 
 SLURM_7 = {"kind": "slurm", "job": "7", "host": "node1"}
 

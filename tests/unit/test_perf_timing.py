@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from hpc_ddp.bench import train as bench
+from hpc_ddp.bench import train_plan
 from hpc_ddp.bench.train_report import combine, overhead_of, rows_of, table
 from hpc_ddp.errors import UserError
 from hpc_ddp.trainer.loop_timing import StepTimer, Window
@@ -118,12 +119,12 @@ def test_variant_overrides_are_checked() -> None:
     from hpc_ddp.config.compose import compose
 
     cfg = compose([])
-    assert bench.with_overrides(cfg, ["trainer.precision=fp32"]).trainer.precision == "fp32"
+    assert train_plan.with_overrides(cfg, ["trainer.precision=fp32"]).trainer.precision == "fp32"
     with pytest.raises(UserError):
-        bench.with_overrides(cfg, ["trainer.precision=fp8"])
+        train_plan.with_overrides(cfg, ["trainer.precision=fp8"])
     with pytest.raises(UserError):
-        bench.with_overrides(cfg, ["trainer.nope=1"])
-    assert bench.replace_model(cfg, "null").model.name == "null"
+        train_plan.with_overrides(cfg, ["trainer.nope=1"])
+    assert train_plan.replace_model(cfg, "null").model.name == "null"
 
 
 def test_the_checkpoint_stall_is_per_checkpoint_against_tuned() -> None:

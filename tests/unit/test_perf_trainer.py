@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.models import builtin_model
@@ -129,7 +129,7 @@ def test_static_graph_with_accumulation_is_refused() -> None:
 @pytest.mark.parametrize("log_interval", [4, 3])
 def test_an_agreed_stop_checkpoints_and_raises(group: None, tmp_path: Path,
                                                log_interval: int) -> None:
-    from hpc_ddp.rank import checkpoint, stopping
+    from hpc_ddp.rank.services import checkpoint, stopping
     from hpc_ddp.trainer.loop import Trainer
 
     cfg = compose([*SMALL, "trainer.stop_check_interval=4",

@@ -9,7 +9,7 @@ import textwrap
 
 CHILD = textwrap.dedent("""
     import os, signal, sys
-    from hpc_ddp.rank.quiet_stderr import NOISE, filter_stderr
+    from hpc_ddp.rank.join.quiet_stderr import NOISE, filter_stderr
     assert filter_stderr() and filter_stderr()  # once per process
     os.write(2, f"[W socket.cpp:207] [c10d] {NOISE}. err=-3\\n".encode())
     print("kept: python", file=sys.stderr)

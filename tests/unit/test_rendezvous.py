@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from hpc_ddp.rank import netif, rendezvous
-from hpc_ddp.rank.distenv import DistEnv
+from hpc_ddp.rank.join import netif, rendezvous
+from hpc_ddp.rank.join.distenv import DistEnv
 
 
 @functools.cache

@@ -8,13 +8,8 @@ import pytest
 
 from hpc_ddp.config.compose import compose
 from hpc_ddp.errors import UserError
-from hpc_ddp.launch.resolve import (
-    check_local_gpus,
-    check_run_dir,
-    merge_resume_overrides,
-    resolve,
-    write_run_config,
-)
+from hpc_ddp.inputs.run_dir import check_run_dir, write_run_config
+from hpc_ddp.launch.resolve import check_local_gpus, merge_resume_overrides, resolve
 from hpc_ddp.rundir import RunDir
 
 NO_SLURM = {"PATH": "/nonexistent"}

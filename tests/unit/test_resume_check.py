@@ -8,9 +8,9 @@ import pytest
 
 from hpc_ddp.config.compose import compose
 from hpc_ddp.errors import UserError
-from hpc_ddp.launch.resolve import write_run_config
-from hpc_ddp.launch.resume_check import check_resumable
-from hpc_ddp.rank.checkpoint import LATEST
+from hpc_ddp.inputs.resume_check import check_resumable
+from hpc_ddp.inputs.run_dir import write_run_config
+from hpc_ddp.rank.services.checkpoint import LATEST
 from hpc_ddp.rundir import RunDir
 
 FIRST = ["cluster=local", "model=tiny_cnn", "trainer.max_steps=50"]

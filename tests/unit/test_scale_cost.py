@@ -11,7 +11,7 @@ import pytest
 
 from hpc_ddp.bench.recording import FileRecorder, RecordingStore, SimulatedTime, StoreGone
 from hpc_ddp.bench.scale_world import SCENARIOS, Cost, World
-from hpc_ddp.rank.diagnose import fallback_reporter
+from hpc_ddp.rank.supervise.diagnose import fallback_reporter
 
 WORLDS = (8, 64, 512, 8192)
 # Bytes may grow with the digits of a rank number ("rank 8191" vs "rank 7"), no more.

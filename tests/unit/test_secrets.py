@@ -82,7 +82,7 @@ def test_overrides_keep_references_and_leave_other_keys_alone() -> None:
 
 def test_a_reference_is_read_from_the_ranks_environment() -> None:
     from hpc_ddp.config.nccl_schema import NcclConfig
-    from hpc_ddp.rank.nccl import planned_changes
+    from hpc_ddp.rank.join.nccl import planned_changes
 
     cfg = NcclConfig(extra_env={"HF_TOKEN": "${oc.env:HF_TOKEN}", "X_KEY": "${oc.env:NOPE}"})
     changes = planned_changes(cfg, {"HF_TOKEN": KEY})
@@ -94,7 +94,7 @@ def test_a_reference_is_read_from_the_ranks_environment() -> None:
 
 def test_the_rank_log_masks_the_values_of_secret_variables(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpc_ddp.rank import ranklog
+    from hpc_ddp.rank.join import ranklog
 
     monkeypatch.setenv("SERVICE_PASSWORD", KEY)
     ranklog.setup(tmp_path / "rank0.log", 0, "node1", echo=False)

@@ -141,7 +141,7 @@ def group() -> Any:
 def test_the_trainer_resumes_mid_epoch_bitwise(packed: Path, tmp_path: Path,
                                                group: None) -> None:
     from hpc_ddp.config.compose import compose
-    from hpc_ddp.rank.distenv import DistEnv
+    from hpc_ddp.rank.join.distenv import DistEnv
     from hpc_ddp.rundir import RunDir
     from hpc_ddp.trainer.loop import Trainer
 

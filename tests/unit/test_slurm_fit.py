@@ -11,10 +11,10 @@ import pytest
 
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import ClusterConfig, Config
-from hpc_ddp.launch import slurm_fit
 from hpc_ddp.launch.resolve import resolve
-from hpc_ddp.launch.slurm_fit import NodeGroup, Partition, Request, parse_sinfo, problem
-from hpc_ddp.launch.slurm_reasons import explain
+from hpc_ddp.slurm import fit as slurm_fit
+from hpc_ddp.slurm.fit import NodeGroup, Partition, Request, parse_sinfo, problem
+from hpc_ddp.slurm.reasons import explain
 from tests.unit.slurm_records import (
     SBATCH_CPUS,
     SBATCH_FEATURE,
@@ -261,7 +261,7 @@ def test_sbatch_refusals_name_the_key(tmp_path: Path, stderr: str, asks: dict[st
                                       start: str) -> None:
     from submitit.core.utils import FailedJobError
 
-    from hpc_ddp.launch.sbatch_refusal import refusal
+    from hpc_ddp.slurm.refusal import refusal
 
     folder, _ = fake_slurm(tmp_path / "bin", {"scontrol": "Slurmctld(primary) at ctl is UP",
                                               "sbatch": ""})
@@ -273,7 +273,7 @@ def test_sbatch_refusals_name_the_key(tmp_path: Path, stderr: str, asks: dict[st
 def test_a_node_configuration_refusal_is_diagnosed_with_sinfo(tmp_path: Path) -> None:
     from submitit.core.utils import FailedJobError
 
-    from hpc_ddp.launch.sbatch_refusal import refusal
+    from hpc_ddp.slurm.refusal import refusal
 
     folder, _ = fake_slurm(tmp_path / "bin", {"scontrol": "Slurmctld(primary) at ctl is UP",
                                               "sbatch": "", "sinfo": SINFO_2205})

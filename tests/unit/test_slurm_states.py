@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.launch.slurm_state import (
+from hpc_ddp.slurm.state import (
     JobState,
     normalise,
     parse_sacct,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpc_ddp.config.schema import NcclConfig, SchedulerConfig
-from hpc_ddp.rank.nccl import mask, planned_changes, recorded_env
+from hpc_ddp.rank.join.nccl import mask, planned_changes, recorded_env
 from hpc_ddp.trainer.optim import lr_factor
 
 

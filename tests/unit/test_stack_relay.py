@@ -1,4 +1,4 @@
-"""The supervisor's stack relay (rank/supervised.py StackRelay), on real TCPStores.
+"""The supervisor's stack relay (rank/supervise/supervisor.py StackRelay), on real TCPStores.
 
 It signals its own training process when that rank's stacks are asked for, not when another
 rank's are; and it ends before the supervisor exits. The last is what made supervised runs
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from hpc_ddp.rank import rendezvous, stacks
-from hpc_ddp.rank.script import Child
-from hpc_ddp.rank.supervised import StackRelay
+from hpc_ddp.rank.join import rendezvous
+from hpc_ddp.rank.services import stacks
+from hpc_ddp.rank.supervise.supervisor import Child, StackRelay
 
 # A training process that exits 7 on SIGUSR1 (the stack signal here), else after 60 s.
 WAITS_FOR_USR1 = ("import signal, sys, time; "
@@ -90,9 +90,9 @@ def test_a_supervisor_whose_store_goes_away_while_it_exits_exits_cleanly(
         from datetime import timedelta
         from types import SimpleNamespace
         import torch.distributed as dist
-        from hpc_ddp.rank import rendezvous
-        from hpc_ddp.rank.script import Child
-        from hpc_ddp.rank.supervised import StackRelay
+        from hpc_ddp.rank.join import rendezvous
+        from hpc_ddp.rank.supervise.supervisor import Child
+        from hpc_ddp.rank.supervise.supervisor import StackRelay
 
         server = subprocess.Popen([sys.executable, "-c", (
             "import sys, time, torch.distributed as d; "

@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from hpc_ddp.rank import stacks
+from hpc_ddp.rank.services import stacks
 
 
 def test_a_stuck_process_is_found_on_its_line(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_a_stuck_process_is_found_on_its_line(tmp_path: Path) -> None:
     program = tmp_path / "loader.py"
     program.write_text(textwrap.dedent(f"""
         import pathlib, signal, threading, time
-        from hpc_ddp.rank import stacks
+        from hpc_ddp.rank.services import stacks
         stacks.enable(pathlib.Path({str(out)!r}), signal.SIGUSR1)
         threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # another thread
 

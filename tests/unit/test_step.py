@@ -11,7 +11,8 @@ from hpc_ddp.config.compose import compose
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import step
 from hpc_ddp.launch.resolve import resolve
-from hpc_ddp.rank.requeue import slurm_job
+from hpc_ddp.rank.contract import TASK_ENV
+from hpc_ddp.slurm.requeue import slurm_job
 
 # As Slurm 22.05 sets them (recorded on the test cluster): an `salloc -N2` shell, a batch
 # script, and the shell of `srun -N1 -n1 bash` inside the allocation.
@@ -61,7 +62,7 @@ def test_the_srun_line_of_a_step() -> None:
     assert argv == ["srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4",
                     "--cpus-per-task=8", "--kill-on-bad-exit=1", "--job-name=hpc_ddp",
                     "--signal=USR2@120", "--gpus-per-node=4", "--exclude=node7", "--mpi=none",
-                    "/opt/py/bin/python", "-u", "-m", "hpc_ddp.rank.step_main"]
+                    "/opt/py/bin/python", "-u", "-m", "hpc_ddp.rank.main.step"]
     inside = step.allocation(SRUN_SHELL)
     assert inside is not None and "--overlap" in step.command(cfg, inside, "python")
 
@@ -71,7 +72,7 @@ def test_a_step_leaves_the_shell_steps_binding_and_is_never_requeued(tmp_path: P
     assert alloc is not None
     env = step.step_environment(SRUN_SHELL, alloc, tmp_path / "task.pkl")
     assert not any(k.startswith("SLURM_CPU_BIND") for k in env)
-    assert env[step.TASK_ENV] == str(tmp_path / "task.pkl")
+    assert env[TASK_ENV] == str(tmp_path / "task.pkl")
     assert slurm_job(SRUN_SHELL) == "16" and slurm_job(env) is None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp import events
-from hpc_ddp.rank.stopping import REQUEUE, TERM, StopRequest, cause_of, parse_duration
+from hpc_ddp.rank.services.stopping import REQUEUE, TERM, StopRequest, cause_of, parse_duration
 
 
 @pytest.mark.parametrize("text, seconds", [("59", 59), ("1:30", 90), ("2:00:05", 7205),

@@ -11,7 +11,7 @@ import pytest
 from hpc_ddp import events
 from hpc_ddp.errors import UserError
 from hpc_ddp.follow import stop_report
-from hpc_ddp.rank.checkpoint import LATEST
+from hpc_ddp.rank.services.checkpoint import LATEST
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.submit import check_cfg_flag, next_steps, stopped_how
 

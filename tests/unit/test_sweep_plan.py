@@ -61,7 +61,7 @@ def test_each_point_keeps_the_cluster_it_asked_for(tmp_path: Path) -> None:
 
 
 def test_local_sweep_lines_are_rounded_and_a_stop_says_so() -> None:
-    from hpc_ddp.follow import summary_line
+    from hpc_ddp.rank.supervise.outcome import summary_line
     from hpc_ddp.sweep.launch import progress_line
 
     assert progress_line({"step": 40, "total_steps": 64, "loss": 1.30861234,

@@ -135,9 +135,9 @@ def group(tmp_path: Path) -> Iterator[None]:
 
 
 def _context(tmp_path: Path, *overrides: str) -> object:
-    from hpc_ddp.rank.context import Context
-    from hpc_ddp.rank.distenv import DistEnv
-    from hpc_ddp.rank.stopping import StopRequest
+    from hpc_ddp.rank.context.context import Context
+    from hpc_ddp.rank.join.distenv import DistEnv
+    from hpc_ddp.rank.services.stopping import StopRequest
     from hpc_ddp.rundir import RunDir
 
     cfg = compose(["trainer.stop_check_interval=3", *overrides])
@@ -147,7 +147,7 @@ def _context(tmp_path: Path, *overrides: str) -> object:
 
 
 def test_context_agrees_on_a_stop_only_every_interval(group: None, tmp_path: Path) -> None:
-    from hpc_ddp.rank import stopping
+    from hpc_ddp.rank.services import stopping
 
     ctx = _context(tmp_path)
     ctx._stop.code = stopping.REQUEUE  # type: ignore[attr-defined]
@@ -172,6 +172,25 @@ def test_context_saves_and_loads_with_the_random_streams(group: None, tmp_path: 
     assert again.resumed_from_step == 7 and again.restarts[-1]["cause"] == "resume"  # type: ignore[attr-defined]
 
 
+def test_context_resumes_past_a_truncated_latest_as_the_trainer_does(group: None,
+                                                                     tmp_path: Path) -> None:
+    from hpc_ddp import events
+
+    ctx = _context(tmp_path, "trainer.keep_checkpoints=3")
+    for step in (5, 10):
+        ctx.save({"step": step, "w": torch.full((2,), float(step))})  # type: ignore[attr-defined]
+        ctx.flush()  # type: ignore[attr-defined]
+    latest = tmp_path / "run" / "checkpoints" / "step_000000010.pt"
+    latest.write_bytes(latest.read_bytes()[:100])  # a write the node died in
+    again = _context(tmp_path)
+    state = again.load()  # type: ignore[attr-defined]
+    assert state is not None and state["step"] == 5
+    assert torch.equal(state["w"], torch.full((2,), 5.0))
+    fallback = [e for e in events.read(tmp_path / "run") if e["kind"] == "checkpoint_fallback"]
+    assert len(fallback) == 1 and latest.name in fallback[0]["cause"]
+    assert fallback[0]["used_step"] == 5
+
+
 def test_context_logs_scalars_and_progress(group: None, tmp_path: Path) -> None:
     ctx = _context(tmp_path)
     ctx.total_steps = 20  # type: ignore[attr-defined]
@@ -187,7 +206,7 @@ def test_context_logs_scalars_and_progress(group: None, tmp_path: Path) -> None:
 def test_settled_buckets_leave_nothing_behind(group: None) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hpc_ddp.rank.ddp_warmup import settle_buckets
+    from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
     model = DDP(net)
@@ -203,7 +222,7 @@ def test_settled_buckets_leave_nothing_behind(group: None) -> None:
 
 
 def test_entry_results_become_json() -> None:
-    from hpc_ddp.rank.entry import jsonable
+    from hpc_ddp.rank.main.entry import jsonable
 
     assert jsonable({"a": torch.tensor(1.5), "b": [torch.ones(2)], 3: object}) == {
         "a": 1.5, "b": [[1.0, 1.0]], "3": "<class 'object'>"}
@@ -212,7 +231,7 @@ def test_entry_results_become_json() -> None:
 def _script_main(tmp_path: Path, code: str, *args: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "s.py"
     script.write_text(code)
-    return subprocess.run([sys.executable, "-m", "hpc_ddp.rank.script_main", str(script),
+    return subprocess.run([sys.executable, "-m", "hpc_ddp.rank.main.script_runner", str(script),
                            *args], capture_output=True, text=True, cwd=REPO, check=False)
 
 
@@ -241,19 +260,21 @@ def test_script_runner_exit_codes(tmp_path: Path, code: str, exit_code: int, err
 
 
 def test_script_command_and_environment(tmp_path: Path) -> None:
-    from hpc_ddp.rank.distenv import DistEnv
-    from hpc_ddp.rank.join import Rank
-    from hpc_ddp.rank.rendezvous import Endpoint
-    from hpc_ddp.rank.script import child_environment, command
+    from hpc_ddp.rank.join.distenv import DistEnv
+    from hpc_ddp.rank.join.joined import Rank
+    from hpc_ddp.rank.join.rendezvous import Endpoint
+    from hpc_ddp.rank.supervise.script import command, script_environment
+    from hpc_ddp.rank.supervise.supervisor import child_environment
     from hpc_ddp.rundir import RunDir
 
     cfg = compose(["script=-m pkg.train", "cluster.signal=SIGUSR1"])
     cfg = type(cfg)(**{**cfg.__dict__, "script_args": ["--lr", "0.1"]})
-    assert command(cfg)[1:] == ["-m", "hpc_ddp.rank.script_main", "-m", "pkg.train", "--lr",
-                                "0.1"]
+    assert command(cfg)[1:] == ["-m", "hpc_ddp.rank.main.script_runner", "-m", "pkg.train",
+                                "--lr", "0.1"]
     env = DistEnv(5, 1, 8, 2, 4, 2, "slurm", "12.0", restart=1)
     rank = Rank(env, "node3", torch.device("cpu"), [], endpoint=Endpoint("node1", 4321))
-    child = child_environment(cfg, rank, {"KEEP": "1"}, RunDir(tmp_path), "requeue")
+    child = child_environment(rank, {"KEEP": "1"},
+                              script_environment(cfg, rank, RunDir(tmp_path), "requeue", None))
     assert {k: child[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                   "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                                   "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
@@ -266,7 +287,8 @@ def test_script_command_and_environment(tmp_path: Path) -> None:
 
 
 def test_results_table_for_an_entry() -> None:
-    from hpc_ddp.follow import results_table, summary_line
+    from hpc_ddp.follow import results_table
+    from hpc_ddp.rank.supervise.outcome import summary_line
 
     table = results_table({"world_size": 2, "nodes": ["a"], "program": "entry p:m",
                            "global_step": 5, "eval_accuracy": None,

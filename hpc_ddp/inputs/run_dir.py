@@ -1,0 +1,111 @@
+"""The run dir as a run's input: new or empty (or a run to resume), writable, its config and
+overrides written once; the data a run reads checked before any rank starts."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import RunDir
+
+if TYPE_CHECKING:  # the type only: the schema's dataclasses take ~0.1 s to build
+    from hpc_ddp.config.schema import Config
+
+# Command switches that belong to one invocation, not to the run.
+TRANSIENT = ("resume", "wait", "dry_run", "preflight")
+
+
+def saved_overrides(overrides: Sequence[str], cfg: Config | None = None) -> list[str]:
+    """What overrides.yaml keeps: everything but the per-command switches, and of overrides
+    of the same key only the last (a run resumed ten times keeps one ``optim.lr=``); paths
+    as ``cfg`` resolved them (absolute), so a resume from another folder finds them."""
+    from hpc_ddp.config.compose import quoted
+
+    kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
+    last = {o.partition("=")[0]: i for i, o in enumerate(kept)}
+    kept = [o for i, o in enumerate(kept) if last[o.partition("=")[0]] == i]
+    if cfg is None:
+        return kept
+    resolved = {"config_dir": cfg.config_dir, "script": cfg.script}
+    return [f"{o.partition('=')[0]}={quoted(str(resolved[key]))}"
+            if (key := o.partition("=")[0].lstrip("+")) in resolved and resolved[key] else o
+            for o in kept]
+
+
+def check_inputs(cfg: Config) -> None:
+    """File-system checks of the inputs (before launch, so a rank never finds them broken)."""
+    if cfg.data.name == "cifar10" and cfg.data.root:
+        from hpc_ddp.data.cifar10 import check_root
+
+        check_root(cfg.data.root)
+
+
+def check_run_dir(cfg: Config) -> RunDir:
+    """The run dir must be new or empty (or an existing run with resume=true) and writable.
+
+    Only reads and a probe file in a new folder: an existing run is never modified here.
+    """
+    assert cfg.run_dir is not None
+    run = RunDir(Path(cfg.run_dir))
+    exists = run.root.exists()
+    if exists and not run.root.is_dir():
+        raise UserError("run_dir", cfg.run_dir, "is a file, not a folder.", "choose a folder.")
+    if cfg.resume:
+        if not run.config.is_file():
+            raise UserError("run_dir", cfg.run_dir, "holds no run to resume.",
+                            "check the path, or drop resume=true to start a new run.")
+    # A sweep point that never started holds only its hparams.json: it may be run by hand.
+    elif exists and any(p != run.hparams for p in run.root.iterdir()):
+        raise UserError("run_dir", cfg.run_dir, "already holds files; nothing there is touched.",
+                        "pass resume=true to continue that run, or choose a new run_dir.")
+    check_writable(run.root, cfg.run_dir)
+    return run
+
+
+# Folders this process found writable in the last seconds (a sweep's thousand run dirs
+# share one parent: one probe for all); later checks probe again.
+_WRITABLE: dict[Path, float] = {}
+
+
+_WRITABLE_FOR_S = 5.0
+
+
+def check_writable(folder: Path, shown: str) -> None:
+    """Try for real (root ignores permission bits, read-only mounts do not): make and remove
+    an empty probe folder in the run dir, or in its nearest existing parent."""
+
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+
+    if time.monotonic() - _WRITABLE.get(existing, -_WRITABLE_FOR_S) < _WRITABLE_FOR_S:
+        return
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is a file")
+        os.rmdir(tempfile.mkdtemp(prefix=".hpc_ddp_probe_", dir=existing))
+    except OSError as exc:
+        raise UserError("run_dir", shown, f"is not writable ({exc.strerror or exc}).",
+                        "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.") from None
+    _WRITABLE[existing] = time.monotonic()
+
+
+def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> str:
+    """config.yaml (resolved) and overrides.yaml (what a later resume=true starts from);
+    returns config.yaml's text (what the ranks are handed, made once)."""
+    import yaml
+
+    from hpc_ddp.config.compose import to_yaml
+
+    run.root.mkdir(parents=True, exist_ok=True)
+    text = to_yaml(cfg)
+    run.config.write_text(text)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    run.overrides.write_text(yaml.dump(saved_overrides(overrides, cfg), Dumper=dumper,
+                                       default_flow_style=False))
+    return text

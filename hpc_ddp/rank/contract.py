@@ -1,0 +1,36 @@
+"""What the launcher, a rank's supervisor and the training process under it agree on: the
+environment variables one sets for the other, and the exit codes that carry a meaning.
+
+Names only, no code: every side imports them from here, so none has to import another.
+"""
+
+from __future__ import annotations
+
+# -- set by a launcher for the tasks it starts ----------------------------------------------
+# The local launcher's ranks: unique per launch (a uuid), the rendezvous file's name.
+LAUNCH_ID_ENV = "HPC_DDP_LAUNCH_ID"
+# The tasks of a step that `submit` ran inside an allocation (launch/step.py): the
+# allocation's id. Such a run is not requeued (an interactive allocation cannot be, and a
+# batch script's `submit` would start anew): it stops with the resume command.
+STEP_OF_ENV = "HPC_DDP_STEP_OF"
+# The pickled task every task of such a step runs (rank/main/step.py).
+TASK_ENV = "HPC_DDP_STEP_TASK"
+
+# -- set by a supervisor for the training process it starts -----------------------------------
+# The supervised child (the built-in trainer or a function entry): its config (YAML) and run
+# dir; also marks it as supervised (no recursion).
+PROGRAM_CONFIG_ENV = "HPC_DDP_PROGRAM_CONFIG"
+PROGRAM_RUN_DIR_ENV = "HPC_DDP_PROGRAM_RUN_DIR"
+# A script: what its context (hpc_ddp.context() in the script) reads.
+RUN_DIR_ENV = "HPC_DDP_RUN_DIR"
+STOP_FILE_ENV = "HPC_DDP_STOP_FILE"
+REQUEUE_EXIT_ENV = "HPC_DDP_REQUEUE_EXIT_CODE"
+REQUEUE_SIGNAL_ENV = "HPC_DDP_REQUEUE_SIGNAL"
+RESUME_CAUSE_ENV = "HPC_DDP_RESUME_CAUSE"
+# This node's staged copy of the data (data.stage=true), for a script or a user's loop.
+DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
+
+# -- exit codes -------------------------------------------------------------------------------
+# A script (or a function entry's process) asks for a requeue after it checkpointed:
+# EX_TEMPFAIL of sysexits.h, "temporary failure; the user is invited to retry".
+REQUEUE_EXIT_CODE = 75

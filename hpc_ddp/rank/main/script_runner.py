@@ -1,0 +1,89 @@
+"""``python -m hpc_ddp.rank.main.script_runner SCRIPT [args]`` (or ``-m MODULE [args]``): run a
+script as ``python SCRIPT args`` would, then leave without the interpreter's C++ teardown.
+
+Why: with torch 2.14 a DDP script that ends normally can die at exit with SIGABRT
+("terminate called without an active exception": DDP's reducer keeps the Gloo process group
+and its threads alive past ``destroy_process_group``, and a joinable thread is destroyed at
+interpreter teardown). Seen here in 2 to 3 of 10 plain torchrun runs of a two-rank script.
+The supervisor must read such a death as a crash (an NCCL watchdog abort looks the same), so
+a finished run would be reported failed. Here the script runs as ``__main__`` (runpy:
+``sys.argv``, ``sys.path[0]`` and multiprocessing's spawn as under ``python``), then the
+normal shutdown steps a program can observe are taken — non-daemon threads joined, atexit
+handlers run, open files flushed — and the process exits with the script's code.
+"""
+
+from __future__ import annotations
+
+import _io
+import atexit
+import gc
+import os
+import runpy
+import sys
+import threading
+import traceback
+import warnings
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run the script; its exit code (0, its SystemExit code, or 1 after an exception)."""
+    args = list(argv)
+    try:
+        if args[0] == "-m":
+            sys.argv = [args[1], *args[2:]]  # runpy puts the module's path in argv[0]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = args
+            sys.path[0] = os.path.dirname(os.path.abspath(args[0]))  # as `python SCRIPT`
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as exc:
+        return _exit_code(exc.code)
+    except BaseException as exc:
+        # The traceback as `python SCRIPT` prints it: from the script's frames on.
+        tb = exc.__traceback__
+        while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__,)
+                                  or tb.tb_frame.f_code.co_filename.startswith("<frozen")):
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb)
+        return 1
+    return 0
+
+
+def _exit_code(code: object) -> int:
+    """What Python's own exit makes of a SystemExit's code."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def leave(code: int) -> None:
+    """The shutdown a program sees, without the interpreter's own teardown."""
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():  # files a script left open are flushed, as at an exit
+            # io's C base type: no ABC __instancecheck__ runs on other objects' classes.
+            if isinstance(obj, _io._IOBase):
+                try:
+                    if not obj.closed and obj.writable():
+                        obj.flush()
+                except (OSError, ValueError):
+                    pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    leave(main(sys.argv[1:]))

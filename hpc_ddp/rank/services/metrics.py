@@ -1,0 +1,87 @@
+"""Rank 0's outputs while training: TensorBoard scalars and the progress file."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.rundir import write_json
+
+# progress.json is polled by `follow` about twice a second: rewriting it more often than once
+# a second only costs rank 0 time (an atomic replace, ~0.5 ms).
+PROGRESS_EVERY_S = 1.0
+
+
+class MetricsWriter:
+    """TensorBoard + progress.json on rank 0; on other ranks every call does nothing."""
+
+    def __init__(self, tb_dir: Path, progress: Path, enabled: bool, purge_step: int | None,
+                 total_steps: int | None) -> None:
+        self.enabled = enabled
+        self.progress = progress
+        self.total_steps = total_steps
+        self._tb: Any = None
+        self._progress_at = -float("inf")
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: after a resume, TensorBoard drops the earlier attempt's events from
+            # this step on, so no step appears twice.
+            self._tb = SummaryWriter(str(tb_dir), purge_step=purge_step)
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self._tb is not None:
+            for tag, value in values.items():
+                self._tb.add_scalar(tag, value, step)
+
+    def write_progress(self, step: int, epoch: int | None, values: dict[str, float],
+                       force: bool = True) -> None:
+        """progress.json; ``force`` false: only if the last write is PROGRESS_EVERY_S old
+        (a loop may call it at every log step)."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._progress_at < PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        write_json(self.progress, {"step": step, "total_steps": self.total_steps,
+                                   "epoch": epoch, "time": time.time(), **values})
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.flush()
+            self._tb.close()
+            self._tb = None
+
+
+def write_hparams(tb_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
+    """A sweep point's swept values and final metrics, so TensorBoard's HPARAMS tab compares
+    the points of a sweep dir in one view."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tb_dir))
+    try:
+        writer.add_hparams(hparams, metrics, run_name=".")
+    finally:
+        writer.close()
+
+
+def hparam_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a run's summary that compare sweep points: the built-in trainer's eval
+    and loss figures, and the numbers a user's program returned."""
+    found: dict[str, float] = {}
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+
+    for key in ("eval_accuracy", "eval_loss", "final_train_loss"):
+        if number(summary.get(key)):
+            found[f"hparam/{key}"] = float(summary[key])
+    for key, value in (summary.get("eval_metrics") or {}).items():
+        if number(value) and f"hparam/eval_{key}" not in found:
+            found[f"hparam/eval_{key}"] = float(value)
+    for key, value in (summary.get("result") or {}).items():
+        if number(value):
+            found.setdefault(f"hparam/{key}", float(value))
+    return found

@@ -1,0 +1,61 @@
+"""Every random stream of a rank, captured and restored, so a resume continues them exactly.
+
+A captured state holds only tensors and plain Python values (numpy's key array travels as a
+tensor), so a checkpoint holding it loads with ``torch.load(weights_only=True)``: nothing in
+it is code (docs/security.md). Each rank saves its own state in its own small file beside the
+checkpoint (hpc_ddp/rank/services/ckpt_writer.py) and reads back only that one at a resume: no rank
+sends or receives another's, whatever the world size.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+def capture(extra: dict[str, Any]) -> dict[str, Any]:
+    """States of python, numpy, torch (CPU and CUDA) and the given torch Generators (copies:
+    the streams may go on at once)."""
+    import numpy as np
+    import torch
+
+    version, keys, gauss = random.getstate()
+    kind, mt, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
+    assert isinstance(mt, np.ndarray)  # the legacy tuple form: (name, keys, pos, ...)
+    state: dict[str, Any] = {
+        "python": [version, list(keys), gauss],
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(mt.astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": torch.get_rng_state(),
+        "generators": {name: gen.get_state() for name, gen in extra.items()},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore(state: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Set every stream back; the states may come loaded onto any device (torch wants CPU
+    byte tensors, whatever map_location a checkpoint was read with)."""
+    import numpy as np
+    import torch
+
+    version, keys, gauss = state["python"]
+    random.setstate((int(version), tuple(int(k) for k in keys), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
+                         n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"].cpu())
+    for name, gen in extra.items():
+        gen.set_state(state["generators"][name].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def seed_all(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

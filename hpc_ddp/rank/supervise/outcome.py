@@ -1,0 +1,181 @@
+"""How a rank's program ended, acted on: the summary, a stop (requeue or exit), a failure.
+
+The same for every program a rank runs (the built-in trainer, a function entry, a script
+under its supervisor): a stop at an agreed step ends in a requeue within
+``cluster.max_restarts`` (or a clear exit); a failure is named (this rank's own error, or the
+rank that stopped answering) and requeued when a new attempt may get past it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import MutableMapping
+from typing import Any, NoReturn
+
+from hpc_ddp import events
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rank.join import device, rendezvous
+from hpc_ddp.rank.join.joined import Rank, RunStopped
+from hpc_ddp.rank.services import checkpoint, stacks, stopping
+from hpc_ddp.rank.services.stopping import StopRequest
+from hpc_ddp.rank.supervise import diagnose
+from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
+from hpc_ddp.slurm import requeue
+
+log = logging.getLogger(__name__)
+
+
+def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[str, Any]:
+    """Rank 0: the summary with where every rank ran (read from the rendezvous store, not
+    gathered from every rank), into summary.json; TensorBoard hparams for a sweep point."""
+    env = rank.env
+    placed = rendezvous.placements(rank.store, env.world_size) if rank.store is not None else []
+    hosts = [str(p.get("host")) for p in placed]
+    summary.update(hosts=hosts, nodes=sorted(set(hosts), key=hosts.index), job_id=env.job_id,
+                   gpu_map=[p for p in placed if p.get("physical") is not None],
+                   gpu_collisions=device.collisions(placed))
+    if rank.environment is not None:  # the software fingerprint (rank/join/envcheck.py)
+        summary["environment"] = rank.environment
+    for shared in summary["gpu_collisions"]:
+        log.warning("ranks %s share GPU %s on %s", shared["ranks"], shared["gpu"], shared["host"])
+    write_json(run_dir.summary, summary)
+    hparams = read_json(run_dir.hparams)  # written for sweep points
+    if isinstance(hparams, dict) and hparams:
+        from hpc_ddp.rank.services.metrics import hparam_metrics, write_hparams
+
+        write_hparams(run_dir.tb, hparams, hparam_metrics(summary))
+    return summary
+
+
+def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank: Rank,
+               run_dir: RunDir, environ: MutableMapping[str, str]) -> NoReturn:
+    """All ranks stopped at the same step and the checkpoint is written: requeue or exit."""
+    if not rank.env.is_master:
+        raise SystemExit(0)  # rank 0 decides and reports
+    at = f"step {step}" if step is not None else "the last checkpoint"
+    job = requeue.slurm_job(environ)
+    left = stopping.time_left_s(job, environ) if job else None
+    cause = stopping.cause_of(code, left, cfg.cluster.signal_delay_s, job is not None)
+    record = {"attempt": rank.env.restart, "step": step, "cause": cause, "job": job,
+              "signals": [name for name, _ in stop.received]}
+    resume_hint = resume_command(run_dir.root)
+    if job is None:
+        events.append(run_dir.root, {"kind": "stop", **record})
+        raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved. "
+                         f"Continue with: {resume_hint}", requested=True)
+    if code == stopping.TERM:
+        # Preemption: Slurm itself requeues the job (PreemptMode=REQUEUE); a scancel ends it.
+        events.append(run_dir.root, {"kind": "stop", **record})
+        log.warning("stopped at %s on SIGTERM; checkpoint saved", at)
+        raise SystemExit(0)
+    used = events.restarts_spent(events.read(run_dir.root), job)
+    if used >= cfg.cluster.max_restarts:
+        events.append(run_dir.root, {"kind": "stop", **record})
+        raise RunStopped(f"stopped at {at} ({cause}) and not requeued: "
+                         f"cluster.max_restarts={cfg.cluster.max_restarts} requeues without "
+                         "progress are used. "
+                         f"The checkpoint is saved; continue with: {resume_hint} "
+                         "(raise cluster.max_restarts or cluster.time_min for fewer stops).")
+    problem = requeue.requeue(job, environ)
+    if problem:
+        events.append(run_dir.root, {"kind": "stop", **record})
+        raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved "
+                         f"but `scontrol requeue {job}` failed: {problem}. Continue with: "
+                         f"{resume_hint}")
+    events.append(run_dir.root, {"kind": "stop", **record})
+    events.append(run_dir.root, {"kind": "requeue", **record})
+    log.warning("stopped at %s (%s): checkpoint saved, job %s requeued", at, cause, job)
+    raise SystemExit(0)
+
+
+def after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
+                  environ: MutableMapping[str, str]) -> NoReturn:
+    """Name the cause: this rank's own error, or the rank that failed or stopped answering;
+    on Slurm requeue from the last checkpoint if allowed and a new attempt may get past it.
+
+    Whatever the world size, a rank does a few store operations and file reads here; one
+    rank (the reporter of the failure) names the silent ranks, records the failure in
+    events.jsonl and requeues (diagnose.py)."""
+    env = rank.env
+    if diagnose.is_comm_failure(exc):
+        found = diagnose.survey(rank.store, env.rank, env.world_size, wait_s=5.0)
+        lead = found.reporter == env.rank or (not found.store_alive and env.rank == _fallback(env))
+        message = diagnose.explain(exc, found, env.rank, run_dir.ranks, search=lead,
+                                   locate=lambda silent: _stacks_of(silent, cfg, rank, run_dir))
+        peer = diagnose.peer_error(rank.store if found.store_alive else None, run_dir.logs)
+        if peer is not None:  # a peer failed by itself; its error is the cause, not ours
+            message = f"{peer} (this rank's collective failed as a result)"
+        fail(message, peer is None, cfg, rank, run_dir, environ, exc, report=lead)
+    own = diagnose.own_error(exc)
+    diagnose.publish_own_failure(rank.store, f"rank {env.rank} on {rank.host}: {own}")
+    fail(f"{diagnose.LOCAL_MARK} {own}", diagnose.worth_requeue(exc), cfg, rank, run_dir,
+         environ, exc)
+
+
+def _fallback(env: Any) -> int:
+    return diagnose.fallback_reporter(env.num_nodes, env.local_world_size, env.world_size)
+
+
+def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
+         environ: MutableMapping[str, str], exc: BaseException | None = None,
+         report: bool = True) -> NoReturn:
+    """Record the failure and requeue (within max_restarts) when ``retry``: once per failure,
+    by the first rank that reports it (a claim on the store; with the store gone, the
+    fallback reporter). ``report`` false: this rank only raises (its error file says why)."""
+    job = requeue.slurm_job(environ)
+    if not (report and _first_report(rank)):
+        raise RuntimeError(message) from exc
+    seen = events.read(run_dir.root) if job is not None else []
+    if _reported_already(seen, job, rank.env.restart):
+        # The claim fell back to this rank because the store is gone: its host (rank 0)
+        # exited after the first reporter's decision (srun ends a step's other tasks once one
+        # exits non-zero). That decision stands: no second record, and no requeue of a
+        # failure judged final.
+        raise RuntimeError(message) from exc
+    record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
+              "cause": message.replace(diagnose.LOCAL_MARK, "").strip(), "job": job,
+              "step": checkpoint.latest_step(run_dir.checkpoints)}
+    events.append(run_dir.root, {"kind": "failure", **record})
+    if not retry or job is None:
+        raise RuntimeError(message) from exc  # a new attempt would fail the same way
+    already = any(e.get("kind") == "requeue" and e.get("attempt") == rank.env.restart
+                  and e.get("job") in (None, job) for e in seen)
+    if not already and events.restarts_spent(seen, job) < cfg.cluster.max_restarts and (
+            not requeue.requeue(job, environ)):
+        events.append(run_dir.root, {"kind": "requeue", **record})
+        message += f" Job {job} requeued from its last checkpoint."
+    raise RuntimeError(message) from exc
+
+
+def _reported_already(seen: list[dict[str, Any]], job: str | None, attempt: int) -> bool:
+    """A failure of this attempt of Slurm job ``job`` is on record (events.jsonl)."""
+    return job is not None and any(e.get("kind") == "failure" and e.get("job") == job
+                                   and e.get("attempt") == attempt for e in seen)
+
+
+def _first_report(rank: Rank) -> bool:
+    """This rank reports the failure of this attempt: the first to claim it on the store, or,
+    with the store gone (it died with rank 0's process), the fallback reporter."""
+    if rank.store is None:
+        return True
+    try:
+        return int(rank.store.add(f"hpc_ddp/failure/{rank.env.restart}", 1)) == 1
+    except Exception:
+        return rank.env.rank == _fallback(rank.env)
+
+
+def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> dict[int, str]:
+    """Ask the silent ranks for their Python stacks (services/stacks.py); where each one was."""
+    stacks.request(rank.store, silent, run_dir.ranks, rank.host,
+                   stacks.stack_signal(cfg.cluster.signal))
+    found = {r: stacks.where(run_dir.logs / f"rank{r}.stacks") for r in silent}
+    return {r: place for r, place in found.items() if place}
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """One line for the end of a rank-0 log or an srun's output."""
+    figures = [f"step {summary.get('global_step')}"]
+    for key in ("eval_loss", "eval_accuracy"):
+        if isinstance(summary.get(key), float):
+            figures.append(f"{key.replace('_', ' ')} {summary[key]:.4f}")
+    return ", ".join(figures)

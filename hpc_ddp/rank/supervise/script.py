@@ -1,0 +1,191 @@
+"""A torchrun-style script, run unchanged on every rank under a supervisor (this process).
+
+The supervisor (supervise/supervisor.py, as for the trainer) starts the script with the
+torchrun variables set: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR/MASTER_PORT pointing at the store rank 0's supervisor holds, and
+TORCHELASTIC_USE_AGENT_STORE=True, so ``init_process_group("nccl")`` joins that store as
+under torchrun (no port to pick, none to collide). Arguments reach the script as data; what
+``hpc_ddp.context()`` in the script reads is added (script_environment).
+
+Then it waits, and acts on how the script ended (rank 0 decides for the job):
+
+=====================================  =========================================
+exit 0                                 done; rank 0 writes summary.json
+exit 0 after ctx.should_stop() agreed  stopped: requeue (as the built-in trainer)
+exit 75 (``REQUEUE_EXIT_CODE``)        the script checkpointed and asks: requeue
+killed by SIGTERM                      preempted or cancelled: left to Slurm
+                                       (after the requeue signal: requeue)
+killed by the requeue signal           it does not handle it: stopped, said so
+killed by SIGKILL/SIGABRT/SIGSEGV...   died abruptly (NCCL's watchdog, the OOM
+                                       killer): a failure that is requeued
+any other exit code                    the script's own error: not requeued
+=====================================  =========================================
+
+Signals: on Slurm, slurmstepd signals every process of the step (the script too); run locally
+(submitit's local executor signals only this process), the supervisor passes them on.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import sys
+import time
+from collections.abc import MutableMapping
+from typing import Any, NoReturn
+
+from hpc_ddp.config.schema import Config
+from hpc_ddp.rank.contract import (
+    DATA_ROOT_ENV,
+    REQUEUE_EXIT_CODE,
+    REQUEUE_EXIT_ENV,
+    REQUEUE_SIGNAL_ENV,
+    RESUME_CAUSE_ENV,
+    RUN_DIR_ENV,
+    STOP_FILE_ENV,
+)
+from hpc_ddp.rank.join.distenv import in_slurm_step
+from hpc_ddp.rank.join.joined import Rank, joined
+from hpc_ddp.rank.join.rendezvous import endpoint_file
+from hpc_ddp.rank.services import checkpoint, stopping
+from hpc_ddp.rank.services.stopping import StopRequest
+from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
+from hpc_ddp.rank.supervise.outcome import after_stop, fail, write_summary
+from hpc_ddp.rank.supervise.supervisor import (
+    ABRUPT,
+    Child,
+    child_environment,
+    exit_codes,
+    run_child,
+)
+from hpc_ddp.rundir import RunDir, read_json
+
+log = logging.getLogger(__name__)
+
+
+def command(cfg: Config) -> list[str]:
+    """The script's command line: ``python path args`` or ``python -m module args``, through
+    script_main (the same run, without a torch teardown crash after a clean end)."""
+    assert cfg.script is not None
+    wrapper = [sys.executable, "-m", "hpc_ddp.rank.main.script_runner"]
+    if cfg.script.startswith("-m"):
+        return [*wrapper, "-m", cfg.script[2:].strip(), *cfg.script_args]
+    return [*wrapper, cfg.script, *cfg.script_args]
+
+
+def shown(cfg: Config) -> str:
+    """The script and its arguments, as the user gave them."""
+
+    return " ".join(shlex.quote(a) for a in [cfg.script or "", *cfg.script_args])
+
+
+def script_environment(cfg: Config, rank: Rank, run: RunDir, cause: str | None,
+                       staged: dict[str, Any] | None) -> dict[str, str]:
+    """What hpc_ddp.context() in the script reads (on top of the supervisor's child
+    environment): the run dir, the stop file, the requeue exit code and signal, why it
+    resumes, this node's copy of the data."""
+    extra = {RUN_DIR_ENV: str(run.root), STOP_FILE_ENV: str(stop_file(run, rank)),
+             REQUEUE_EXIT_ENV: str(REQUEUE_EXIT_CODE),
+             REQUEUE_SIGNAL_ENV: cfg.cluster.signal.removeprefix("SIG")}
+    if cause:
+        extra[RESUME_CAUSE_ENV] = cause
+    if staged is not None:
+        extra[DATA_ROOT_ENV] = staged["root"]
+    return extra
+
+
+def stop_file(run: RunDir, rank: Rank) -> Any:
+    """Where the script's rank 0 notes an agreed stop (one file per job attempt)."""
+
+    return endpoint_file(run.rendezvous, rank.env).with_suffix(".stopped")
+
+
+def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
+              cause: str | None) -> dict[str, Any] | None:
+    """Run the script on this rank and act on its end; the summary on rank 0."""
+    children: list[Child] = []
+
+    def forward(signum: int) -> None:
+        for child in children:
+            child.signal(signum)
+
+    stop = StopRequest()
+    on_slurm = in_slurm_step(environ)
+    stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
+    with joined(cfg, run, environ, group=False) as rank:
+        from hpc_ddp.data.stage_run import stage_data
+
+        _, staged = stage_data(cfg, rank, run, environ)  # data.stage: this node's copy
+        env = child_environment(rank, environ,
+                                script_environment(cfg, rank, run, cause, staged))
+
+        def started(child: Child) -> None:
+            children.append(child)
+            if stop.code != stopping.NONE and not on_slurm:  # signalled while joining
+                child.signal(signal.SIGTERM if stop.code == stopping.TERM else
+                             stopping.signal_number(cfg.cluster.signal))
+            log.info("running %s on rank %d of %d", shown(cfg), rank.env.rank,
+                     rank.env.world_size)
+
+        began = time.perf_counter()
+        code, child = run_child(rank, command(cfg), env, stop, started=started)
+        return _outcome(code, child, stop, cfg, rank, run, environ, began, staged)
+    return None
+
+
+def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank,
+             run: RunDir, environ: MutableMapping[str, str], started: float,
+             staged: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    step = _checkpoint_step(run)
+    stopped_file = stop_file(run, rank)
+    if code == 0 and stopped_file.is_file():
+        agreed = int(stopped_file.read_text().strip() or stopping.REQUEUE)
+        after_stop(agreed, step, stop, cfg, rank, run, environ)
+    if code == REQUEUE_EXIT_CODE:
+        after_stop(stopping.REQUEUE, step, stop, cfg, rank, run, environ)
+    if code == -signal.SIGTERM:
+        # Preempted, cancelled or at the time limit; after the requeue signal reached this
+        # task too it is a stop for a requeue (as the built-in trainer's MAX of the two).
+        after_stop(max(stopping.TERM, stop.code), step, stop, cfg, rank, run, environ)
+    if code != 0:
+        _failed(code, child, cfg, rank, run, environ)
+    if not rank.env.is_master:
+        return None
+
+    result = read_json(stopped_file.with_suffix(".result.json")) or {}
+    summary = {"program": f"script {shown(cfg)}",
+               "world_size": rank.env.world_size, "num_nodes": rank.env.num_nodes,
+               "train_time_s": time.perf_counter() - started, "exit_codes": exit_codes(rank),
+               "global_step": step, "restarts": rank.env.restart,
+               **({"data_stage": staged} if staged is not None else {})}
+    return write_summary(rank, run, {**{k: v for k, v in result.items() if k not in summary},
+                                     **summary, "result": result})
+
+
+def _failed(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
+            environ: MutableMapping[str, str]) -> NoReturn:
+    tail = child.tail()
+    if code < 0:
+        name = signal.Signals(-code).name
+        if -code == stopping.signal_number(cfg.cluster.signal):
+            message = (f"the script was ended by {name}, the requeue signal (sent "
+                       f"{cfg.cluster.signal_delay_s}s before the time limit), which it does "
+                       f"not handle; it was not requeued. To be requeued, handle {name}: save "
+                       f"a checkpoint and exit with code {REQUEUE_EXIT_CODE} "
+                       "(docs/your-code.md).")
+            fail(message, False, cfg, rank, run, environ)
+        message = (f"the script died from {name}"
+                   + (" (an abort: NCCL's watchdog after a failed or timed-out collective, or "
+                      "a crash)" if -code in ABRUPT else "") + f"; its last lines:\n{tail}")
+        fail(message, -code in ABRUPT, cfg, rank, run, environ)
+
+    fail(f"{LOCAL_MARK} the script exited with code {code}; its last lines:\n{tail}", False,
+         cfg, rank, run, environ)
+
+
+def _checkpoint_step(run: RunDir) -> int | None:
+    """The step of the run's latest checkpoint, if the script uses hpc_ddp's."""
+    return checkpoint.latest_step(run.checkpoints)
+
+
