@@ -27,6 +27,9 @@ STOP_FILE_ENV = "HPC_DDP_STOP_FILE"
 REQUEUE_EXIT_ENV = "HPC_DDP_REQUEUE_EXIT_CODE"
 REQUEUE_SIGNAL_ENV = "HPC_DDP_REQUEUE_SIGNAL"
 RESUME_CAUSE_ENV = "HPC_DDP_RESUME_CAUSE"
+# The supervised child: a stop the supervisor was signalled for before the child ran
+# (stopping's code), so the child stops as if the signal had reached it.
+EARLY_STOP_ENV = "HPC_DDP_EARLY_STOP"
 # This node's staged copy of the data (data.stage=true), for a script or a user's loop.
 DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
 

@@ -18,14 +18,25 @@ PAGES = docblocks.runnable("cluster")
 pytestmark = pytest.mark.cluster
 
 
-def jobs_run_from(folder: Path, since: str, env: dict[str, str]) -> list[str]:
+def jobs_run_from(folder: Path, since: str, env: dict[str, str],
+                  timeout_s: float = 30) -> list[str]:
     """Ids of the Slurm jobs (array tasks one by one) that started from ``folder`` or below it
-    since ``since``: what a page's blocks ran, whichever way (submit, sbatch, srun, salloc)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-S", since, "-o", "JobID,WorkDir"],
-                         env=env, capture_output=True, text=True, timeout=30, check=True).stdout
-    rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
-    return [job for job, workdir in rows
-            if Path(workdir) == folder or folder in Path(workdir).parents]
+    since ``since``: what a page's blocks ran, whichever way (submit, sbatch, srun, salloc).
+    slurmctld hands job records to slurmdbd asynchronously (seconds on a busy machine), so
+    sacct is read until it lists some and two reads a second apart agree."""
+    deadline = time.monotonic() + timeout_s
+    last: list[str] | None = None
+    while True:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-S", since, "-o", "JobID,WorkDir"],
+                             env=env, capture_output=True, text=True, timeout=30,
+                             check=True).stdout
+        rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+        jobs = [job for job, workdir in rows
+                if Path(workdir) == folder or folder in Path(workdir).parents]
+        if (jobs and jobs == last) or time.monotonic() > deadline:
+            return jobs
+        last = jobs
+        time.sleep(1.0)
 
 
 @pytest.mark.parametrize("page, blocks", PAGES, ids=[page for page, _ in PAGES])

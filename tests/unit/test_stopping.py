@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp import events
-from hpc_ddp.rank.services.stopping import REQUEUE, TERM, StopRequest, cause_of, parse_duration
+from hpc_ddp.rank.contract import EARLY_STOP_ENV
+from hpc_ddp.rank.services.stopping import (
+    NONE,
+    REQUEUE,
+    TERM,
+    StopRequest,
+    cause_of,
+    parse_duration,
+)
 
 
 @pytest.mark.parametrize("text, seconds", [("59", 59), ("1:30", 90), ("2:00:05", 7205),
@@ -110,3 +118,22 @@ def test_submitits_sigcont_warning_is_silenced(caplog: pytest.LogCaptureFixture)
     finally:
         for s, h in zip((signal.SIGUSR2, signal.SIGTERM, signal.SIGCONT), saved, strict=True):
             signal.signal(s, h)
+
+
+@pytest.mark.parametrize("given, code", [({}, NONE), ({EARLY_STOP_ENV: str(REQUEUE)}, REQUEUE)])
+def test_a_rank_takes_the_signals_first_and_a_child_its_supervisors_stop(
+        given: dict[str, str], code: int) -> None:
+    """The requeue signal may come seconds after the start: the rank's handler is the first
+    thing it installs, and a supervised child starts with what its supervisor was told."""
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.rank.main.task import signals_first
+
+    saved = signal.getsignal(signal.SIGUSR2), signal.getsignal(signal.SIGTERM)
+    try:
+        stop = signals_first(compose([]), given)
+        assert stop.code == code
+        os.kill(os.getpid(), signal.SIGUSR2)  # ours now, not submitit's (or the default's)
+        assert stop.code == REQUEUE
+    finally:
+        signal.signal(signal.SIGUSR2, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])

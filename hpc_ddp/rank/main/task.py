@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,10 @@ from hpc_ddp import events
 from hpc_ddp.config.compose import from_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank.contract import EARLY_STOP_ENV
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.join.joined import Rank, joined
-from hpc_ddp.rank.services import checkpoint
+from hpc_ddp.rank.services import checkpoint, stopping
 from hpc_ddp.rank.services.stopping import StopRequest, StopTraining
 from hpc_ddp.rank.supervise.outcome import after_failure, after_stop, write_summary
 from hpc_ddp.rundir import RunDir, parse_umask
@@ -55,6 +56,18 @@ def _run_program(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]
     return run(cfg, run_dir, environ)
 
 
+def signals_first(cfg: Config, environ: Mapping[str, str]) -> StopRequest:
+    """This rank's stop request, installed before anything slow: Slurm may send the requeue
+    signal seconds after the start (a short time limit) while torch is still importing, and
+    until then submitit's handler would take it ("timed-out and not checkpointable") and end
+    the job. A supervised child starts with the stop its supervisor was signalled for before
+    the child ran (EARLY_STOP_ENV)."""
+    stop = StopRequest()
+    stop.install(cfg.cluster.signal)
+    stop.code = max(stop.code, int(environ.get(EARLY_STOP_ENV) or stopping.NONE))
+    return stop
+
+
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict[str, Any] | None:
     """Run this rank's program: the built-in trainer, a function entry (``cfg.entry``) or a
     script under its supervisor (``cfg.script``). Returns the summary on rank 0, None
@@ -63,6 +76,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     A stop signal ends in a checkpoint and a requeue (or a clear exit); a failure of another
     rank ends in a message naming it and, on Slurm, a requeue while restarts remain.
     """
+    stop = signals_first(cfg, environ)
     os.umask(parse_umask(cfg.cluster.umask))  # every file this rank makes (rundir.py)
     env = detect(environ, cfg.cluster.tasks_per_node)
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
@@ -70,13 +84,11 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     if cfg.script is not None:
         from hpc_ddp.rank.supervise.script import supervise
 
-        return supervise(cfg, run_dir, environ, cause)
+        return supervise(cfg, run_dir, environ, cause, stop)
     from hpc_ddp.rank.supervise import program as supervised
 
     if supervised.wanted(cfg, environ):
-        return supervised.supervise(cfg, run_dir, environ)
-    stop = StopRequest()
-    stop.install(cfg.cluster.signal)
+        return supervised.supervise(cfg, run_dir, environ, stop)
     with joined(cfg, run_dir, environ) as rank:
         try:
             from hpc_ddp.data.stage_run import stage_data

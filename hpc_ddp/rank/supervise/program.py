@@ -32,7 +32,7 @@ from typing import Any
 from hpc_ddp import events
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV, PROGRAM_RUN_DIR_ENV
+from hpc_ddp.rank.contract import EARLY_STOP_ENV, PROGRAM_CONFIG_ENV, PROGRAM_RUN_DIR_ENV
 from hpc_ddp.rank.join.distenv import in_slurm_step
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.services import stacks, stopping
@@ -65,15 +65,16 @@ def child_command() -> list[str]:
             "-m", "hpc_ddp.rank.main.child"]
 
 
-def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str]
-              ) -> dict[str, Any] | None:
-    """Run this rank's training in a child and act on how it ended; the summary on rank 0."""
-    stop = StopRequest()
-    # slurmstepd signals every process of the step: the child acts, this one only notes it.
-    stop.install(cfg.cluster.signal)
+def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
+              stop: StopRequest) -> dict[str, Any] | None:
+    """Run this rank's training in a child and act on how it ended; the summary on rank 0.
+    ``stop``: this process's, installed (slurmstepd signals every process of the step: the
+    child acts, this one only notes it)."""
     with joined(cfg, run, environ, group=False) as rank:
         env = child_environment(rank, environ, {PROGRAM_CONFIG_ENV: to_yaml(cfg),
                                                 PROGRAM_RUN_DIR_ENV: str(run.root)})
+        if stop.code != stopping.NONE:  # signalled while joining: the child never saw it
+            env[EARLY_STOP_ENV] = str(stop.code)
 
         def started(child: Child) -> None:
             log.info("training in process %d under this supervisor (rank %d of %d)",

@@ -102,15 +102,16 @@ def stop_file(run: RunDir, rank: Rank) -> Any:
 
 
 def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
-              cause: str | None) -> dict[str, Any] | None:
-    """Run the script on this rank and act on its end; the summary on rank 0."""
+              cause: str | None, stop: StopRequest | None = None) -> dict[str, Any] | None:
+    """Run the script on this rank and act on its end; the summary on rank 0. ``stop``:
+    this process's (what it was signalled for so far is kept)."""
     children: list[Child] = []
 
     def forward(signum: int) -> None:
         for child in children:
             child.signal(signum)
 
-    stop = StopRequest()
+    stop = stop or StopRequest()
     on_slurm = in_slurm_step(environ)
     stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
     with joined(cfg, run, environ, group=False) as rank:
