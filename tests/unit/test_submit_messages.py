@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -71,3 +72,47 @@ def test_a_stop_of_an_earlier_submission_is_not_this_ones(tmp_path: Path) -> Non
     run = _run(tmp_path, 40, 40)
     events.append(run.root, {"kind": "stop", "step": 40, "cause": "x", "time": 1.0})
     assert stop_report(run, type("Job", (), {"job_id": "7"})()) is None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_copies_of_one_interrupt_are_one_and_a_later_one_cuts_the_stop_short() -> None:
+    """launch/interrupts.py's rules, fed signals by hand (the integration tests send real
+    ones): the first raises, a copy within SAME_PRESS_S is dropped, a later one raises only
+    where a graceful stop may be cut short, never twice."""
+    from hpc_ddp.launch.interrupts import SAME_PRESS_S, Stopped, StopSignals, exit_code
+
+    clock = _Clock()
+    stops = StopSignals(clock)
+    with pytest.raises(Stopped) as first:
+        stops.handle(signal.SIGINT)
+    assert exit_code(first.value) == 130
+    clock.now += SAME_PRESS_S / 10
+    stops.handle(signal.SIGINT)  # the wrapper's copy: dropped, even while a stop may be cut
+    with stops.second_stops_at_once():
+        stops.handle(signal.SIGINT)
+        clock.now += SAME_PRESS_S
+        with pytest.raises(Stopped):  # a second press, a second later
+            stops.handle(signal.SIGINT)
+        stops.handle(signal.SIGINT)  # a third does not interrupt the kill it asked for
+    clock.now += 5
+    stops.handle(signal.SIGTERM)  # outside: the stop is being acted on already
+    assert stops.dropped == 4
+
+
+def test_a_signal_while_a_job_goes_out_waits_until_it_is_out() -> None:
+    from hpc_ddp.launch.interrupts import Stopped, StopSignals, exit_code
+
+    stops = StopSignals(_Clock())
+    went_out = []
+    with pytest.raises(Stopped) as caught:
+        with stops.held():
+            stops.handle(signal.SIGTERM)
+            went_out.append("job 7")  # the submission goes on to its end
+    assert went_out == ["job 7"] and exit_code(caught.value) == 128 + signal.SIGTERM
