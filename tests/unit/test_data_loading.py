@@ -157,3 +157,21 @@ def test_pack_never_empties_a_folder_that_holds_no_pack(
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     assert main(["pack", "tests.usercode.parts:image_data", str(mine), "--force"]) == 2
     assert "option=--force: is not an option of pack" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["image_folder", "cifar10", "shards"])
+def test_a_data_root_that_does_not_exist_is_said_so(kind: str, tmp_path: Path) -> None:
+    """Not "holds no train/ folder": the folder is not there at all, whatever the kind."""
+    from hpc_ddp.data import cifar10, image_folder, shard_index
+    from hpc_ddp.errors import UserError
+
+    check = {"image_folder": lambda r: image_folder.check_root(r, ("train", "val")),
+             "cifar10": cifar10.check_root, "shards": shard_index.read_index}[kind]
+    missing = str(tmp_path / "no" / "such" / "dir")
+    with pytest.raises(UserError) as info:
+        check(missing)
+    assert info.value.message.startswith(f"data.root={missing}: does not exist. Fix: ")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError) as info:  # a folder that exists but is not the data: as before
+        check(str(tmp_path / "empty"))
+    assert "does not exist" not in info.value.message
