@@ -80,6 +80,17 @@ def test_locate_names_what_is_missing() -> None:
         locate("not a path", "model._target_")
 
 
+@pytest.mark.parametrize("typed, meant", [
+    ("tests.usercode.entries:repor", "tests.usercode.entries:report"),  # as typed: a colon
+    ("tests.usercode.entries.repor", "tests.usercode.entries.report"),
+    ("torch.nn:Linear.forwrd", "torch.nn:Linear.forward"),
+])
+def test_a_suggested_name_is_in_the_form_typed(typed: str, meant: str) -> None:
+    with pytest.raises(TargetError) as info:
+        locate(typed, "entry")
+    assert f"did you mean {meant}? " in info.value.message, info.value.message
+
+
 def test_auto_arguments_go_only_where_taken() -> None:
     def takes(num_classes: int = 1) -> int:
         return num_classes
