@@ -116,3 +116,20 @@ def test_a_signal_while_a_job_goes_out_waits_until_it_is_out() -> None:
             stops.handle(signal.SIGTERM)
             went_out.append("job 7")  # the submission goes on to its end
     assert went_out == ["job 7"] and exit_code(caught.value) == 128 + signal.SIGTERM
+
+
+def test_a_failure_report_leaves_out_the_logs_a_rank_never_wrote(tmp_path: Path) -> None:
+    """A rank that failed before Python started (a missing venv) has an error file and no
+    log: its report is the error, without `(no log at ...)` noise."""
+    from hpc_ddp.follow import failure_report
+
+    run = RunDir(tmp_path / "run")
+    run.logs.mkdir(parents=True)
+    for rank in (0, 1):
+        run.rank_error(rank).write_text(f"rank {rank} on node{rank + 1}: cluster.venv=/x: no "
+                                        "virtual environment there\n")
+    run.rank_log(1).write_text("12:00:00 [rank 1 node2] INFO something it said\n")
+    report = failure_report(run, type("Job", (), {"job_id": "7", "state": "FAILED"})())
+    assert "no log at" not in report and f"last lines of {run.rank_log(0)}" not in report
+    assert "rank 0 on node1: cluster.venv=/x" in report
+    assert f"last lines of {run.rank_log(1)}:\n12:00:00 [rank 1 node2]" in report

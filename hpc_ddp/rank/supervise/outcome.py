@@ -173,9 +173,11 @@ def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> d
 
 
 def summary_line(summary: dict[str, Any]) -> str:
-    """One line for the end of a rank-0 log or an srun's output."""
-    figures = [f"step {summary.get('global_step')}"]
+    """One line for the end of a rank-0 log or an srun's output: the step, the eval figures;
+    a program of the user's that recorded no step (a script that never saved) by its name."""
+    step = summary.get("global_step")
+    figures = [f"step {step}" if step is not None else str(summary.get("program") or "")]
     for key in ("eval_loss", "eval_accuracy"):
         if isinstance(summary.get(key), float):
             figures.append(f"{key.replace('_', ' ')} {summary[key]:.4f}")
-    return ", ".join(figures)
+    return ", ".join(f for f in figures if f)
