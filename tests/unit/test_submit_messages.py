@@ -133,3 +133,17 @@ def test_a_failure_report_leaves_out_the_logs_a_rank_never_wrote(tmp_path: Path)
     assert "no log at" not in report and f"last lines of {run.rank_log(0)}" not in report
     assert "rank 0 on node1: cluster.venv=/x" in report
     assert f"last lines of {run.rank_log(1)}:\n12:00:00 [rank 1 node2]" in report
+
+
+def test_a_run_from_a_relative_folder_names_its_files_in_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_ddp.api import Run
+
+    (tmp_path / "outputs" / "x").mkdir(parents=True)
+    (tmp_path / "outputs" / "x" / "job.json").write_text(json.dumps(
+        {"kind": "local", "job_id": "7", "controller_pid": 0}))
+    monkeypatch.chdir(tmp_path)
+    run = Run.from_dir("outputs/x")
+    assert run.files.root == tmp_path / "outputs" / "x" and run.files.root.is_absolute()
+    assert run.files.summary == tmp_path / "outputs" / "x" / "summary.json"
+    assert run.run_dir.is_absolute()
