@@ -42,6 +42,12 @@ def test_acceptance_two_ranks(hpc_ddp: Run, tmp_path: Path) -> None:
     assert summary["eval_accuracy"] > 0.2
     assert summary["hosts"] == [os.uname().nodename] * 2
     assert summary["resumed_from_step"] is None and summary["restarts"] == 0
+    # The id to quote is the one submitted and recorded: summary and job.json agree, and the
+    # launch's own id names its rendezvous file (docs/run-directory.md).
+    job = json.loads((run_dir / "job.json").read_text())
+    assert summary["job_id"] == job["job_id"] and f"local job {job['job_id']}:" in done.stdout
+    assert [p.name for p in (run_dir / "rendezvous").glob("*.json")] == [
+        f"{summary['launch_id']}-r0.json"]
     for key in ("epochs_completed", "samples_seen", "final_train_loss", "samples_per_s"):
         assert summary[key] is not None
     loss = tb_scalars(run_dir / "tb", "train/loss")
