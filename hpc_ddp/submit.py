@@ -51,8 +51,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     try:
         return _main(args, out)
     except KeyboardInterrupt as exc:  # before anything went out (after: _submit says what did)
-        print(f"\nstopped ({_signal_name(exc)}) before the run was submitted: nothing of it "
-              "runs.", file=sys.stderr)
+        print(f"\nstopped ({_signal_name(exc)}) before anything was submitted: nothing runs.",
+              file=sys.stderr)
         return exit_code(exc)
 
 

@@ -273,8 +273,8 @@ def test_sigterm_while_submitting_says_what_was_submitted_and_stops_cleanly(
         outcomes[when] = out = log.read_text()
         assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in out, out
     planning, submitting = outcomes["planning"], outcomes["submitting"]
-    assert planning.strip() == ("stopped (SIGTERM) before the run was submitted: nothing of "
-                                "it runs."), planning
+    assert planning.strip() == ("stopped (SIGTERM) before anything was submitted: nothing "
+                                "runs."), planning
     assert not (tmp_path / "planning").exists()
     # What went out is said (its first line), then how it ended: the ranks were stopped.
     job = json.loads((tmp_path / "submitting" / "job.json").read_text())
