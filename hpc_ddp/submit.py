@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
 import types
 from collections.abc import Sequence
@@ -51,13 +50,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     try:
         return _main(args, out)
     except KeyboardInterrupt as exc:  # before anything went out (after: _submit says what did)
-        print(f"\nstopped ({_signal_name(exc)}) before anything was submitted: nothing runs.",
-              file=sys.stderr)
+        print(f"\nstopped ({interrupts.name(exc)}) before anything was submitted: nothing "
+              "runs.", file=sys.stderr)
         return exit_code(exc)
-
-
-def _signal_name(exc: BaseException) -> str:
-    return "Ctrl-C" if getattr(exc, "signum", signal.SIGINT) == signal.SIGINT else str(exc)
 
 
 def _main(args: list[str], out: TextIO) -> int:

@@ -44,6 +44,12 @@ def exit_code(exc: BaseException) -> int:
     return 128 + int(getattr(exc, "signum", signal.SIGINT))
 
 
+def name(exc: BaseException) -> str:
+    """"Ctrl-C", or the signal's name (SIGTERM, SIGHUP), for the line that says it stopped."""
+    signum = int(getattr(exc, "signum", signal.SIGINT))
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 class StopSignals:
     """The handler of SIGINT, SIGTERM and SIGHUP for the whole command (see the module)."""
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -49,15 +48,15 @@ def groups(plans: list[api.Plan]) -> list[list[int]]:
     """Point indices grouped by identical Slurm parameters (one array, or more, each)."""
     from hpc_ddp.launch import slurm
 
-    groups: dict[str, list[int]] = {}
+    found: dict[str, list[int]] = {}
     for i, plan in enumerate(plans):
         key = json.dumps(slurm.executor_parameters(plan.cfg), sort_keys=True, default=str)
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
+        found.setdefault(key, []).append(i)
+    return list(found.values())
 
 
 def arrays(plans: list[api.Plan], folder: Path,
-            environ: Mapping[str, str]) -> Iterator[tuple[list[int], Any]]:
+           environ: Mapping[str, str]) -> Iterator[tuple[list[int], Any]]:
     """Each job array as it would be submitted: its points (grouped by Slurm parameters,
     split to fit MaxArraySize) and submitit's executor for it, after the shell-safety checks.
     submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/."""
@@ -121,11 +120,11 @@ def _write_job(plan: api.Plan, kind: str, job_id: str) -> None:
 
 
 def stopped_submitting(manifest: dict[str, Any], folder: Path, created: bool,
-                        exc: BaseException, out: TextIO) -> int:
+                       exc: BaseException, out: TextIO) -> int:
     """A stop signal while the arrays went out (launch/interrupts.py holds it until the
     array being submitted is out): say what was submitted, submit no more."""
     sent = sum(p["job_id"] is not None for p in manifest["points"])
-    name = "Ctrl-C" if exit_code(exc) == 128 + signal.SIGINT else str(exc)
+    name = interrupts.name(exc)
     if not sent:
         if created:
             shutil.rmtree(folder, ignore_errors=True)
