@@ -230,7 +230,8 @@ class Run:
     """A submitted run: its job, its files, its results. Cheap to re-create from a run dir."""
 
     def __init__(self, run_dir: Path | str, job: Mapping[str, Any], handle: Any = None) -> None:
-        self.run_dir = Path(run_dir)
+        # Absolute: a handle outlives a chdir (a notebook's), and its files are named in full.
+        self.run_dir = Path(run_dir).expanduser().absolute()
         self.kind: str = str(job["kind"])
         self.job_id: str = str(job["job_id"])
         self._record = dict(job)

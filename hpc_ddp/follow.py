@@ -79,6 +79,8 @@ def results_table(summary: dict[str, Any]) -> str:
     """The summary as a table: what every run has, the built-in trainer's figures, and the
     numbers a user's program returned (rows without a value are left out)."""
     def fmt(value: Any) -> str:
+        if isinstance(value, bool):
+            return "true" if value else "false"  # as summary.json writes it
         return f"{value:.4f}" if isinstance(value, float) else str(value)
 
     speed = summary.get("samples_per_s")
@@ -91,14 +93,25 @@ def results_table(summary: dict[str, Any]) -> str:
             ("eval accuracy", summary.get("eval_accuracy")),
             *[(f"eval {k}", v) for k, v in (summary.get("eval_metrics") or {}).items()
               if k not in ("loss", "accuracy")],
-            *[(str(k), v) for k, v in (summary.get("result") or {}).items()
-              if isinstance(v, int | float | str) and not isinstance(v, bool)][:12],
+            *returned_rows(summary.get("result") or {})[:12],
             ("samples/s", f"{speed:.1f}" if isinstance(speed, int | float) else None),
             ("resumed from step", summary.get("resumed_from_step")),
             ("restarts", summary.get("restarts"))]
     rows = [(name, v) for name, v in rows if v is not None and v != ""]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
+
+
+def returned_rows(result: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """What a program returned, as table rows: numbers, strings and booleans, a dict's under
+    dotted names (``metrics.f1``); lists and other values stay in summary.json only."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in result.items():
+        if isinstance(value, dict):
+            rows += returned_rows(value, f"{prefix}{key}.")
+        elif isinstance(value, int | float | str):  # bool is an int
+            rows.append((f"{prefix}{key}", value))
+    return rows
 
 
 def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:
@@ -146,8 +159,9 @@ def failure_report(run: RunDir, job: Any) -> str:
     state = getattr(job, "state", "?")
     lines = [f"job {job.job_id} failed (state {state})."]
     for rank in ranks or [0]:
-        lines += [error_message(run, rank), f"last lines of {run.rank_log(rank)}:",
-                  tail(run.rank_log(rank), 15)]
+        lines.append(error_message(run, rank))
+        if run.rank_log(rank).exists():  # a rank that never started python has none
+            lines += [f"last lines of {run.rank_log(rank)}:", tail(run.rank_log(rank), 15)]
     if not ranks:
         lines += [f"no rank reported an error; the launcher's output (submitit's, or srun's "
                   f"step-*.out) is under {run.submitit}"]

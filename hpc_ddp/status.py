@@ -113,9 +113,9 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
 
-    summary = read_json(run_dir / "summary.json") or {}
     progress = read_json(run_dir / "progress.json") or {}
     job = job if job is not None else read_json(run_dir / JOB_FILE)
+    summary = current_summary(run_dir, job)
     pending = None
     if not job:
         found = JobState("NOT SUBMITTED")
@@ -127,8 +127,9 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         looks = looks or Lookups()
         pending = pending_of(found, run_dir, looks.facts, looks.requests)
     restarts = summary.get("restarts")
-    if restarts is None:
-        restarts = sum(1 for e in events.read(run_dir) if e.get("kind") == "requeue")
+    if restarts is None:  # the attempt that runs now: resumes so far, and requeues
+        resumes = len((job or {}).get("history") or [None]) - 1
+        restarts = resumes + sum(1 for e in events.read(run_dir) if e.get("kind") == "requeue")
     return {"label": label, "run_dir": str(run_dir), "job_id": job and job.get("job_id"),
             "state": found.state, "slurm_state": found.raw, "reason": found.reason,
             "pending": pending.line() if pending else None,
@@ -138,6 +139,20 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "loss": summary.get("final_train_loss", progress.get("loss")),
             "eval_accuracy": summary.get("eval_accuracy"),
             "eval_loss": summary.get("eval_loss")}
+
+
+def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
+    """summary.json, unless an earlier submission wrote it (a resumed run that trains now):
+    older than job.json's latest submission, the rule follow.last_stop has for stops."""
+    path = run_dir / "summary.json"
+    summary = read_json(path)
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return {}
+    if not isinstance(summary, dict) or written < float((job or {}).get("submitted") or 0.0):
+        return {}
+    return summary
 
 
 def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -277,11 +292,27 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
 
 def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: TextIO) -> int:
     if manifest is not None and manifest.get("kind") == "slurm" and manifest.get("arrays"):
+        from collections import Counter
+
+        from hpc_ddp.slurm.state import TERMINAL
 
         rows = rows_of(runs)
+        # Only the arrays with a point that has not ended: cancelling an ended run cancels
+        # nothing, and saying so is the truth (docs/api.md).
+        live = {str(r["job_id"]).split("_")[0] for r in rows
+                if r["job_id"] and r["state"] not in TERMINAL}
+        arrays = [a for a in manifest["arrays"] if a in live]
+        if not arrays:
+            states = Counter(str(r["state"]) for r in rows)
+            print("every point had ended already (" + ", ".join(
+                f"{n} {state}" for state, n in states.most_common()) + "); nothing to cancel",
+                  file=out)
+            return 0
         unstarted = sum(never_started(Path(r["run_dir"]), r["state"]) for r in rows)
-        subprocess.run(["scancel", *manifest["arrays"]], check=False)
-        print(f"cancelled job array(s) {', '.join(manifest['arrays'])}", file=out)
+        subprocess.run(["scancel", *arrays], check=False)
+        ended = len(manifest["arrays"]) - len(arrays)
+        print(f"cancelled job array(s) {', '.join(arrays)}"
+              + (f"; {ended} other array(s) had ended already" if ended else ""), file=out)
         if unstarted:
             print(f"{unstarted} of {len(rows)} points had never started: nothing ran there, "
                   "nothing is lost", file=out)

@@ -22,38 +22,22 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import sys
-import threading
 import types
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.inputs.command_line import split_script_args, take_config_dir
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP to this command: handled like Ctrl-C (the exit code says which)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise Stopped(signum)
+from hpc_ddp.launch import interrupts
+from hpc_ddp.launch.interrupts import exit_code
 
 
 def handle_stop_signals() -> None:
     """Ctrl-C, a `kill`, a closed terminal all end a followed run the same way: a local run
-    checkpoints and stops, a Slurm job goes on. SIGINT gets Python's own handler even when
-    it was ignored at start (`cmd &` in a script), where Python installs none."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _raise_stopped)
+    checkpoints and stops, a Slurm job goes on; a copy of the signal that arrives with it
+    (a wrapper's) is the same Ctrl-C (launch/interrupts.py)."""
+    interrupts.install()
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
@@ -63,6 +47,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     if any(a in ("-h", "--help") for a in args):
         print(__doc__, file=out)
         return 0
+    try:
+        return _main(args, out)
+    except KeyboardInterrupt as exc:  # before anything went out (after: _submit says what did)
+        print(f"\nstopped ({interrupts.name(exc)}) before anything was submitted: nothing "
+              "runs.", file=sys.stderr)
+        return exit_code(exc)
+
+
+def _main(args: list[str], out: TextIO) -> int:
     try:
         args, script_args = split_script_args(args)
         args = take_config_dir(args)
@@ -146,22 +139,29 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
             print("error: the preflight checks failed (above); nothing was submitted.",
                   file=sys.stderr)
             return 1
-    run = api.submit(chosen)
-    why = f": {chosen.why}" if cfg.cluster.kind == "local" and chosen.why else ""
-    print(f"hpc_ddp: {cfg.cluster.kind} job {run.job_id}: {launcher.describe(cfg)}{why}\n"
-          f"  run dir:     {run_dir.root}\n"
-          f"  rank-0 log:  {run_dir.rank_log(0)}\n"
-          f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}", file=out,
-          flush=True)
-    if not cfg.wait:
-        for line in next_steps(cfg.cluster.kind, run_dir.root, run.job_id):
-            print(line, file=out, flush=True)
-        return 0
+    # A stop signal while the job goes out waits until it is out (and said): then it is
+    # handled as one while following, so the command never stops not knowing what it sent.
+    run = None
     try:
+        with interrupts.held():
+            run = api.submit(chosen)
+            why = f": {chosen.why}" if cfg.cluster.kind == "local" and chosen.why else ""
+            print(f"hpc_ddp: {cfg.cluster.kind} job {run.job_id}: {launcher.describe(cfg)}"
+                  f"{why}\n"
+                  f"  run dir:     {run_dir.root}\n"
+                  f"  rank-0 log:  {run_dir.rank_log(0)}\n"
+                  f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}",
+                  file=out, flush=True)
+        if not cfg.wait:
+            for line in next_steps(cfg.cluster.kind, run_dir.root, run.job_id):
+                print(line, file=out, flush=True)
+            return 0
         run.wait(out=out)
     except api.RunFailed:
         return 1  # follow() has printed the failing rank's lines
     except KeyboardInterrupt as exc:
+        if run is None:  # not submitted (the Python API's caller interrupted it)
+            raise
         return interrupted(run, out, exc)
     return 0
 
@@ -178,21 +178,25 @@ def next_steps(kind: str, root: Any, job_id: str) -> list[str]:
 
 def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
     """Ctrl-C (or SIGTERM/SIGHUP) while following: a Slurm job goes on; a local run
-    checkpoints and stops. Exit code 128 + the signal, as a shell reports it."""
-    code = 128 + (exc.signum if isinstance(exc, Stopped) else signal.SIGINT)
+    checkpoints and stops, or, on a second Ctrl-C a second or more later, is stopped at once.
+    Exit code 128 + the signal, as a shell reports it."""
+    code = exit_code(exc)
     where = shlex.quote(str(run.run_dir))
     if run.kind == "slurm":
         print(f"\nstopped following; job {run.job_id} goes on (python -m hpc_ddp.status "
               f"{where}; scancel {run.job_id} stops it).", file=out, flush=True)
         return code
-    print("\ninterrupted: the ranks save a checkpoint and stop (Ctrl-C again stops them at "
-          "once, losing the steps since the last checkpoint)...", file=out, flush=True)
+    print("\ninterrupted: the ranks save a checkpoint and stop (Ctrl-C again, a second or "
+          "more later, stops them at once, losing the steps since the last checkpoint)...",
+          file=out, flush=True)
+    killed = False
     try:
-        run.cancel(grace_s=120.0)
-        killed = False
+        with interrupts.second_stops_at_once():
+            run.cancel(grace_s=120.0)
     except KeyboardInterrupt:
-        run.cancel(grace_s=0.0)
         killed = True
+    if killed:  # outside the block: nothing interrupts the kill
+        run.cancel(grace_s=0.0)
     from hpc_ddp.rundir import resume_command
 
     print(f"{stopped_how(run.files, killed)} Continue with: {resume_command(run.run_dir)}",

@@ -41,15 +41,17 @@ def locate(path: str, key: str) -> Any:
                           f"{type(exc).__name__}: {_first_line(exc)}.",
                           f"fix the error in {module_path}.") from None
     done = module_path
+    # The hint in the form typed: pkg.mod:main (an entry's colon) or pkg.mod.Name.
+    sep = ":" if colon else "."
     for name in filter(None, rest.split(".")):
         if not hasattr(obj, name):
             names = [n for n in dir(obj) if not n.startswith("_")]
             close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean {done}.{close[0]}? " if close else ""
+            hint = f"did you mean {done}{sep}{close[0]}? " if close else ""
             raise TargetError(key, path, f"{done} has no attribute {name}.",
                               f"{hint}{_IMPORTABLE_FIX}.")
         obj = getattr(obj, name)
-        done = f"{done}.{name}"
+        done, sep = f"{done}{sep}{name}", "."
     return obj
 
 

@@ -92,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if summary is not None:
         from hpc_ddp.rank.supervise.outcome import summary_line
 
-        print(f"hpc_ddp: done, {summary_line(summary)}, run dir {run_dir.root}")
+        said = summary_line(summary)
+        print(f"hpc_ddp: done, {said + ', ' if said else ''}run dir {run_dir.root}")
     return 0
 
 

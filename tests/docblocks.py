@@ -17,6 +17,11 @@ of it)::
 In a run block, lines that start with ``$ `` are commands typed into one shell and the lines
 under each one its output, compared by ``mismatch``; a block without ``$ `` lines is one bash
 script, a ``python`` block one Python script.
+
+In shown output a number is compared as written (a seeded run's losses and accuracies are the
+same every time); a figure that differs from run to run (a speed, a time of day, a job id, a
+port) is marked with ``~`` before it (``~16564.3 samples/s``, ``slurm job ~42``) and matches
+any figure; ``...`` and ``<placeholder>`` match any text.
 """
 
 from __future__ import annotations
@@ -166,14 +171,18 @@ def runnable(kind: str) -> list[tuple[str, list[Block]]]:
 
 
 # -- comparing output ----------------------------------------------------------------------
-NUMBER = r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
-_TOKEN = re.compile(r"\.\.\.|…|<[^<>\s][^<>]*>|[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?|\s+")
+# A figure: digits, with dots or colons between them (0.4141, 16564.3, 08:12:43,
+# 127.0.0.1:41741), an exponent; "~" before one in shown output: it varies (module doc).
+FIGURE = r"[-+]?\d+(?:[.:]\d+)*(?:e[-+]?\d+)?"
+VARIES = "~"
+_TOKEN = re.compile(rf"\.\.\.|…|<[^<>\s][^<>]*>|{VARIES}{FIGURE}|\s+")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def line_pattern(shown: str) -> re.Pattern[str]:
-    """A shown line as a pattern: a number matches any number, ``...`` (or ``…``) any text,
-    ``<placeholder>`` any text, a run of spaces any run of spaces; the rest is literal."""
+    """A shown line as a pattern: ``~`` and a figure match any figure, ``...`` (or ``…``)
+    any text, ``<placeholder>`` any text, a run of spaces any run of spaces; the rest, other
+    numbers included, is literal."""
     out, pos = [], 0
     for m in _TOKEN.finditer(shown):
         out.append(re.escape(shown[pos:m.start()]))
@@ -183,7 +192,7 @@ def line_pattern(shown: str) -> re.Pattern[str]:
         elif token.isspace():
             out.append(r"\s+")
         else:
-            out.append(NUMBER)
+            out.append(FIGURE)
         pos = m.end()
     out.append(re.escape(shown[pos:]))
     return re.compile("".join(out))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass
@@ -50,8 +51,50 @@ def _unknown_key(full: str, value: Any, known: list[str], prefix: str,
     rest = typed[0][len(full):] if typed else ""
     if typed:
         full, value = typed[0], typed[2]
-    fix = f"did you mean {prefix}{close[0]}{rest}?" if close else f"valid keys: {', '.join(known)}."
+    meant = closest_key(full, f"{prefix}{close[0]}{rest}" if close else None)
+    fix = f"did you mean {meant}?" if meant else f"valid keys: {', '.join(known)}."
     return UserError(full, shown(value), "no such key.", fix + " See docs/configuration.md.")
+
+
+def closest_key(typed: str, guess: str | None = None) -> str | None:
+    """The key a mistyped ``typed`` most likely means, among the keys that exist (every
+    group searched): ``guess`` (one level's closest name) if it exists, else the one key
+    ``typed`` is the end of (container.image -> cluster.container.image), else the one key
+    whose last name is close to typed's (imge_size -> data.image_size), else the closest
+    whole key; None when none is close."""
+    keys = all_keys()
+    if guess in keys:
+        return guess
+    ends = [k for k in keys if k.endswith(f".{typed}")]
+    if len(ends) == 1:
+        return ends[0]
+    leaves: dict[str, list[str]] = {}
+    for key in keys:
+        leaves.setdefault(key.rpartition(".")[2], []).append(key)
+    leaf = difflib.get_close_matches(typed.rpartition(".")[2], list(leaves), n=1, cutoff=0.8)
+    if leaf and len(leaves[leaf[0]]) == 1:  # imge_size -> data.image_size, but not "name"
+        return leaves[leaf[0]][0]
+    close = difflib.get_close_matches(typed, keys, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+@functools.cache
+def all_keys() -> tuple[str, ...]:
+    """Every key of the config as a dotted path, the nodes that hold keys included
+    (cluster, cluster.container, ...; a part's built-in keys, not its `_target_` form)."""
+    found: list[str] = []
+
+    def walk(schema: Any, prefix: str) -> None:
+        for f in fields(schema):
+            if f.name in ("target", "kwargs") and schema in PARTS.values():
+                continue
+            found.append(f"{prefix}{f.name}")
+            sub = _dataclass_of(schema, f.name)
+            if sub is not None:
+                walk(sub, f"{prefix}{f.name}.")
+
+    walk(Config, "")
+    return tuple(found)
 
 
 def user_error(exc: Exception, overrides: Sequence[str],

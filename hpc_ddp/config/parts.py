@@ -113,18 +113,29 @@ def to_typed(part: str, node: Mapping[str, Any] | None) -> Any:
     return copy.deepcopy(_typed_cached(part, frozen))
 
 
+def is_plus_target(item: str) -> bool:
+    """``+model._target_=...`` or ``++model._target_=...`` (a part's `_target_` with Hydra's
+    "add" prefix): read as ``model._target_=...``, which starts the part afresh."""
+    key = item.partition("=")[0]
+    group, _, rest = key.lstrip("+").partition(".")
+    return key.startswith("+") and group in PARTS and rest == TARGET
+
+
 def widen_overrides(overrides: Sequence[str]) -> list[str]:
     """Part and free-form keys as Hydra needs them to accept new keys.
 
     ``model.width=256`` -> ``++model.width=256`` (set or add: a `_target_`'s arguments are
     not in the option's YAML); ``model._target_=pkg.Net`` without a ``model=<option>``
     choice -> ``~model`` first, so the target starts from an empty node, not from the default
-    option's keys. Explicit ``+``/``++``/``~`` are left as typed.
+    option's keys. Explicit ``+``/``++``/``~`` are left as typed, but for a part's
+    ``_target_``, where ``+model._target_=pkg.Net`` means the same as without the ``+``.
     """
     chosen = {o.partition("=")[0] for o in overrides if "." not in o.partition("=")[0]}
     widened: list[str] = []
     fresh: list[str] = []
     for item in overrides:
+        if is_plus_target(item):  # Hydra's habit, +model._target_=...: the same meaning
+            item = item.lstrip("+")
         key, eq, _ = item.partition("=")
         group, dot, _ = key.partition(".")
         if not eq or not dot or key.startswith(("+", "~")) or not (

@@ -2,7 +2,7 @@
 
     python -m hpc_ddp.data download cifar10 root=/shared/datasets
     python -m hpc_ddp.data pack SRC DST [samples_per_shard=1000] [seed=0] [splits=train,val]
-                                        [quality=N] [key=value ...]
+                                        [quality=N] [--replace] [key=value ...]
 
 download (on a machine with internet, a login node) writes cifar-10-batches-py/ under root;
 train with data=cifar10 data.root=<root>.
@@ -11,6 +11,8 @@ pack writes WebDataset shards of SRC into DST (docs/data.md); train with data=sh
 data.root=DST. SRC is an image folder (SRC/<split>/<class>/<image>, the files packed as they
 are) or a data factory, pkg.module:function or pkg.module.function (what data._target_ names,
 called with the key=value arguments; its images encoded as PNG, or JPEG with quality=N).
+DST must be new or empty; --replace lets it hold an earlier pack, which the new one replaces
+(the old shards the new index.json does not list are removed).
 Exit codes: 0 done, 1 the download failed, 2 bad usage.
 """
 
@@ -28,6 +30,7 @@ from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 SUBCOMMANDS = ("download", "pack")
 PACK_OPTIONS = ("samples_per_shard", "seed", "splits", "quality")
+REPLACE = "--replace"  # pack: DST may hold an earlier pack, which is replaced
 DATASETS = ("cifar10",)
 
 
@@ -37,11 +40,12 @@ def parse(args: Sequence[str]) -> tuple[str, str]:
     roots = [a.partition("=")[2] for a in args if a.startswith("root=")]
     words = [a for a in args if not a.startswith("root=")]
     example = "e.g. python -m hpc_ddp.data download cifar10 root=/shared/datasets."
-    if not words:
-        raise UserError("subcommand", "", "is missing.", example)
-    if words[0] not in SUBCOMMANDS:
-        raise UserError("subcommand", words[0], "is not one of this command's.",
-                        f"use {' or '.join(SUBCOMMANDS)}: {example}")
+    if not words or words[0] not in SUBCOMMANDS:
+        raise UserError("subcommand", words[0] if words else "",
+                        "is not one of this command's." if words else "is missing.",
+                        "use download or pack: python -m hpc_ddp.data download cifar10 "
+                        "root=/shared/datasets (fetch a data set), or python -m hpc_ddp.data "
+                        "pack SRC DST (WebDataset shards of an image folder or a factory).")
     if len(words) < 2:
         raise UserError("dataset", "", "is missing.", f"name one of {', '.join(DATASETS)}: "
                         f"{example}")
@@ -107,6 +111,10 @@ def parse_pack(args: Sequence[str]) -> tuple[str, str, dict[str, Any], dict[str,
     """(SRC, DST, pack options, a factory's arguments) of ``pack SRC DST [key=value ...]``."""
     example = "e.g. python -m hpc_ddp.data pack /data/imagenet /data/imagenet-shards."
     words = [a for a in args if "=" not in a]
+    flags = [w for w in words if w.startswith("-")]
+    if flags:
+        raise UserError("option", flags[0], "is not an option of pack.",
+                        f"the only one is {REPLACE} (replace the pack DST holds).")
     if len(words) < 2:
         raise UserError("SRC DST", " ".join(words), "needs a source and a destination.",
                         example)
@@ -162,8 +170,10 @@ def _literal(value: str) -> Any:
 def _pack(args: Sequence[str]) -> int:
     from hpc_ddp.data import pack
 
+    replace = REPLACE in args
     try:
-        src, dst, options, kwargs = parse_pack(args)
+        src, dst, options, kwargs = parse_pack([a for a in args if a != REPLACE])
+        pack.check_target(dst, replace)
         Path(dst).expanduser().mkdir(parents=True, exist_ok=True)
         if Path(src).expanduser().is_dir():
             quality = options.pop("quality", None)
@@ -180,9 +190,11 @@ def _pack(args: Sequence[str]) -> int:
     except OSError as exc:
         print(f"error: packing into {dst} failed: {exc}", file=sys.stderr)
         return 1
+    stale = pack.remove_stale(dst, index) if replace else []
     counts = ", ".join(f"{split} {sum(s['samples'] for s in shards)} samples in "
                        f"{len(shards)} shards" for split, shards in index["splits"].items())
-    print(f"packed {src} into {dst}: {counts}; train with data=shards data.root={dst}")
+    gone = f" (removed {len(stale)} file(s) of the pack it replaced)" if stale else ""
+    print(f"packed {src} into {dst}: {counts}{gone}; train with data=shards data.root={dst}")
     return 0
 
 

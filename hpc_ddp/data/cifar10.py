@@ -14,6 +14,10 @@ FOLDER = "cifar-10-batches-py"
 def check_root(root: str) -> Path:
     """The data root, or UserError saying how to fetch the data (checked before launch)."""
     path = Path(root).expanduser()
+    if not path.exists():
+        raise UserError("data.root", root, "does not exist.", "check the path, or fetch the "
+                        "data set there once on a login node: python -m hpc_ddp.data download "
+                        f"cifar10 root={root}")
     if not (path / FOLDER).is_dir():
         raise UserError(
             "data.root", root, f"holds no {FOLDER}/ folder.",

@@ -25,6 +25,10 @@ def check_root(root: str, splits: tuple[str, ...]) -> dict[str, list[str]]:
     """The classes of each split, read from the folder names only (no file is opened);
     UserError naming what is missing. Both splits must have the same classes."""
     base = Path(root).expanduser()
+    if not base.exists():
+        raise UserError("data.root", root, "does not exist.", "point data.root at the folder "
+                        "with the split folders (ImageNet layout: train/<class>/*.jpg, "
+                        "val/<class>/*.jpg), on a file system the nodes share.")
     found: dict[str, list[str]] = {}
     for split in splits:
         folder = base / split

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import random
+import re
 import sys
 import tarfile
 import time
@@ -131,6 +132,51 @@ def encode_sample(sample: Any, quality: int | None, target: str) -> tuple[bytes,
     return buffer.getvalue(), "jpg", int(label)
 
 
+# A shard's files as _ShardWriter names them: <split>-<6 digits>.tar/.idx, and their
+# temporary names while written.
+_SHARD_FILE = re.compile(r"^\.?[^/]+-\d{6}\.(tar|idx)(\.tmp)?$")
+
+
+def check_target(dst: str, replace: bool) -> None:
+    """DST must be new or empty; ``replace`` (``--replace``) lets it hold an earlier pack,
+    whose index.json goes when the first shard is written (write_split: an interrupted
+    replacement leaves no index, so data=shards refuses the folder). A folder that holds
+    files but no pack is never emptied. Nothing is changed here."""
+    folder = Path(dst).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UserError("DST", dst, "is a file.", "choose a folder for the shards.")
+    entries = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if not entries:
+        return
+    shown = ", ".join(entries[:3]) + (" ..." if len(entries) > 3 else "")
+    if not (folder / INDEX).is_file():
+        raise UserError("DST", dst, f"holds files but no pack ({shown}; no {INDEX}).",
+                        "choose a new or empty folder (--replace replaces an earlier pack "
+                        "only).")
+    if not replace:
+        raise UserError("DST", dst, f"holds a pack already ({shown}); packing there would "
+                        "mix its shards with the new ones.", "choose a new or empty folder, "
+                        "or add --replace to replace that pack.")
+
+
+def remove_stale(dst: str, index: dict[str, Any]) -> list[str]:
+    """Shard files under DST's split folders that ``index`` does not list (an earlier pack's,
+    replaced): removed, with split folders left empty; their names, DST-relative."""
+    folder = Path(dst).expanduser()
+    listed = {s["file"] for shards in index["splits"].values() for s in shards}
+    listed |= {str(Path(name).with_suffix(".idx")) for name in listed}
+    removed = []
+    for sub in (p for p in folder.iterdir() if p.is_dir()):
+        for path in sorted(sub.iterdir()):
+            name = f"{sub.name}/{path.name}"
+            if path.is_file() and _SHARD_FILE.match(path.name) and name not in listed:
+                path.unlink()
+                removed.append(name)
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    return removed
+
+
 def _shuffled(items: list[Any], seed: int) -> list[Any]:
     items = list(items)
     random.Random(seed).shuffle(items)
@@ -140,6 +186,8 @@ def _shuffled(items: list[Any], seed: int) -> list[Any]:
 def write_split(dst: str, split: str, samples: Iterable[tuple[bytes, str, int]], total: int,
                 samples_per_shard: int, out: TextIO | None) -> list[dict[str, Any]]:
     """Write a split's shards; [{"file", "samples", "bytes"}] of each."""
+    # The index of a pack this one replaces (check_target let it stay) goes before any shard.
+    (Path(dst).expanduser() / INDEX).unlink(missing_ok=True)
     folder = Path(dst).expanduser() / split
     folder.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, Any]] = []

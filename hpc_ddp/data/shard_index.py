@@ -31,6 +31,9 @@ class Split:
 def read_index(root: str) -> dict[str, Any]:
     """The shards' index.json; UserError saying how to make one."""
     path = Path(root).expanduser() / INDEX
+    if not path.parent.exists():
+        raise UserError("data.root", root, "does not exist.", "check the path, or pack the "
+                        f"data set there once: python -m hpc_ddp.data pack SRC {root}")
     try:
         index: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError:

@@ -48,7 +48,7 @@ class Pending:
     def line(self) -> str:
         if self.never:
             return f"can never start ({self.code}): {self.text}: {self.fix}"
-        return f"waits ({self.code or 'None'}): {self.text}"
+        return f"waits ({self.code}): {self.text}" if self.code else f"waits: {self.text}"
 
 
 _WAITS = {

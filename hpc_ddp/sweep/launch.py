@@ -10,15 +10,12 @@ Slurm the points run here, ``sweep.parallel`` at a time. Either way a manifest
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,11 +23,14 @@ from typing import Any, TextIO
 from hpc_ddp import api
 from hpc_ddp.config import secrets
 from hpc_ddp.errors import UserError
-from hpc_ddp.rundir import RunDir, created_with, read_json, resume_command, write_json
-from hpc_ddp.sweep.expand import Point, chunks, expand
+from hpc_ddp.launch import interrupts
+from hpc_ddp.launch.interrupts import exit_code
+from hpc_ddp.rundir import created_with, read_json, resume_command, write_json
+from hpc_ddp.sweep import arrays
+from hpc_ddp.sweep.arrays import MANIFEST, count
+from hpc_ddp.sweep.expand import Point, expand
 from hpc_ddp.sweep.timing import Phases
 
-MANIFEST = "sweep.json"
 PREFLIGHT = "preflight"
 
 
@@ -105,20 +105,6 @@ def _failing_point(points: list[Point], lists: list[list[str]]) -> Point | None:
     return None
 
 
-def max_array_size(environ: Mapping[str, str]) -> int:
-    """MaxArraySize of the cluster (array task ids must stay below it); 1001 if unknown."""
-    try:
-        out = subprocess.run(["scontrol", "show", "config"], env=dict(environ),
-                             capture_output=True, text=True, timeout=30, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 1001
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "MaxArraySize" and value.strip().isdigit():
-            return int(value.strip())
-    return 1001  # Slurm's default
-
-
 def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
            environ: Mapping[str, str] | None = None, show_cfg: bool = False,
            script_args: Sequence[str] | None = None) -> int:
@@ -172,7 +158,9 @@ def _write_and_submit(overrides: Sequence[str], out: TextIO, environ: Mapping[st
         write_json(folder / MANIFEST, manifest)
     if kind == "slurm":
         try:
-            _submit_arrays(manifest, plans, folder, environ, phases)
+            arrays.submit_arrays(manifest, plans, folder, environ, phases)
+        except KeyboardInterrupt as exc:  # between two arrays: what went out stays out
+            return arrays.stopped_submitting(manifest, folder, created, exc, out)
         except BaseException:
             if created and all(p["job_id"] is None for p in manifest["points"]):
                 shutil.rmtree(folder, ignore_errors=True)  # nothing went out: leave nothing
@@ -182,41 +170,11 @@ def _write_and_submit(overrides: Sequence[str], out: TextIO, environ: Mapping[st
         write_json(folder / MANIFEST, manifest)
         phases.write(environ, len(points))
         print(table(manifest, folder), file=out)
-        print(f"{_count(len(points), 'point')} in {len(manifest['arrays'])} job array(s); "
+        print(f"{count(len(points), 'point')} in {len(manifest['arrays'])} job array(s); "
               "follow with: "
               f"python -m hpc_ddp.status {folder} --watch", file=out)
         return 0
     return _run_locally(manifest, plans, folder, out)
-
-
-def _groups(plans: list[api.Plan]) -> list[list[int]]:
-    """Point indices grouped by identical Slurm parameters (one array, or more, each)."""
-    from hpc_ddp.launch import slurm
-
-    groups: dict[str, list[int]] = {}
-    for i, plan in enumerate(plans):
-        key = json.dumps(slurm.executor_parameters(plan.cfg), sort_keys=True, default=str)
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
-
-
-def _arrays(plans: list[api.Plan], folder: Path,
-            environ: Mapping[str, str]) -> Iterator[tuple[list[int], Any]]:
-    """Each job array as it would be submitted: its points (grouped by Slurm parameters,
-    split to fit MaxArraySize) and submitit's executor for it, after the shell-safety checks.
-    submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/."""
-    from hpc_ddp.launch import slurm
-
-    size = plans[0].cfg.sweep.max_array_size or max_array_size(environ)
-    parallel = plans[0].cfg.sweep.parallel
-    for members in _groups(plans):
-        for part in chunks(len(members), size):
-            indices = [members[k] for k in part]
-            for i in indices:
-                slurm.check_shell_safety(plans[i].cfg)
-            executor = slurm.make_executor(plans[members[0]].cfg, RunDir(folder))
-            executor.update_parameters(array_parallelism=parallel or len(indices))
-            yield indices, executor
 
 
 def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
@@ -228,7 +186,7 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
         return "\n".join(f"# point {p.index}: {p.label()}\n{to_yaml(plan.cfg)}"
                          for p, plan in zip(points, plans, strict=True))
     if plans[0].cfg.cluster.kind != "slurm":
-        lines = [f"would run {_count(len(plans), 'point')} here, "
+        lines = [f"would run {count(len(plans), 'point')} here, "
                  f"{plans[0].cfg.sweep.parallel or 1} at "
                  f"a time, into {folder}; nothing was started."]
         lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
@@ -239,63 +197,23 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
     scripts = []
     existed = folder.exists()
     try:
-        for indices, executor in _arrays(plans, folder, environ):
+        for indices, executor in arrays.arrays(plans, folder, environ):
             executor.parameters["map_count"] = len(indices)  # what submitit's batch sets
             labels = ", ".join(f"{i}: {points[i].label()}" for i in indices)
             scripts.append(f"# array of points {labels}\n" + submission_text(executor, "dry"))
     finally:
         if not existed:  # submitit's executor makes its folder; a dry run leaves none
             shutil.rmtree(folder, ignore_errors=True)
-    return "\n".join(scripts) + f"\n# {_count(len(plans), 'point')} in {len(scripts)} job " \
+    return "\n".join(scripts) + f"\n# {count(len(plans), 'point')} in {len(scripts)} job " \
         "array(s); nothing was submitted."
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
     """The doctor once per job shape (the first point of each group), before any submission."""
     from hpc_ddp.doctor import preflight
 
-    firsts = [g[0] for g in _groups(plans)] if plans[0].cfg.cluster.kind == "slurm" else [0]
+    firsts = [g[0] for g in arrays.groups(plans)] if plans[0].cfg.cluster.kind == "slurm" else [0]
     return all([preflight(plans[i].cfg, folder, out) for i in firsts])
-
-
-def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
-                   environ: Mapping[str, str], phases: Phases) -> None:
-    """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
-    from hpc_ddp.inputs.run_dir import write_run_config
-    from hpc_ddp.launch import slurm
-    from hpc_ddp.rank.main.task import training_task
-
-    for indices, executor in _arrays(plans, folder, environ):
-        with phases.timed("folders"):
-            texts = {i: write_run_config(plans[i].run_dir, plans[i].cfg, plans[i].overrides)
-                     for i in indices}
-        hidden = {k: v for i in indices for k, v in plans[i].secrets.items()}
-        try:
-            with phases.timed("submission (pickles, sbatch)"), secrets.exported(hidden), \
-                    slurm.sbatch_errors(plans[indices[0]].cfg, environ), executor.batch():
-                jobs = [executor.submit(training_task(texts[i], str(plans[i].run_dir.root)))
-                        for i in indices]
-            phases.count("sbatch calls")
-        except UserError as refused:
-            sent = sum(p["job_id"] is not None for p in manifest["points"])
-            done = (f"{sent} of {len(plans)} points were submitted before; "
-                    f"{folder / MANIFEST} lists them" if sent else "nothing was submitted")
-            raise UserError(refused.key, refused.value, f"{refused.problem} ({done})",
-                            refused.fix) from None
-        manifest["arrays"].append(str(jobs[0].job_id).split("_")[0])
-        with phases.timed("folders"):
-            for i, job in zip(indices, jobs, strict=True):
-                manifest["points"][i]["job_id"] = str(job.job_id)
-                _write_job(plans[i], "slurm", str(job.job_id))
-
-
-def _write_job(plan: api.Plan, kind: str, job_id: str) -> None:
-    record: dict[str, Any] = {"kind": kind, "job_id": job_id, "submitted": time.time()}
-    write_json(plan.run_dir.root / api.JOB_FILE, {**record, "history": [record]})
 
 
 def _run_locally(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
@@ -306,9 +224,9 @@ def _run_locally(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
     running: list[tuple[int, api.Run]] = []
     try:
         failed = _run_points(manifest, plans, folder, out, parallel, waiting, running)
-    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (hpc_ddp.submit.Stopped)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (launch/interrupts.py)
         _interrupted(manifest, running, waiting, out)
-        return 128 + int(getattr(exc, "signum", signal.SIGINT))
+        return exit_code(exc)
     print(table(manifest, folder), file=out)
     return 1 if failed else 0
 
@@ -341,13 +259,14 @@ def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, o
     while waiting or running:
         _show_progress(running, shown, out)
         while waiting and len(running) < parallel:
-            i = waiting.pop(0)
-            run = api.submit(plans[i])
-            manifest["points"][i]["job_id"] = run.job_id
-            write_json(folder / MANIFEST, manifest)
-            print(f"point {i}: {manifest['points'][i]['label']} -> job {run.job_id}", file=out,
-                  flush=True)
-            running.append((i, run))
+            with interrupts.held():  # a point that went out is stopped with the others
+                i = waiting.pop(0)
+                run = api.submit(plans[i])
+                running.append((i, run))
+                manifest["points"][i]["job_id"] = run.job_id
+                write_json(folder / MANIFEST, manifest)
+                print(f"point {i}: {manifest['points'][i]['label']} -> job {run.job_id}",
+                      file=out, flush=True)
         for i, run in list(running):
             if run.done():
                 running.remove((i, run))

@@ -44,9 +44,10 @@ def summary(run_dir: Path) -> dict:  # type: ignore[type-arg]
 
 
 def assert_step_completed(run_dir: Path, env: dict[str, str]) -> None:
-    """Once salloc has returned: the run's step (summary.json's job id, <allocation>.<step>)
-    and its allocation ended COMPLETED 0:0 in Slurm, not only with a summary written."""
-    step = str(summary(run_dir)["job_id"])
+    """Once salloc has returned: the run's step (summary.json's launch id,
+    <allocation>.<step>) and its allocation ended COMPLETED 0:0 in Slurm, not only with a
+    summary written."""
+    step = str(summary(run_dir)["launch_id"])
     assert "." in step, f"not a step id: {step}"
     assert_completed(step, env)
     assert_completed(step.split(".")[0], env)
@@ -116,7 +117,8 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     assert job["kind"] == "step" and job["job_id"] == alloc
     got = summary(run_dir)
     assert got["global_step"] == 200 and sorted(got["hosts"]) == ["node1", "node2"]
-    assert got["job_id"].startswith(f"{alloc}.")  # a step of the allocation, no other job
+    assert got["job_id"] == alloc  # as job.json: the allocation it ran in
+    assert got["launch_id"].startswith(f"{alloc}.")  # a step of it, no other job
     if where != "salloc shell":
         assert "submit exited 143" in done.stdout and "Continue with:" in done.stdout
         assert 0 < got["resumed_from_step"] < 200, got

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from hpc_ddp.bench.sweep import HOLD, cancel, clean_up
-from hpc_ddp.sweep.launch import launch, max_array_size
+from hpc_ddp.sweep.arrays import max_array_size
+from hpc_ddp.sweep.launch import launch
 
 pytestmark = pytest.mark.cluster
 

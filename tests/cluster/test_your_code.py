@@ -242,6 +242,8 @@ def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: 
          str(out), "two words"], tmp_path, activated(slurm_env))
     assert_completed(job, slurm_env, log)
     assert (run_dir / "summary.json").is_file(), log
+    # The last line names the script (it saved no step), never "step None".
+    assert f"hpc_ddp: done, script {probe} " in log and "step None" not in log, log
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
     assert [r["LOCAL_RANK"] for r in records] == ["0", "1", "0", "1"]
     assert [r["GROUP_RANK"] for r in records] == ["0", "0", "1", "1"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,6 +42,12 @@ def test_acceptance_two_ranks(hpc_ddp: Run, tmp_path: Path) -> None:
     assert summary["eval_accuracy"] > 0.2
     assert summary["hosts"] == [os.uname().nodename] * 2
     assert summary["resumed_from_step"] is None and summary["restarts"] == 0
+    # The id to quote is the one submitted and recorded: summary and job.json agree, and the
+    # launch's own id names its rendezvous file (docs/run-directory.md).
+    job = json.loads((run_dir / "job.json").read_text())
+    assert summary["job_id"] == job["job_id"] and f"local job {job['job_id']}:" in done.stdout
+    assert [p.name for p in (run_dir / "rendezvous").glob("*.json")] == [
+        f"{summary['launch_id']}-r0.json"]
     for key in ("epochs_completed", "samples_seen", "final_train_loss", "samples_per_s"):
         assert summary[key] is not None
     loss = tb_scalars(run_dir / "tb", "train/loss")
@@ -171,6 +178,112 @@ def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from_step"] == stopped_at and summary["global_step"] == 200
+
+
+def _started(run_dir: Path, proc: subprocess.Popen[str], steps: int = 3) -> None:
+    """Until the run has logged ``steps`` steps (its ranks train)."""
+    progress = run_dir / "progress.json"
+    deadline = time.monotonic() + 120
+    while (json.loads(progress.read_text()).get("step", 0) if progress.exists() else 0) < steps:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.poll()
+        time.sleep(0.05)
+
+
+# How the two interrupts of one Ctrl-C reach the command: through `timeout` (the terminal's
+# to the group, then timeout's copy), or two to the group some seconds apart (a few timings,
+# to land the second in each part of the first one's handling).
+DOUBLE_INTERRUPTS = [("timeout", 0.0), ("pair", 0.002), ("pair", 0.02), ("pair", 0.2)]
+
+
+def test_a_double_interrupt_still_stops_the_ranks_at_a_checkpoint(tmp_path: Path) -> None:
+    """Ctrl-C as a terminal sends it when a wrapper passes it on too: two SIGINTs at once.
+    They are one Ctrl-C: the ranks agree on a step, checkpoint there and stop (never left
+    running, never killed), and the command says so in one line, without a traceback."""
+    args = ["cluster=local", "cluster.tasks_per_node=2", "trainer.max_steps=100000",
+            "trainer.log_interval=1", "trainer.checkpoint_interval=1000",
+            "trainer.stop_check_interval=2", "data.train_size=512", "data.eval_size=64"]
+    for n, (how, gap) in enumerate(DOUBLE_INTERRUPTS):
+        run_dir, log = tmp_path / f"run{n}", tmp_path / f"out{n}.txt"
+        command = [sys.executable, "-m", "hpc_ddp.submit", *args, f"run_dir={run_dir}"]
+        # Output into a file: ranks left running would hold a pipe open after the command.
+        with open(log, "w") as sink:
+            proc = subprocess.Popen(["timeout", "300", *command] if how == "timeout" else
+                                    command, cwd=REPO, env=command_env(), stdout=sink,
+                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            _started(run_dir, proc)
+            os.killpg(proc.pid, signal.SIGINT)
+            if how == "pair":
+                time.sleep(gap)
+                os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=120)
+        finally:  # whatever went wrong, no rank of this try trains on behind the next one
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        out = log.read_text()
+        said = f"try {n} ({how}, {gap} s apart):\n{out}"
+        assert proc.returncode == 130 and "Traceback" not in out, said
+        ended = [line for line in out.splitlines() if line.startswith(("stopped", "killed"))]
+        assert len(ended) == 1 and ended[0].startswith("stopped at step "), said
+        assert f"Continue with: python -m hpc_ddp.submit run_dir={run_dir} resume=true" in out
+        stops = [e for e in map(json.loads, (run_dir / "events.jsonl").read_text().splitlines())
+                 if e["kind"] == "stop"]
+        assert len(stops) == 1 and "Ctrl-C" in stops[0]["cause"], said
+        assert f"stopped at step {stops[0]['step']} " in ended[0], said
+        # The ranks checkpointed at the step they agreed on and did not train on.
+        assert _final_state(run_dir)["counters"]["global_step"] == stops[0]["step"] < 100000
+        assert not (run_dir / "summary.json").exists()
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (/proc's SigCgt)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def test_sigterm_while_submitting_says_what_was_submitted_and_stops_cleanly(
+        tmp_path: Path) -> None:
+    """A `kill` while the command plans (nothing submitted yet) and while it submits (the
+    job goes out, is named, and its ranks are stopped): one line each, no traceback."""
+    args = ["cluster=local", "cluster.tasks_per_node=2", "trainer.max_steps=100000",
+            "data.train_size=512", "data.eval_size=64"]
+    outcomes = {}
+    for when in ("planning", "submitting"):
+        run_dir, log = tmp_path / when, tmp_path / f"{when}.txt"
+        with open(log, "w") as sink:
+            proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", *args,
+                                     f"run_dir={run_dir}"], cwd=REPO, env=command_env(),
+                                    stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                    start_new_session=True)
+        try:
+            deadline = time.monotonic() + 120
+            # Planning: as soon as the command handles SIGTERM (its first act). Submitting:
+            # as soon as the submission writes the run's config, before the job is out.
+            while not (_catches(proc.pid, signal.SIGTERM) if when == "planning"
+                       else (run_dir / "config.yaml").exists()):
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+                time.sleep(0.002)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        outcomes[when] = out = log.read_text()
+        assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in out, out
+    planning, submitting = outcomes["planning"], outcomes["submitting"]
+    assert planning.strip() == ("stopped (SIGTERM) before anything was submitted: nothing "
+                                "runs."), planning
+    assert not (tmp_path / "planning").exists()
+    # What went out is said (its first line), then how it ended: the ranks were stopped.
+    job = json.loads((tmp_path / "submitting" / "job.json").read_text())
+    assert submitting.startswith(f"hpc_ddp: local job {job['job_id']}: "), submitting
+    last = submitting.strip().splitlines()[-1]
+    assert last.startswith("stopped") and "Continue with: python -m hpc_ddp.submit" in last
+    from hpc_ddp.procs import pid_alive
+
+    assert not pid_alive(job["controller_pid"], job["controller_start"])
 
 
 @pytest.mark.parametrize("args, key", [

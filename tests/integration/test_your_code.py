@@ -133,6 +133,10 @@ def test_a_notebook_function_is_pickled_and_run(tmp_path: Path) -> None:
                                                                                   "rank1"]
     assert "entry: hpc_ddp.rank.main.entry:from_pickle" in (tmp_path / "run" / "config.yaml"
                                                        ).read_text()
+    # Shown as the function it is (summary, results table, log), not as the loader.
+    assert summary["program"] == (f"entry {__name__}:{in_a_notebook.__qualname__} (pickled "
+                                  "into entry.pkl)"), summary["program"]
+    assert "running " + summary["program"][len("entry "):] in run.log_tail(40)
 
 
 def test_function_entry_stops_checkpoints_and_resumes_exactly(tmp_path: Path) -> None:

@@ -164,13 +164,17 @@ def test_a_rank_keeps_the_streams_of_kept_checkpoints_and_its_newest_two(tmp_pat
         writer.wait()
     kept = sorted(p.name for p in tmp_path.glob("step_*.pt"))
     assert kept == [checkpoint.name_for(30), checkpoint.name_for(40)]
-    # A rank prunes before rank 0 does (it cannot know rank 0's next prune): one more kept.
+    # Rank 0's streams are those of the steps it keeps (docs/run-directory.md), not one more:
+    # its streams are pruned before its own step file is, by the steps it will keep.
     mine = sorted(p.name for p in (tmp_path / "rng" / "rank0").iterdir())
-    assert set(kept) <= set(mine) and len(mine) == len(kept) + 1
-    checkpoint.write_streams(tmp_path, 1, 50, {})  # a rank one step ahead of rank 0's files
-    checkpoint.write_streams(tmp_path, 1, 60, {})
-    checkpoint.prune_streams(tmp_path, 1)
-    assert len(list((tmp_path / "rng" / "rank1").iterdir())) == 2
+    assert mine == kept
+    # Rank 1, with rank 0's files at 30 and 40 (keep 2), writes 50 before rank 0 has: rank 0
+    # will keep 40 and 50, and so does rank 1 (not 30, which rank 0 is about to prune).
+    for step in (10, 20, 30, 40, 50):
+        checkpoint.write_streams(tmp_path, 1, step, {})
+    checkpoint.prune_streams(tmp_path, 1, 50, keep=2)
+    assert sorted(p.name for p in (tmp_path / "rng" / "rank1").iterdir()) == [
+        checkpoint.name_for(40), checkpoint.name_for(50)]
 
 
 def test_a_resume_of_a_checkpoint_others_could_write_is_refused_at_submission(

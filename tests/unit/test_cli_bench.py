@@ -195,3 +195,18 @@ def test_script_rounds_are_compared_pair_by_pair() -> None:
     # The medians' ratio would say 1287/1300 = 0.99 here too, but not when one leg drifts.
     drift = paired([1000.0, 1000.0, 1000.0], [900.0, 1000.0, 1100.0])
     assert drift["ratio"] == 1.0 and drift["ratio_min"] == pytest.approx(1000 / 1100)
+
+
+def test_the_command_list_names_every_benchmark_and_data_subcommand() -> None:
+    """`python -m hpc_ddp` lists what README.md lists: every benchmark, every data
+    subcommand and every command module."""
+    from hpc_ddp.__main__ import COMMANDS
+    from hpc_ddp.bench.__main__ import SUBCOMMANDS as BENCHMARKS
+    from hpc_ddp.data.__main__ import SUBCOMMANDS as DATA
+
+    bench_line = next(line for line in COMMANDS.splitlines() if "hpc_ddp.bench " in line)
+    assert set(bench_line.split()[3].split("|")) == set(BENCHMARKS)
+    for word in DATA:
+        assert f"python -m hpc_ddp.data {word} " in COMMANDS, word
+    for module in ("submit", "status", "train", "doctor", "env", "testcluster"):
+        assert f"python -m hpc_ddp.{module} " in COMMANDS, module

@@ -42,6 +42,15 @@ def test_each_wrong_part_is_named(args: list[str], said: str,
     assert said in err and "Fix:" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args", [[], ["fetch"]])
+def test_a_missing_or_wrong_subcommand_names_both(args: list[str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "python -m hpc_ddp.data download cifar10 root=" in err, err
+    assert "python -m hpc_ddp.data pack SRC DST" in err, err
+
+
 def test_a_root_that_is_a_file_is_a_path_problem(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     afile = tmp_path / "afile"

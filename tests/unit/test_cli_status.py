@@ -93,3 +93,68 @@ def test_best_point_without_accuracy_is_the_lowest_eval_loss() -> None:
     assert "best point: p1 (eval loss 0.1000, /r1)" in render(rows, is_sweep=True)
     rows[2]["eval_accuracy"] = 0.5
     assert best(rows) == rows[2]
+
+
+def test_a_resumed_attempt_that_runs_shows_its_restart_and_its_own_step(tmp_path: Path) -> None:
+    """While a resumed run trains, the first attempt's summary.json (restarts 0, step 40) is
+    not the run's state: restarts 1 (as the summary will say at its end), the logged step."""
+    import json
+    import os
+    import time
+
+    from hpc_ddp.status import row
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"restarts": 0, "global_step": 40,
+                                                  "total_steps": 40, "eval_accuracy": 0.5}))
+    os.utime(run / "summary.json", (time.time() - 60, time.time() - 60))
+    first = {"kind": "local", "job_id": "7", "submitted": time.time() - 120}
+    again = {"kind": "local", "job_id": "9", "submitted": time.time() - 10,
+             "controller_pid": os.getpid(), "controller_start": None}
+    (run / "job.json").write_text(json.dumps({**again, "history": [first, again]}))
+    (run / "progress.json").write_text(json.dumps({"step": 55, "total_steps": 100,
+                                                   "time": time.time()}))
+    shown = row("run", run)
+    assert (shown["restarts"], shown["step"], shown["total_steps"]) == (1, 55, 100), shown
+    assert shown["eval_accuracy"] is None  # the first attempt's, not this one's
+    # Once the attempt ends, its own summary counts.
+    (run / "summary.json").write_text(json.dumps({"restarts": 1, "global_step": 100}))
+    assert row("run", run)["restarts"] == 1 and row("run", run)["step"] == 100
+
+
+def _sweep(tmp_path: Path, ids: list[str]) -> Path:
+    import json
+
+    folder = tmp_path / "sweep"
+    points = []
+    for n, job_id in enumerate(ids):
+        run = folder / f"{n:03d}"
+        run.mkdir(parents=True)
+        (run / "job.json").write_text(json.dumps({"kind": "slurm", "job_id": job_id}))
+        points.append({"index": n, "label": f"p{n}", "run_dir": str(run), "job_id": job_id})
+    arrays = sorted({i.split("_")[0] for i in ids})
+    (folder / "sweep.json").write_text(json.dumps({"kind": "slurm", "arrays": arrays,
+                                                   "points": points}))
+    return folder
+
+
+@pytest.mark.parametrize("ids, squeue, cancelled, said", [
+    # Every point COMPLETED: nothing is cancelled, and that is what is said.
+    (["4_0", "4_1"], "", [], "every point had ended already (2 COMPLETED); nothing to cancel"),
+    # One array ended, one still queued: only the queued one.
+    (["4_0", "1_0", "1_1"], "1_0|PENDING|JobHeldUser|normal\n1_1|PENDING|JobHeldUser|normal\n",
+     ["1"], "cancelled job array(s) 1; 1 other array(s) had ended already"),
+])
+def test_cancel_of_a_sweep_cancels_only_what_has_not_ended(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        ids: list[str], squeue: str, cancelled: list[str], said: str) -> None:
+    from tests.unit.slurm_records import SACCT_2205_CANCELLED, calls, fake_slurm
+
+    folder, log = fake_slurm(tmp_path / "bin", {"squeue": squeue, "sacct": SACCT_2205_CANCELLED,
+                                                "scancel": "", "sinfo": ""})
+    monkeypatch.setenv("PATH", str(folder))
+    code, out, _ = run_status([str(_sweep(tmp_path, ids)), "--cancel"], capsys)
+    assert code == 0 and said in out, out
+    assert [c.split()[1:] for c in calls(log) if c.startswith("scancel")] == (
+        [cancelled] if cancelled else [])

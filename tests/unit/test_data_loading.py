@@ -4,6 +4,7 @@ line for each bad input, loader workers for files to decode."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -122,3 +123,55 @@ def test_pack_a_factory_with_its_arguments(tmp_path: Path,
     assert data[:4] == b"\x89PNG" and label in (0, 1, 2)  # lossless by default
     image, _ = train.load(0, 0)
     assert image.shape == (3, 8, 8)
+
+
+def test_pack_into_a_pack_is_refused_unless_replaced_and_then_leaves_no_stale_shard(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dst = tmp_path / "shards"
+    factory = ["pack", "tests.usercode.parts:image_data", str(dst), "size=12"]
+    assert main([*factory, "samples_per_shard=2"]) == 0  # 6 train shards
+    before = {p: p.stat().st_mtime_ns for p in dst.rglob("*")}
+    assert main([*factory, "samples_per_shard=5"]) == 2  # without --replace: nothing touched
+    err = capsys.readouterr().err
+    assert f"DST={dst}: holds a pack already" in err and "--replace" in err, err
+    assert {p: p.stat().st_mtime_ns for p in dst.rglob("*")} == before
+    assert main([*factory, "samples_per_shard=5", "--replace"]) == 0  # 3 train shards
+    # train: 6 shards -> 3, val: 2 -> 1; each a .tar and its .idx
+    assert "removed 8 file(s) of the pack it replaced" in capsys.readouterr().out
+    index = json.loads((dst / "index.json").read_text())
+    listed = {s["file"] for shards in index["splits"].values() for s in shards}
+    on_disk = {str(p.relative_to(dst)) for p in dst.rglob("*.tar")}
+    assert on_disk == listed and len(index["splits"]["train"]) == 3
+    assert {str(p.relative_to(dst)) for p in dst.rglob("*.idx")} == {
+        n.replace(".tar", ".idx") for n in listed}
+
+
+def test_pack_never_empties_a_folder_that_holds_no_pack(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for extra in ([], ["--replace"]):
+        assert main(["pack", "tests.usercode.parts:image_data", str(mine), *extra]) == 2
+        assert "holds files but no pack" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert main(["pack", "tests.usercode.parts:image_data", str(mine), "--force"]) == 2
+    assert "option=--force: is not an option of pack" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["image_folder", "cifar10", "shards"])
+def test_a_data_root_that_does_not_exist_is_said_so(kind: str, tmp_path: Path) -> None:
+    """Not "holds no train/ folder": the folder is not there at all, whatever the kind."""
+    from hpc_ddp.data import cifar10, image_folder, shard_index
+    from hpc_ddp.errors import UserError
+
+    check = {"image_folder": lambda r: image_folder.check_root(r, ("train", "val")),
+             "cifar10": cifar10.check_root, "shards": shard_index.read_index}[kind]
+    missing = str(tmp_path / "no" / "such" / "dir")
+    with pytest.raises(UserError) as info:
+        check(missing)
+    assert info.value.message.startswith(f"data.root={missing}: does not exist. Fix: ")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError) as info:  # a folder that exists but is not the data: as before
+        check(str(tmp_path / "empty"))
+    assert "does not exist" not in info.value.message

@@ -139,3 +139,22 @@ def test_a_local_run_is_named_by_its_launch_not_by_a_pid_that_comes_back() -> No
     env = detect({"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "2",
                   "SUBMITIT_LOCAL_JOB_ID": "4242", "HPC_DDP_LAUNCH_ID": "9f3a1c2b7d0e"})
     assert env.job_id == "9f3a1c2b7d0e"
+
+
+@pytest.mark.parametrize("environ, launch, submitted", [
+    # A Slurm job: its step is this launch's; the job is what sbatch printed.
+    (SLURM_STEP, "812.0", "812"),
+    # An array task (a sweep point): its own SLURM_JOB_ID, but submitted as 40_3.
+    ({**SLURM_STEP, "SLURM_JOB_ID": "43", "SLURM_ARRAY_JOB_ID": "40",
+      "SLURM_ARRAY_TASK_ID": "3"}, "43.0", "40_3"),
+    # A local run: a launch id of its own (a pid comes back); submitit's job id is the pid.
+    ({"SUBMITIT_LOCAL_GLOBALID": "0", "SUBMITIT_LOCAL_NTASKS": "2",
+      "SUBMITIT_LOCAL_JOB_ID": "4242", "HPC_DDP_LAUNCH_ID": "9f3a1c2b7d0e"},
+     "9f3a1c2b7d0e", "4242"),
+])
+def test_the_id_to_quote_is_the_one_the_job_was_submitted_as(
+        environ: dict[str, str], launch: str, submitted: str) -> None:
+    """summary.json's job_id is job.json's (what squeue and scancel take, what the submit
+    command printed); the launch's own id names its rendezvous files."""
+    env = detect(environ)
+    assert (env.job_id, env.submitted_id) == (launch, submitted)

@@ -59,12 +59,14 @@ def test_bad_markers_say_why(body: str, problem: str) -> None:
 
 
 @pytest.mark.parametrize("shown, actual", [
-    ("step 64/64  loss 1.0256  11337 samples/s", "step 64/64 loss 0.9 2000 samples/s"),
+    ("step 64/64  loss 1.0256  ~11337 samples/s", "step 64/64 loss 1.0256 2000 samples/s"),
     ("hpc_ddp: local job <id>: 2 ranks", "hpc_ddp: local job 12345: 2 ranks"),
+    ("hpc_ddp: slurm job ~42: 2 node(s)", "hpc_ddp: slurm job 1234: 2 node(s)"),
+    ("~08:12:43 [rank 0] listens on ~127.0.0.1:41741", "23:01:07 [rank 0] listens on 10.0.0.7:5"),
     ("run dir: .../try1", "run dir:     /home/me/outputs/try1"),
     ("a\n...\nd", "a\nb\nc\nd"),
     ("a\n...", "a"),
-    ("error: x=1: no such key.", "\nerror: x=7: no such key.\n\n"),
+    ("error: x=7: no such key.", "\nerror: x=7: no such key.\n\n"),
 ])
 def test_output_that_fits(shown: str, actual: str) -> None:
     assert mismatch(shown, actual) is None
@@ -75,6 +77,12 @@ def test_output_that_fits(shown: str, actual: str) -> None:
     ("a\nb", "a\nc", "doc's line 2: 'b'"),
     ("a", "a\nb", "more lines than the doc shows"),
     ("results:\n  restarts 0", "results:", "doc's line 2"),
+    # A number not marked as varying is compared: a drifted figure is a mismatch.
+    ("r1  42  COMPLETED  0  20/20  1.6031  0.3984", "r1  42  COMPLETED  0  20/20  2.1725  0.3418",
+     "doc's line 1"),
+    ("eval loss ~1.6031, eval accuracy 0.3984", "eval loss 1.8446, eval accuracy 0.4316",
+     "doc's line 1"),
+    ("error: x=1: no such key.", "error: x=7: no such key.", "doc's line 1"),
 ])
 def test_output_that_does_not_fit(shown: str, actual: str, says: str) -> None:
     problem = mismatch(shown, actual)

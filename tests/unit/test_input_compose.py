@@ -123,3 +123,23 @@ def test_group_options_come_from_the_folder_in_use(tmp_path: Path) -> None:
     (conf / "optim" / "sgd_site.yaml").write_text((conf / "optim" / "sgd.yaml").read_text())
     with pytest.raises(UserError, match="use one of adamw, sgd, sgd_site"):
         compose(["optim=nope"], config_dir=conf)
+
+
+@pytest.mark.parametrize("typo, meant", [
+    ("container.image=/shared/x.sif", "cluster.container.image"),  # its group left out
+    ("cluster.contaner.image=x", "cluster.container.image"),
+    ("trainr.seed=1", "trainer.seed"),
+    ("imge_size=3", "data.image_size"),
+    ("cluster.gpus_per_nod=1", "cluster.gpus_per_node"),
+])
+def test_a_suggested_key_is_one_that_exists(typo: str, meant: str) -> None:
+    """A suggestion never names a key that does not exist (container.image once got
+    'did you mean trainer.image?'): every group is searched."""
+    import re
+
+    from hpc_ddp.config.messages import all_keys
+
+    message = compose_refusal([typo])
+    suggested = re.search(r"did you mean (\S+)\?", message)
+    assert suggested is not None and suggested[1] == meant, message
+    assert meant in all_keys()

@@ -83,3 +83,17 @@ def test_image_folder_without_its_eval_split(tmp_path: Path,
     (tmp_path / "images" / "train" / "cat").mkdir(parents=True)
     line = refused(["data=image_folder", f"data.root={tmp_path / 'images'}"], tmp_path, capsys)
     assert "holds no val/ folder" in line and "data.eval_split" in line
+
+
+@pytest.mark.parametrize("plus", ["+", "++"])
+def test_a_target_with_hydras_plus_starts_the_part_afresh_too(plus: str) -> None:
+    """+data._target_=... kept the default data's keys (then `takes no argument augment`);
+    it means what data._target_=... means."""
+    from hpc_ddp.config.compose import compose
+
+    for given in ([f"{plus}data._target_=tests.usercode.parts:image_data"],
+                  [f"{plus}data._target_=tests.usercode.parts:image_data", "data.size=8"]):
+        cfg = compose(given)
+        plain = compose([o.lstrip("+") for o in given])
+        assert cfg.data == plain.data and cfg.data.target == "tests.usercode.parts:image_data"
+        assert cfg.data.kwargs == ({"size": 8} if len(given) == 2 else {})

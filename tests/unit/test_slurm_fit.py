@@ -205,7 +205,9 @@ def lazy(parts: dict[str, Partition] | None):  # type: ignore[no-untyped-def]
     ("MaxCpuPerAccount", {}, False, "usage limit"),
     ("JobHeldUser", {}, False, "waits (JobHeldUser): held: it starts once released"),
     ("Resources", {}, False, "waits (Resources): for nodes to free up"),
-    ("None", {}, False, "waits (None)"),
+    # No reason (yet): Slurm's "None" is not news, and never shown as a reason.
+    ("None", {}, False, "waits: for the scheduler's next pass"),
+    ("", {}, False, "waits: for the scheduler's next pass"),
     ("ReqNodeNotAvail, UnavailableNodes:node9", {"nodelist": "node9"}, True,
      "it requires node(s) node9, which the cluster does not have"),
     ("ReqNodeNotAvail, UnavailableNodes:node3", {"nodelist": "node3"}, False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -71,3 +72,78 @@ def test_a_stop_of_an_earlier_submission_is_not_this_ones(tmp_path: Path) -> Non
     run = _run(tmp_path, 40, 40)
     events.append(run.root, {"kind": "stop", "step": 40, "cause": "x", "time": 1.0})
     assert stop_report(run, type("Job", (), {"job_id": "7"})()) is None
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_copies_of_one_interrupt_are_one_and_a_later_one_cuts_the_stop_short() -> None:
+    """launch/interrupts.py's rules, fed signals by hand (the integration tests send real
+    ones): the first raises, a copy within SAME_PRESS_S is dropped, a later one raises only
+    where a graceful stop may be cut short, never twice."""
+    from hpc_ddp.launch.interrupts import SAME_PRESS_S, Stopped, StopSignals, exit_code
+
+    clock = _Clock()
+    stops = StopSignals(clock)
+    with pytest.raises(Stopped) as first:
+        stops.handle(signal.SIGINT)
+    assert exit_code(first.value) == 130
+    clock.now += SAME_PRESS_S / 10
+    stops.handle(signal.SIGINT)  # the wrapper's copy: dropped, even while a stop may be cut
+    with stops.second_stops_at_once():
+        stops.handle(signal.SIGINT)
+        clock.now += SAME_PRESS_S
+        with pytest.raises(Stopped):  # a second press, a second later
+            stops.handle(signal.SIGINT)
+        stops.handle(signal.SIGINT)  # a third does not interrupt the kill it asked for
+    clock.now += 5
+    stops.handle(signal.SIGTERM)  # outside: the stop is being acted on already
+    assert stops.dropped == 4
+
+
+def test_a_signal_while_a_job_goes_out_waits_until_it_is_out() -> None:
+    from hpc_ddp.launch.interrupts import Stopped, StopSignals, exit_code
+
+    stops = StopSignals(_Clock())
+    went_out = []
+    with pytest.raises(Stopped) as caught:
+        with stops.held():
+            stops.handle(signal.SIGTERM)
+            went_out.append("job 7")  # the submission goes on to its end
+    assert went_out == ["job 7"] and exit_code(caught.value) == 128 + signal.SIGTERM
+
+
+def test_a_failure_report_leaves_out_the_logs_a_rank_never_wrote(tmp_path: Path) -> None:
+    """A rank that failed before Python started (a missing venv) has an error file and no
+    log: its report is the error, without `(no log at ...)` noise."""
+    from hpc_ddp.follow import failure_report
+
+    run = RunDir(tmp_path / "run")
+    run.logs.mkdir(parents=True)
+    for rank in (0, 1):
+        run.rank_error(rank).write_text(f"rank {rank} on node{rank + 1}: cluster.venv=/x: no "
+                                        "virtual environment there\n")
+    run.rank_log(1).write_text("12:00:00 [rank 1 node2] INFO something it said\n")
+    report = failure_report(run, type("Job", (), {"job_id": "7", "state": "FAILED"})())
+    assert "no log at" not in report and f"last lines of {run.rank_log(0)}" not in report
+    assert "rank 0 on node1: cluster.venv=/x" in report
+    assert f"last lines of {run.rank_log(1)}:\n12:00:00 [rank 1 node2]" in report
+
+
+def test_a_run_from_a_relative_folder_names_its_files_in_full(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpc_ddp.api import Run
+
+    (tmp_path / "outputs" / "x").mkdir(parents=True)
+    (tmp_path / "outputs" / "x" / "job.json").write_text(json.dumps(
+        {"kind": "local", "job_id": "7", "controller_pid": 0}))
+    monkeypatch.chdir(tmp_path)
+    run = Run.from_dir("outputs/x")
+    assert run.files.root == tmp_path / "outputs" / "x" and run.files.root.is_absolute()
+    assert run.files.summary == tmp_path / "outputs" / "x" / "summary.json"
+    assert run.run_dir.is_absolute()

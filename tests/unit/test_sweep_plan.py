@@ -84,3 +84,31 @@ def test_a_sweeps_cfg_shows_its_folder(tmp_path: Path) -> None:
     dry = io.StringIO()
     launch(["optim.lr=0.1", "cluster=local", "dry_run=true"], dry, cwd=tmp_path, environ={})
     assert dry.getvalue().startswith("would run 1 point here,")
+
+
+def test_a_stop_while_arrays_go_out_says_what_went_out(tmp_path: Path) -> None:
+    """SIGTERM between two arrays (launch/interrupts.py holds it while one goes out): the
+    arrays already out are said, with how to see and cancel them; none: nothing is left."""
+    import json
+    import signal
+
+    from hpc_ddp.launch.interrupts import Stopped
+    from hpc_ddp.sweep.arrays import MANIFEST, stopped_submitting
+
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    points = [{"index": i, "job_id": f"7_{i}" if i < 2 else None} for i in range(3)]
+    out = io.StringIO()
+    code = stopped_submitting({"points": points, "arrays": ["7"]}, folder, True,
+                              Stopped(signal.SIGTERM), out)
+    assert code == 128 + signal.SIGTERM
+    assert out.getvalue().startswith("stopped (SIGTERM): 2 of 3 points went out (job array(s) "
+                                     f"7) and run; the others were not submitted. python -m "
+                                     f"hpc_ddp.status {folder} shows them (--cancel")
+    assert json.loads((folder / MANIFEST).read_text())["arrays"] == ["7"]
+    out = io.StringIO()
+    none = [{**p, "job_id": None} for p in points]
+    assert stopped_submitting({"points": none, "arrays": []}, folder, True, KeyboardInterrupt(),
+                              out) == 130
+    assert "stopped (Ctrl-C) before any point was submitted" in out.getvalue()
+    assert not folder.exists()

@@ -80,6 +80,17 @@ def test_locate_names_what_is_missing() -> None:
         locate("not a path", "model._target_")
 
 
+@pytest.mark.parametrize("typed, meant", [
+    ("tests.usercode.entries:repor", "tests.usercode.entries:report"),  # as typed: a colon
+    ("tests.usercode.entries.repor", "tests.usercode.entries.report"),
+    ("torch.nn:Linear.forwrd", "torch.nn:Linear.forward"),
+])
+def test_a_suggested_name_is_in_the_form_typed(typed: str, meant: str) -> None:
+    with pytest.raises(TargetError) as info:
+        locate(typed, "entry")
+    assert f"did you mean {meant}? " in info.value.message, info.value.message
+
+
 def test_auto_arguments_go_only_where_taken() -> None:
     def takes(num_classes: int = 1) -> int:
         return num_classes
@@ -297,6 +308,27 @@ def test_results_table_for_an_entry() -> None:
     assert "program     entry p:m" in table and "final_loss  0.2500" in table
     assert "eval accuracy" not in table and "big" not in table
     assert summary_line({"global_step": 5, "eval_loss": 0.5}) == "step 5, eval loss 0.5000"
+
+
+def test_what_main_returns_is_in_the_table_booleans_and_dicts_too() -> None:
+    """docs/your-code.md: what main(ctx) returns goes into the results table; booleans and
+    dicts were left out."""
+    from hpc_ddp.follow import results_table
+
+    table = results_table({"world_size": 1, "nodes": ["a"], "program": "entry p:m",
+                           "result": {"converged": True, "early": False,
+                                      "metrics": {"f1": 0.5, "per": {"a": 1}}, "big": [1]}})
+    rows = [line.split() for line in table.splitlines()[1:]]
+    assert ["converged", "true"] in rows and ["early", "false"] in rows
+    assert ["metrics.f1", "0.5000"] in rows and ["metrics.per.a", "1"] in rows
+    assert not any(r[0] == "big" for r in rows)  # a list: in summary.json only
+
+
+def test_a_script_that_saved_no_step_ends_with_its_name_not_step_none() -> None:
+    from hpc_ddp.rank.supervise.outcome import summary_line
+
+    said = summary_line({"program": "script train_ddp.py --epochs 3", "global_step": None})
+    assert said == "script train_ddp.py --epochs 3" and "None" not in said
 
 
 def test_timm_is_optional_and_says_so() -> None:

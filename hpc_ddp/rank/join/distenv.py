@@ -47,6 +47,10 @@ class DistEnv:
     nodes: tuple[str, ...] = ()
     # Tasks on each node, in node order (to say where a missing rank should have run).
     tasks_on_nodes: tuple[int, ...] = ()
+    # The id the job was submitted as, the one a user quotes (squeue -j, scancel, sacct,
+    # job.json's job_id, the submit command's first line): SLURM_JOB_ID, <array job>_<task>
+    # for an array task, submitit's local job id; "" where it is job_id itself.
+    submitted_id: str = ""
 
     @property
     def is_master(self) -> bool:
@@ -75,7 +79,7 @@ def detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None = No
     if "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
         return _from_slurm(environ)
     return DistEnv(0, 0, 1, 0, 1, 1, "single", environ.get("SLURM_JOB_ID", "single"),
-                   master_port=_user_port(environ))
+                   master_port=_user_port(environ), submitted_id=slurm_job_name(environ))
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -110,6 +114,13 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         master_addr=environ.get("MASTER_ADDR"),
         master_port=_user_port(environ),
     )
+
+
+def slurm_job_name(environ: Mapping[str, str]) -> str:
+    """The Slurm job as submitted: ``<array job>_<task>`` for an array task (what sbatch and
+    squeue call it), else SLURM_JOB_ID. https://slurm.schedmd.com/job_array.html"""
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else environ.get("SLURM_JOB_ID", "")
 
 
 def in_slurm_step(environ: Mapping[str, str]) -> bool:
@@ -162,6 +173,7 @@ def _from_slurm(environ: Mapping[str, str]) -> DistEnv:
         local_world_size=per_node[node_rank] if node_rank < len(per_node) else 1,
         source="slurm",
         job_id=f"{environ['SLURM_JOB_ID']}.{step}",
+        submitted_id=slurm_job_name(environ),
         restart=_int(environ, "SLURM_RESTART_COUNT", 0),
         master_addr=environ.get("MASTER_ADDR") or None,
         master_port=_user_port(environ),
@@ -185,6 +197,7 @@ def _from_local(environ: Mapping[str, str], per_node: int | None) -> DistEnv:
         # The launch's own id (launch/local.py) before the controller's pid: a pid comes back
         # in a later run, whose ranks must never read this run's rendezvous file.
         job_id=environ.get(LAUNCH_ID_ENV) or environ.get("SUBMITIT_LOCAL_JOB_ID", "local"),
+        submitted_id=environ.get("SUBMITIT_LOCAL_JOB_ID", ""),
         master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
         master_port=_user_port(environ),
     )

@@ -56,7 +56,11 @@ def call(cfg: Config, rank: Rank, run: RunDir, cause: str | None, stop: StopRequ
     """Run the entry on this rank; the summary on rank 0 (None elsewhere). ``staged``: the
     data.stage summary (``cfg.data.root`` is then this node's copy)."""
     assert cfg.entry is not None
-    fn = resolve(cfg.entry)
+    fn, name = resolve(cfg.entry), cfg.entry
+    if cfg.entry == PICKLED_ENTRY:  # the user's function itself, named as theirs
+        fn = load_pickled(run)
+        name = (f"{getattr(fn, '__module__', '?')}:"
+                f"{getattr(fn, '__qualname__', type(fn).__name__)} (pickled into {PICKLED})")
     environ.update(rank.torchrun_env())
     ctx = Context(cfg, run, rank.env, rank.device, rank.host, stop, cause, joined=rank)
     if staged is not None:
@@ -65,18 +69,18 @@ def call(cfg: Config, rank: Rank, run: RunDir, cause: str | None, stop: StopRequ
     # everywhere); ctx.load() sets a resumed rank's streams back to where they were.
     rng.seed_all(cfg.trainer.seed)
     started = time.perf_counter()
-    log.info("running %s on %s (rank %d of %d)", cfg.entry, rank.device, rank.env.rank,
+    log.info("running %s on %s (rank %d of %d)", name, rank.device, rank.env.rank,
              rank.env.world_size)
     with active(ctx):
         result = fn(ctx)
     if ctx.stop_code != stopping.NONE:
         if ctx.stopped_at is None:
             log.warning("%s returned after the agreed stop without ctx.save(): the requeued "
-                        "job resumes from the last checkpoint", cfg.entry)
+                        "job resumes from the last checkpoint", name)
         raise StopTraining(ctx.stop_code, ctx.stopped_at)
     if not rank.env.is_master:
         return None
-    summary = {"program": f"entry {cfg.entry}", "world_size": rank.env.world_size,
+    summary = {"program": f"entry {name}", "world_size": rank.env.world_size,
                "num_nodes": rank.env.num_nodes, "device": str(rank.device),
                "train_time_s": time.perf_counter() - started, "global_step": ctx.step,
                "resumed_from_step": ctx.resumed_from_step, "restarts": len(ctx.restarts),
@@ -103,14 +107,19 @@ def jsonable(value: Any) -> Any:
 
 
 def from_pickle(ctx: Context) -> Any:
-    """Run the callable the Python API pickled into the run dir (cloudpickle, as submitit),
-    if the file and the run dir are this user's and writable by no one else
+    """Run the callable the Python API pickled into the run dir (call() runs it directly,
+    under its own name; this is what ``entry=`` names in the config)."""
+    return load_pickled(RunDir(Path(ctx.run_dir)))(ctx)
+
+
+def load_pickled(run_dir: RunDir) -> Callable[[Context], Any]:
+    """The callable the Python API pickled into the run dir (cloudpickle, as submitit), if
+    the file and the run dir are this user's and writable by no one else
     (rank/services/trusted.py)."""
     import cloudpickle
 
-
-    path = Path(ctx.run_dir) / PICKLED
-    check_owned(path, Path(ctx.run_dir))  # code by design: only if no one else could write it
+    path = run_dir.root / PICKLED
+    check_owned(path, run_dir.root)  # code by design: only if no one else could write it
     with open(path, "rb") as handle:
         fn = cloudpickle.load(handle)
-    return fn(ctx)
+    return fn  # type: ignore[no-any-return]

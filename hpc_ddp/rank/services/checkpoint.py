@@ -36,8 +36,8 @@ log = logging.getLogger(__name__)
 LATEST = "latest"
 STREAMS = "rng"
 _NAME = re.compile(r"^step_(\d{9})\.pt$")
-# A rank keeps its stream files of the checkpoints rank 0 still keeps, and always its own
-# newest two: rank 0 may still be writing the step before the one a rank just wrote.
+# A rank keeps its stream files of the checkpoints rank 0 keeps, and always its own newest
+# two: rank 0 may still be writing the step before the one a rank just wrote.
 _OWN_NEWEST = 2
 
 
@@ -143,15 +143,19 @@ def _remove_stale_temps(folder: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def prune_streams(folder: Path, rank: int) -> None:
-    """Remove this rank's stream files of checkpoints rank 0 no longer keeps (its own
-    folder and the checkpoint names: two listings whatever the world size)."""
+def prune_streams(folder: Path, rank: int, step: int, keep: int) -> None:
+    """Remove this rank's stream files of checkpoints rank 0 will not keep once ``step``'s
+    set is complete: it keeps the newest ``keep`` of its files, ``step``'s counted (_prune,
+    at point_latest). Decided from the checkpoint names, not from rank 0's pruning (which
+    may not have happened yet), so every rank keeps the same steps rank 0 does, and its own
+    newest two; two listings whatever the world size."""
     own = folder / STREAMS / f"rank{rank}"
     try:
         mine = sorted(p for p in own.iterdir() if _NAME.match(p.name))
     except FileNotFoundError:
         return
-    kept = {p.name for p in folder.iterdir() if _NAME.match(p.name)}
+    names = {p.name for p in folder.iterdir() if _NAME.match(p.name)} | {name_for(step)}
+    kept = set(sorted(names)[-keep:])
     for old in mine[:-_OWN_NEWEST]:
         if old.name not in kept:
             old.unlink(missing_ok=True)

@@ -157,7 +157,7 @@ class CheckpointWriter:
                key: str) -> None:
         try:
             checkpoint.write_streams(self.folder, self.rank, step, streams)
-            checkpoint.prune_streams(self.folder, self.rank)
+            checkpoint.prune_streams(self.folder, self.rank, step, self.keep)
             if self.world_size > 1:
                 self._store.add(key, 1)
             if state is None:
@@ -205,7 +205,7 @@ class CheckpointWriter:
                             streams: dict[str, Any]) -> None:
         """No store to count on: write in the foreground, meet, then rank 0 points latest."""
         checkpoint.write_streams(self.folder, self.rank, step, streams)
-        checkpoint.prune_streams(self.folder, self.rank)
+        checkpoint.prune_streams(self.folder, self.rank, step, self.keep)
         if state is not None:
             checkpoint.write_state(self.folder, step, state)
         if self._barrier is not None:

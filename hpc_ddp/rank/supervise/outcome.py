@@ -31,7 +31,10 @@ def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[
     env = rank.env
     placed = rendezvous.placements(rank.store, env.world_size) if rank.store is not None else []
     hosts = [str(p.get("host")) for p in placed]
-    summary.update(hosts=hosts, nodes=sorted(set(hosts), key=hosts.index), job_id=env.job_id,
+    # job_id: the id the job was submitted as (job.json's); launch_id: this attempt's own
+    # (its rendezvous files, ranks/*.json's job_id). docs/run-directory.md#summaryjson
+    summary.update(hosts=hosts, nodes=sorted(set(hosts), key=hosts.index),
+                   job_id=env.submitted_id or env.job_id, launch_id=env.job_id,
                    gpu_map=[p for p in placed if p.get("physical") is not None],
                    gpu_collisions=device.collisions(placed))
     if rank.environment is not None:  # the software fingerprint (rank/join/envcheck.py)
@@ -173,9 +176,11 @@ def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> d
 
 
 def summary_line(summary: dict[str, Any]) -> str:
-    """One line for the end of a rank-0 log or an srun's output."""
-    figures = [f"step {summary.get('global_step')}"]
+    """One line for the end of a rank-0 log or an srun's output: the step, the eval figures;
+    a program of the user's that recorded no step (a script that never saved) by its name."""
+    step = summary.get("global_step")
+    figures = [f"step {step}" if step is not None else str(summary.get("program") or "")]
     for key in ("eval_loss", "eval_accuracy"):
         if isinstance(summary.get(key), float):
             figures.append(f"{key.replace('_', ' ')} {summary[key]:.4f}")
-    return ", ".join(figures)
+    return ", ".join(f for f in figures if f)
