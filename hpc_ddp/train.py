@@ -19,7 +19,12 @@ from pathlib import Path
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.inputs.resume_check import check_resumable
-from hpc_ddp.inputs.run_dir import check_inputs, check_writable, write_run_config
+from hpc_ddp.inputs.run_dir import (
+    check_inputs,
+    check_owned_folder,
+    check_writable,
+    write_run_config,
+)
 from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
 from hpc_ddp.rundir import RunDir, created_with, default_root
 
@@ -35,11 +40,13 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
     """
     checked = dataclasses.replace(cfg, run_dir=cfg.run_dir or str(root),
                                   resume=cfg.resume and restart == 0)
+    assert checked.run_dir is not None
     if checked.resume or (root.exists() and not root.is_dir()):
         run = check_run_dir_as_submit_does(checked)  # a file; no run to resume; not writable
         check_resumable(checked, run)  # a network or optimizer the checkpoint cannot take
     else:
-        assert checked.run_dir is not None
+        if root.is_dir():  # someone else's, or one they can write: nothing is loaded from it
+            check_owned_folder(root, "run_dir", checked.run_dir)
         check_writable(root, checked.run_dir)
 
 

@@ -18,7 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.config import parts
+from hpc_ddp.config import parts, yaml_guard
 from hpc_ddp.config.folders import CONF_ENV, conf_dir
 from hpc_ddp.config.messages import reject_unknown_keys, user_error
 from hpc_ddp.config.overrides import check_override, check_overrides
@@ -128,12 +128,21 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
     register_schemas()
     user = user_config_dir(overrides, config_dir)
     check_overrides(overrides)
+    check_yaml_folders(user)
     try:
         with _hydra(user), references_kept():
             node = hydra_compose("config", overrides=_for_hydra(overrides, user))
             return _finish(node, overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise user_error(exc, overrides, search_folders(user)) from None
+
+
+def check_yaml_folders(user: Path | None) -> None:
+    """The YAML of the user's config folder (and of $HPC_DDP_CONF's), aliases counted before
+    Hydra builds any of it (config/yaml_guard.py)."""
+    for folder in (user, conf_dir() if os.environ.get(CONF_ENV) else None):
+        if folder is not None:
+            yaml_guard.check_folder(folder)
 
 
 def _for_hydra(overrides: Sequence[str], user: Path | None) -> list[str]:
@@ -207,6 +216,7 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     results: list[Config | None] = [None] * len(override_lists)
     users = [user_config_dir(o, config_dir) for o in override_lists]
     for user in dict.fromkeys(users):
+        check_yaml_folders(user)
         with _hydra(user), references_kept():
             for index, overrides in enumerate(override_lists):
                 if users[index] != user:
@@ -280,12 +290,13 @@ def _section_yaml(name: str, value: Any) -> str:
 
 def from_yaml(text: str) -> Config:
     """Read a config written by :func:`to_yaml` back, checked against the schema."""
-    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-
-    data = yaml.safe_load(text) or {}
+    data = yaml_guard.load(text, "config.yaml") or {}
+    if not isinstance(data, dict):
+        raise UserError("config.yaml", type(data).__name__, "is not a mapping of config keys.",
+                        "use a config.yaml hpc_ddp wrote (--cfg prints one).")
     rest = {k: v for k, v in data.items() if k not in PARTS and k not in FREE_FORM}
     try:
         with references_kept():  # a secret stays a reference on the node too (secrets.py)

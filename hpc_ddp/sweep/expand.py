@@ -40,7 +40,7 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     for item in parsed:
         key = item.get_key_element()
         if item.is_sweep_override():
-            values = _swept_values(item, key, overrides)
+            values = _swept_values(item, key, overrides, limit)
             if not values:
                 raise UserError(key, (item.input_line or "").partition("=")[2],
                                 "sweeps over no value.", "give at least one value.")
@@ -61,11 +61,40 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     return points
 
 
-def _swept_values(item: Any, key: str, overrides: Sequence[str]) -> list[str]:
-    """The grid values of one swept override, glob() over the group's options included."""
-    from hydra.core.override_parser.types import Glob, ValueType
+def range_count(start: Any, stop: Any, step: Any) -> int:
+    """How many values range(start, stop, step) gives (Hydra's, floats included), counted
+    without making them; ValueError for a step of 0 or a bound that is not a number."""
+    import decimal
+    import math
+
+    try:
+        first, last, by = (decimal.Decimal(str(v)) for v in (start, stop, step))
+    except (decimal.InvalidOperation, ValueError, TypeError):
+        raise ValueError("not numbers") from None
+    if not (first.is_finite() and last.is_finite() and by.is_finite()):
+        raise ValueError("not finite")
+    if by == 0:
+        raise ValueError("step 0")
+    return max(0, math.ceil((last - first) / by))
+
+
+def _swept_values(item: Any, key: str, overrides: Sequence[str], limit: int) -> list[str]:
+    """The grid values of one swept override, glob() over the group's options included; a
+    range is counted before it is made (at most ``limit`` values)."""
+    from hydra.core.override_parser.types import Glob, RangeSweep, ValueType
 
     typed = (item.input_line or "").partition("=")[2]
+    swept = item.value()
+    if isinstance(swept, RangeSweep):
+        try:
+            count = range_count(swept.start, swept.stop, swept.step)
+        except ValueError:
+            raise UserError(key, typed, "is not a range with a step other than 0.",
+                            "give range(start,stop,step) with numbers and a step that is not "
+                            "0, e.g. range(0,10,2).") from None
+        if count > limit:
+            raise UserError(key, typed, f"makes {count} values, more than the {limit} points "
+                            "a sweep may have.", "use a larger step or a shorter range.")
     if item.value_type == ValueType.INTERVAL_SWEEP:
         raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
                         "cannot enumerate.", "list the values, or use range(start,stop,step).")

@@ -56,6 +56,10 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
     if folder.exists() and any(p.name != PREFLIGHT for p in folder.iterdir()):
         raise UserError("sweep.dir", str(folder), "already holds files; nothing is touched.",
                         "choose a new sweep.dir.")
+    if folder.exists():
+        from hpc_ddp.inputs.run_dir import check_owned_folder
+
+        check_owned_folder(folder, "sweep.dir", str(folder))
     from hpc_ddp.config.compose import compose_many
 
     lists = [[*p.overrides, f"run_dir={folder / f'{p.index:03d}'}"] for p in points]

@@ -127,3 +127,11 @@ def files_under(root: str) -> tuple[Any, Any]:
     sizes = sorted(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
     x = torch.tensor(sizes, dtype=torch.float32).unsqueeze(1).repeat(1, 8) / 1000
     return TensorDataset(x, torch.arange(len(sizes)) % 2), None
+
+
+def planted(marker: str) -> None:
+    """What a planted `_target_` would run: any code at all, here creating ``marker``
+    (tests/unit/test_planted_files.py checks it never runs from a file someone else wrote)."""
+    from pathlib import Path
+
+    Path(marker).touch()
