@@ -73,7 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose(args)
         cfg = dataclasses.replace(cfg, script=absolute_script(cfg.script, Path.cwd()))
         cfg = with_script_args(cfg, script_args)
-        # A literal secret of the command line: kept out of config.yaml, in this task's
+        if secrets.literals_in([*args, "--", *cfg.script_args], secrets.marks_of(cfg)):
+            # On this task's command line every user of the node reads it (ps): refused.
+            raise UserError("command line", secrets.MASK, "holds a secret, which every user "
+                            "of the job's nodes can read on each task's command line (ps).",
+                            "export it in your shell before sbatch and pass it by reference, "
+                            "e.g. model.api_token='${oc.env:MY_TOKEN}' (docs/security.md).")
+        # A secret the config files give: kept out of config.yaml, in this task's
         # environment instead, where the rank reads its reference (config/secrets.py).
         cfg, hidden = secrets.extract(cfg)
         os.environ.update(hidden)
@@ -88,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A fresh run: record its config and overrides (submit resume=true can go on
             # from them). A resumed or requeued run keeps what it was started with.
             with created_with(cfg.cluster.umask):
-                write_run_config(run_dir, cfg, secrets.scrub_overrides(args))
+                write_run_config(run_dir, cfg, secrets.scrub_overrides(
+                    args, secrets.marks_of(cfg)))
         summary = run(cfg, run_dir, os.environ)
     except (UserError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr)

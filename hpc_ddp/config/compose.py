@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import os
 import pickle
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -21,11 +20,12 @@ from typing import Any
 from hpc_ddp.config import parts, yaml_guard
 from hpc_ddp.config.folders import CONF_ENV, conf_dir
 from hpc_ddp.config.messages import reject_unknown_keys, user_error
-from hpc_ddp.config.overrides import check_override, check_overrides
+from hpc_ddp.config.overrides import check_override, check_overrides, quoted
 from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, compose_schema, register_schemas
 from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
 from hpc_ddp.errors import UserError
+from hpc_ddp.redact import Marks
 
 # A user's config folder for commands that take no --config-dir (srun entries in sbatch files).
 CONFIG_DIR_ENV = "HPC_DDP_CONFIG_DIR"
@@ -63,15 +63,6 @@ def user_config_dir(overrides: Sequence[str], config_dir: Path | str | None = No
                         "does not exist.", "give the folder that holds your config groups "
                         "(e.g. conf/ with model/mynet.yaml), relative to here or absolute.")
     return folder
-
-
-def quoted(value: str) -> str:
-    """``value`` as an override's value: as it is when Hydra's grammar reads it back
-    unchanged, else single-quoted with its quotes escaped (Hydra unescapes only those)."""
-
-    if re.fullmatch(r"[\w./:@+-]+", value):
-        return value
-    return "'" + value.replace("'", "\\'") + "'"
 
 
 def search_folders(user: Path | None) -> list[Path]:
@@ -132,9 +123,20 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
     try:
         with _hydra(user), references_kept():
             node = hydra_compose("config", overrides=_for_hydra(overrides, user))
-            return _finish(node, overrides)
+            with references_kept(marks_in(node)):  # a reference of a marked name stays too
+                return _finish(node, overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise user_error(exc, overrides, search_folders(user)) from None
+
+
+def marks_in(node: Any) -> Marks:
+    """secrets.secret / secrets.public of a composed node, before it is resolved."""
+    from omegaconf import OmegaConf
+
+    found = OmegaConf.select(node, "secrets", default=None)
+    data = OmegaConf.to_container(found, resolve=False) if found is not None else {}
+    data = data if isinstance(data, dict) else {}
+    return Marks.of(map(str, data.get("secret") or ()), map(str, data.get("public") or ()))
 
 
 def check_yaml_folders(user: Path | None) -> None:
@@ -234,7 +236,8 @@ def compose_many(override_lists: Sequence[Sequence[str]],
                     node = bases[(user, *choices)].copy()
                     values = [o for o in parsed if o.key_or_group not in GROUPS]
                     ConfigLoaderImpl._apply_overrides_to_config(values, node)
-                    results[index] = _finish(node, overrides, whole=False)
+                    with references_kept(marks_in(node)):
+                        results[index] = _finish(node, overrides, whole=False)
                 except (HydraException, OmegaConfBaseException, UserError):
                     pass  # compose() below says what is wrong, in one line
     return [cfg if cfg is not None else compose(o, config_dir)
@@ -299,10 +302,14 @@ def from_yaml(text: str) -> Config:
                         "use a config.yaml hpc_ddp wrote (--cfg prints one).")
     rest = {k: v for k, v in data.items() if k not in PARTS and k not in FREE_FORM}
     try:
-        with references_kept():  # a secret stays a reference on the node too (secrets.py)
+        given = data.get("secrets")
+        marks: dict[str, Any] = given if isinstance(given, dict) else {}
+        with references_kept(Marks.of(map(str, marks.get("secret") or ()),
+                                      map(str, marks.get("public") or ()))):
+            # a secret stays a reference on the node too (secrets.py), parts' arguments too
             loose = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(compose_schema()),
                                                         rest))
-        return _assemble(loose, data)
+            return _assemble(loose, data)
     except OmegaConfBaseException as exc:
         raise user_error(exc, ()) from None
 

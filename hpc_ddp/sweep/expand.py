@@ -12,6 +12,7 @@ from typing import Any
 
 from hpc_ddp.config.messages import group_options, user_error
 from hpc_ddp.errors import UserError
+from hpc_ddp.redact import MASK, Marks, secret_name, secret_value
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class Point:
     index: int
     # Every override of this point (the fixed ones and one value of each swept key).
     overrides: tuple[str, ...]
-    # key -> value of the swept keys only (for tables and TensorBoard hparams).
+    # key -> value of the swept keys only (for tables and TensorBoard hparams); a secret's
+    # value (by its key's name or its shape, hpc_ddp/redact.py) as ****.
     params: tuple[tuple[str, str], ...]
 
     def label(self) -> str:
@@ -53,12 +55,26 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     if total > limit:
         raise UserError("multirun", f"{total} points", f"is more than {limit}.",
                         "sweep fewer values, or split the sweep.")
+    marks = _marks_given(parsed)
     points = []
     for index, combo in enumerate(itertools.product(*axes)):
         # Swept values come back from Hydra written as in an override (strings quoted).
         points.append(Point(index, tuple(f"{k}={v}" for k, v, _ in combo),
-                            tuple((k, v.strip("'\"")) for k, v, swept in combo if swept)))
+                            tuple((k, _shown(k, v.strip("'\""), marks))
+                                  for k, v, swept in combo if swept)))
     return points
+
+
+def _marks_given(parsed: list[Any]) -> Marks:
+    """secrets.secret / secrets.public as the command line gives them."""
+    given = {o.get_key_element(): o.value() for o in parsed if not o.is_sweep_override()}
+    found = [given.get(f"secrets.{k}") for k in ("secret", "public")]
+    secret, public = (v if isinstance(v, list) else [] for v in found)
+    return Marks.of(map(str, secret), map(str, public))
+
+
+def _shown(key: str, value: str, marks: Marks) -> str:
+    return MASK if secret_name(key, marks) or secret_value(value) else value
 
 
 def range_count(start: Any, stop: Any, step: Any) -> int:

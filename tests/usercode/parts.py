@@ -135,3 +135,12 @@ def planted(marker: str) -> None:
     from pathlib import Path
 
     Path(marker).touch()
+
+
+def model_with_token(api_token: str, num_classes: int | None = None) -> Any:
+    """A model whose factory takes a secret argument: keeps its SHA-256, never the value."""
+    import hashlib
+
+    model = torch.nn.Linear(4, 2)
+    model.token_sha = hashlib.sha256(api_token.encode()).hexdigest()  # type: ignore[assignment]
+    return model
