@@ -129,11 +129,6 @@ def read_owned(path: Path, top: Path) -> bytes:
         return handle.read()
 
 
-def check_owned(path: Path, top: Path) -> None:
-    """Whether ``path`` would be opened (:func:`open_owned`); for a check ahead of a job."""
-    open_owned(path, top).close()
-
-
 def run_root_of(path: Path) -> Path:
     """The run dir (or sweep dir) a file under its ``submitit/`` folder belongs to."""
     for parent in Path(os.path.abspath(path)).parents:

@@ -31,12 +31,6 @@ _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 UntrustedCheckpoint = Untrusted
 
 
-def check_owned(path: Path, top: Path) -> None:
-    """Refuse ``path`` unless it and every folder up to ``top`` (the run dir) are this
-    user's and writable by no one else (hpc_ddp/owned.py)."""
-    open_owned(path, top).close()
-
-
 def load(path: Path, top: Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``path`` loaded as data (weights_only) from the descriptor the ownership checks were
     made on (hpc_ddp/owned.py): no file can be swapped in between."""
