@@ -120,7 +120,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
             store_key: str | None = None) -> tuple[Any, Endpoint]:
     """Form the store every rank shares; returns it (a torch.distributed Store: authstore's
     client) and its address. ``record``: this rank's placement (host, GPU), which rank 0 can
-    read back with :func:`placements` (the summary's rank -> node -> GPU map).
+    read back with checkin.placements (the summary's rank -> node -> GPU map).
     ``master_interface``: rank 0 publishes that interface's address instead of its host name
     (cluster.master_interface).
 
