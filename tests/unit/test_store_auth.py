@@ -143,3 +143,37 @@ def test_rank_0s_refusal_ends_every_rank_at_once_with_its_reason(tmp_path: Path)
         assert errors[r].startswith(f"rank 0 refused to start: {reason}"), errors[r]
     published = json.loads(rendezvous.endpoint_file(folder, env_of(1, 3)).read_text())
     assert published["refused"].startswith(reason)
+
+
+def test_the_store_serves_what_torch_and_hpc_ddp_ask_of_a_store() -> None:
+    import torch
+
+    key = authstore.new_key()
+    server = authstore.StoreServer(key, ["127.0.0.1"])
+    store = authstore.AuthStore("127.0.0.1", server.port, key, timedelta(seconds=30))
+    keys = dist.PrefixStore("p", store)  # as the process group and a supervisor's child use it
+    keys.set("a", "1")
+    assert store.get("p/a") == b"1" and keys.add("n", 2) == 2 and keys.add("n", 3) == 5
+    assert keys.compare_set("c", "", "x") == b"x" and keys.compare_set("c", "y", "z") == b"x"
+    assert keys.check(["a", "c"]) and not keys.check(["a", "missing"])
+    keys.multi_set(["m1", "m2"], ["v1", "v2"])
+    assert keys.multi_get(["m1", "m2"]) == [b"v1", b"v2"] and keys.delete_key("m1")
+    with pytest.raises(dist.DistStoreError, match="wait timeout"):
+        keys.wait(["never"], timedelta(seconds=0.2))
+    with pytest.raises(dist.DistStoreError, match="refused the request"):
+        store.add("p/c", 1)  # not a number: said, not hung
+    sums: dict[int, float] = {}
+
+    def rank(r: int) -> None:  # Gloo forms on it and all-reduces (two ranks, one process)
+        group = dist.ProcessGroupGloo(dist.PrefixStore("pg", authstore.AuthStore(
+            "127.0.0.1", server.port, key, timedelta(seconds=30))), r, 2, timedelta(seconds=30))
+        total = torch.tensor([float(r + 1)])
+        group.allreduce([total]).wait()
+        sums[r] = total.item()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sums == {0: 3.0, 1: 3.0}

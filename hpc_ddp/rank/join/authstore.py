@@ -43,7 +43,7 @@ _MAGIC = b"hpc_ddp-store-1\n"
 _NONCE = 32
 _HANDSHAKE_S = 5.0
 _MAX_FRAME = 64 << 20  # a request larger than any key or value of ours: a broken peer
-_OK, _TIMEOUT = 0, 1
+_OK, _TIMEOUT, _ERROR = 0, 1, 2
 (SET, GET, ADD, CAS, CHECK, WAIT, DELETE, NUM, MGET, MSET, APPEND) = range(11)
 
 
@@ -112,7 +112,11 @@ class StoreServer:
                 (size,) = struct.unpack("!I", await reader.readexactly(4))
                 if size > _MAX_FRAME:
                     return
-                reply = await self._handle(await reader.readexactly(size))
+                body = await reader.readexactly(size)
+                try:
+                    reply = await self._handle(body)
+                except (ValueError, IndexError, struct.error) as exc:  # e.g. add to a text
+                    reply = bytes([_ERROR]) + _pack([str(exc).encode()])
                 writer.write(struct.pack("!I", len(reply)) + reply)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError,
@@ -213,13 +217,22 @@ def _allow_many_connections() -> None:
 
 
 def _listen(hosts: list[str], port: int) -> list[socket.socket]:
-    """Listening sockets on ``hosts`` (IP addresses; none: every interface), the same port."""
+    """Listening sockets on ``hosts`` (IP addresses; none: every interface), the same port
+    (a free one for port 0: tried again where the first one's is taken on another address)."""
+    for _ in range(5 if port == 0 and len(hosts) > 1 else 1):
+        try:
+            return _bind(hosts, port)
+        except OSError as exc:
+            error = exc
+    raise error
+
+
+def _bind(hosts: list[str], port: int) -> list[socket.socket]:
     if not hosts:
         try:
-            return _listen(["::"], port)  # with IPV6_V6ONLY off: IPv4 as well
+            return _bind(["::"], port)  # with IPV6_V6ONLY off: IPv4 as well
         except OSError:  # no IPv6 on this machine
-            hosts = ["0.0.0.0"]
-            return _listen(hosts, port)
+            return _bind(["0.0.0.0"], port)
     made: list[socket.socket] = []
     try:
         for host in hosts:
@@ -319,6 +332,9 @@ class AuthStore(dist.Store):  # type: ignore[misc]
         if reply[0] == _TIMEOUT:
             names = ", ".join(f.decode(errors="replace") for f in fields[:4])
             raise dist.DistStoreError(f"wait timeout after {int(wait * 1000)}ms, keys: {names}")
+        if reply[0] == _ERROR:
+            raise dist.DistStoreError(f"the store refused the request: "
+                                      f"{_unpack(reply, 1)[0].decode(errors='replace')}")
         return _unpack(reply, 1)
 
     def clone(self) -> AuthStore:
