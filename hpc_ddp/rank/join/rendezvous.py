@@ -182,8 +182,9 @@ def _serve(env: DistEnv, host: str, collective_timeout_s: float,
     addr = _master_addr(env, host, master_interface)
     hosts = listen_addresses(env, addr)
     if not hosts:
-        log.info("rendezvous: %s is no address of this node's own; the store listens on "
-                 "every interface (it answers only this run's ranks)", addr)
+        log.info("rendezvous: %s resolves here to none of this node's addresses but loopback; "
+                 "the store listens on every interface (it lets in only this run's ranks)",
+                 addr)
     key = authstore.new_key()
     server = authstore.StoreServer(key, hosts, port)
     own = hosts[0] if hosts else "127.0.0.1"
