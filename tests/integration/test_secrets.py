@@ -102,6 +102,12 @@ def test_a_scripts_secret_arguments_reach_it_and_no_command_line(tmp_path: Path)
                         "argv_holding": []}
     assert files_holding(run_dir, list(SCRIPT.values())) == []
     assert not [v for v in SCRIPT.values() if v in done.stdout + done.stderr]
+    # The store's key (which the script's process group joined with): in the rendezvous
+    # file, readable by the user alone, and nowhere else.
+    [published] = (run_dir / "rendezvous").glob("*-r0.json")
+    key = json.loads(published.read_text())["key"]
+    assert published.stat().st_mode & 0o777 == 0o600
+    assert files_holding(run_dir, [key]) == [f"{published.relative_to(run_dir)}: {key}"]
     import yaml
 
     args = yaml.safe_load((run_dir / "config.yaml").read_text())["script_args"]
