@@ -250,3 +250,25 @@ def test_a_run_dir_or_sweep_dir_others_can_write_is_refused_at_submission(
 def test_only_files_inside_the_run_dir_are_opened(tmp_path: Path) -> None:
     with pytest.raises(Untrusted, match="is not inside"):
         open_owned(tmp_path / "x", tmp_path / "run")
+
+
+@pytest.mark.parametrize("args, mode", [([], 0o750), (["cluster.umask=077"], 0o700),
+                                        (["cluster.umask=002"], 0o750)])
+def test_the_sbatch_wrapper_sets_the_umask_before_it_makes_anything(
+        tmp_path: Path, args: list[str], mode: int) -> None:
+    # A submitting shell's umask of 002 (common on shared project setups) must not leave the
+    # run dir or its logs/ group-writable: the ranks would refuse to load from it.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/sh\numask > "$UMASK_SEEN"\n')
+    (fake / "srun").chmod(0o755)
+    run, seen = tmp_path / "outputs" / "run", tmp_path / "umask"
+    done = subprocess.run(["bash", "-c", 'umask 002; exec bash jobs/train.sbatch "$@"', "-",
+                           f"run_dir={run}", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False,
+                          env=command_env({"PATH": f"{fake}:{os.environ['PATH']}",
+                                           "SLURM_JOB_ID": "77", "UMASK_SEEN": str(seen)}))
+    assert done.returncode == 0, done.stderr
+    for folder in (run.parent, run, run / "logs"):
+        assert folder.stat().st_mode & 0o777 == mode, folder
+    assert int(seen.read_text(), 8) == 0o777 & ~mode  # and the ranks start with it
