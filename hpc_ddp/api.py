@@ -133,15 +133,16 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     cfg, layout = _resolve.resolve_with_layout(composed or compose(merged), environ, cwd)
     cfg = with_script_args(cfg, script_args)
     cfg, hidden = secrets.extract(cfg)  # literal secrets become references, values travel apart
-    merged = secrets.scrub_overrides(merged)
-    if check:
-        run_inputs.check_inputs(cfg)
-        check_code(cfg, cwd)
-    _resolve.check_local_gpus(cfg, environ)
-    run_dir = run_inputs.check_run_dir(cfg)
-    if cfg.resume:
-        _check_not_running(run_dir)
-    check_resumable(cfg, run_dir)
+    merged = secrets.scrub_overrides(merged, secrets.marks_of(cfg))
+    with secrets.exported(hidden):  # where the checks build parts, as the ranks will
+        if check:
+            run_inputs.check_inputs(cfg)
+            check_code(cfg, cwd)
+        _resolve.check_local_gpus(cfg, environ)
+        run_dir = run_inputs.check_run_dir(cfg)
+        if cfg.resume:
+            _check_not_running(run_dir)
+        check_resumable(cfg, run_dir)
     return Plan(cfg, merged, run_dir, pickled, layout.why, hidden)
 
 

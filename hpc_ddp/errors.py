@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpc_ddp import redact
+
 #: Exit code of every command on bad input (argparse's convention).
 USAGE_EXIT_CODE = 2
 
@@ -29,8 +31,13 @@ class UserError(Exception):
 
     @property
     def message(self) -> str:
+        """One line; the value of a secret-named key and any secret-shaped text as ****
+        (redact.py): an error is printed, and may be pasted anywhere."""
         value = shown(self.value)
-        text = f"{self.key}={value if isinstance(value, str) else repr(value)}: {self.problem}"
+        value = value if isinstance(value, str) else repr(value)
+        if redact.secret_name(self.key):
+            value = redact.MASK
+        text = f"{self.key}={value}: {self.problem}"
         if self.fix:
             text += f" Fix: {self.fix}"
-        return " ".join(text.split())  # one line, whatever the parts held
+        return redact.mask_shapes(" ".join(text.split()))  # one line, whatever the parts held

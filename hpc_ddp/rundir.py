@@ -130,15 +130,19 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def write_atomic(path: Path, write: Callable[[Any], None],
-                 check: Callable[[Path], None] | None = None, durable: bool = True) -> None:
+                 check: Callable[[Path], None] | None = None, durable: bool = True,
+                 private: bool = False) -> None:
     """``write(fileobj)`` into a temp file beside ``path``, fsync, ``check(temp path)``, then
     rename onto it (atomic on POSIX: a reader sees the old file or the new one, never half).
     ``durable`` false: no fsync (a file rewritten every second, whose loss in a crash costs
     nothing). (Through a Python file object: a write error is the OSError that says why,
-    ENOSPC or EACCES, which torch's own file writer does not keep.)"""
+    ENOSPC or EACCES, which torch's own file writer does not keep.) ``private``: readable by
+    this user alone (mode 600) from the moment the file exists, whatever the umask."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        tmp.unlink(missing_ok=True)  # a crashed writer's, whose mode would be kept
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        with open(os.open(tmp, flags, 0o600 if private else 0o666), "wb") as handle:
             write(handle)
             handle.flush()
             if durable:
@@ -153,9 +157,10 @@ def write_atomic(path: Path, write: Callable[[Any], None],
         raise
 
 
-def write_text(path: Path, text: str, durable: bool = False) -> None:
+def write_text(path: Path, text: str, durable: bool = False, private: bool = False) -> None:
     """Atomically replace ``path`` with ``text`` (write_atomic)."""
-    write_atomic(path, lambda handle: handle.write(text.encode()), durable=durable)
+    write_atomic(path, lambda handle: handle.write(text.encode()), durable=durable,
+                 private=private)
 
 
 def write_json(path: Path, data: Any) -> None:

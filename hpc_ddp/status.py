@@ -71,11 +71,11 @@ def other_kind(path: Path) -> tuple[str, str] | None:
     """(what it is, its results file) for a doctor or benchmark folder; None otherwise."""
     job_name = ""
     if (path / "config.yaml").is_file() and not (path / JOB_FILE).is_file():
-        from omegaconf import OmegaConf
+        from hpc_ddp.config import yaml_guard
 
-        try:
-            job_name = str(OmegaConf.select(OmegaConf.load(path / "config.yaml"),
-                                            "cluster.job_name", default=""))
+        try:  # its aliases counted first: a planted bomb must not hang a status
+            data = yaml_guard.load((path / "config.yaml").read_text(), "config.yaml")
+            job_name = str(((data or {}).get("cluster") or {}).get("job_name") or "")
         except Exception:  # an unreadable config.yaml: not this function's to report
             job_name = ""
     for results, name, what in OTHER_KINDS:

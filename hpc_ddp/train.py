@@ -19,7 +19,12 @@ from pathlib import Path
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.inputs.resume_check import check_resumable
-from hpc_ddp.inputs.run_dir import check_inputs, check_writable, write_run_config
+from hpc_ddp.inputs.run_dir import (
+    check_inputs,
+    check_owned_folder,
+    check_writable,
+    write_run_config,
+)
 from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
 from hpc_ddp.rundir import RunDir, created_with, default_root
 
@@ -35,11 +40,13 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
     """
     checked = dataclasses.replace(cfg, run_dir=cfg.run_dir or str(root),
                                   resume=cfg.resume and restart == 0)
+    assert checked.run_dir is not None
     if checked.resume or (root.exists() and not root.is_dir()):
         run = check_run_dir_as_submit_does(checked)  # a file; no run to resume; not writable
         check_resumable(checked, run)  # a network or optimizer the checkpoint cannot take
     else:
-        assert checked.run_dir is not None
+        if root.is_dir():  # someone else's, or one they can write: nothing is loaded from it
+            check_owned_folder(root, "run_dir", checked.run_dir)
         check_writable(root, checked.run_dir)
 
 
@@ -66,7 +73,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose(args)
         cfg = dataclasses.replace(cfg, script=absolute_script(cfg.script, Path.cwd()))
         cfg = with_script_args(cfg, script_args)
-        # A literal secret of the command line: kept out of config.yaml, in this task's
+        if secrets.literals_in([*args, "--", *cfg.script_args], secrets.marks_of(cfg)):
+            # On this task's command line every user of the node reads it (ps): refused.
+            raise UserError("command line", secrets.MASK, "holds a secret, which every user "
+                            "of the job's nodes can read on each task's command line (ps).",
+                            "export it in your shell before sbatch and pass it by reference, "
+                            "e.g. model.api_token='${oc.env:MY_TOKEN}' (docs/security.md).")
+        # A secret the config files give: kept out of config.yaml, in this task's
         # environment instead, where the rank reads its reference (config/secrets.py).
         cfg, hidden = secrets.extract(cfg)
         os.environ.update(hidden)
@@ -81,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A fresh run: record its config and overrides (submit resume=true can go on
             # from them). A resumed or requeued run keeps what it was started with.
             with created_with(cfg.cluster.umask):
-                write_run_config(run_dir, cfg, secrets.scrub_overrides(args))
+                write_run_config(run_dir, cfg, secrets.scrub_overrides(
+                    args, secrets.marks_of(cfg)))
         summary = run(cfg, run_dir, os.environ)
     except (UserError, LaunchError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -218,7 +218,7 @@ def rendezvous_join(world: World, rank: int) -> Cost:
     """Joining the rendezvous (rank/join/rendezvous.py): reading rank 0's endpoint file, then the
     check-in on its store, as the last rank to arrive (which also releases the others'
     waits); the TCP connection itself is left out (one per rank, as a TCPStore makes it)."""
-    from hpc_ddp.rank.join import rendezvous
+    from hpc_ddp.rank.join import checkin, rendezvous
 
     store = RecordingStore()
     store.seed("hpc_ddp/arrived", world.size - 1)  # the others have announced themselves
@@ -229,7 +229,7 @@ def rendezvous_join(world: World, rank: int) -> Cost:
 
     def work() -> None:
         assert rendezvous.read_endpoint(path) is not None
-        rendezvous.check_in(store, env, json.dumps({"host": world.host(rank)}), 60.0)
+        checkin.check_in(store, env, json.dumps({"host": world.host(rank)}), 60.0)
 
     return world.measure(work, store)
 

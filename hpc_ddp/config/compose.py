@@ -12,20 +12,20 @@ import copy
 import dataclasses
 import os
 import pickle
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.config import parts
+from hpc_ddp.config import parts, yaml_guard
 from hpc_ddp.config.folders import CONF_ENV, conf_dir
 from hpc_ddp.config.messages import reject_unknown_keys, user_error
-from hpc_ddp.config.overrides import check_override, check_overrides
+from hpc_ddp.config.overrides import check_override, check_overrides, quoted
 from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, compose_schema, register_schemas
 from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
 from hpc_ddp.errors import UserError
+from hpc_ddp.redact import Marks
 
 # A user's config folder for commands that take no --config-dir (srun entries in sbatch files).
 CONFIG_DIR_ENV = "HPC_DDP_CONFIG_DIR"
@@ -63,15 +63,6 @@ def user_config_dir(overrides: Sequence[str], config_dir: Path | str | None = No
                         "does not exist.", "give the folder that holds your config groups "
                         "(e.g. conf/ with model/mynet.yaml), relative to here or absolute.")
     return folder
-
-
-def quoted(value: str) -> str:
-    """``value`` as an override's value: as it is when Hydra's grammar reads it back
-    unchanged, else single-quoted with its quotes escaped (Hydra unescapes only those)."""
-
-    if re.fullmatch(r"[\w./:@+-]+", value):
-        return value
-    return "'" + value.replace("'", "\\'") + "'"
 
 
 def search_folders(user: Path | None) -> list[Path]:
@@ -128,12 +119,32 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
     register_schemas()
     user = user_config_dir(overrides, config_dir)
     check_overrides(overrides)
+    check_yaml_folders(user)
     try:
         with _hydra(user), references_kept():
             node = hydra_compose("config", overrides=_for_hydra(overrides, user))
-            return _finish(node, overrides)
+            with references_kept(marks_in(node)):  # a reference of a marked name stays too
+                return _finish(node, overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise user_error(exc, overrides, search_folders(user)) from None
+
+
+def marks_in(node: Any) -> Marks:
+    """secrets.secret / secrets.public of a composed node, before it is resolved."""
+    from omegaconf import OmegaConf
+
+    found = OmegaConf.select(node, "secrets", default=None)
+    data = OmegaConf.to_container(found, resolve=False) if found is not None else {}
+    data = data if isinstance(data, dict) else {}
+    return Marks.of(map(str, data.get("secret") or ()), map(str, data.get("public") or ()))
+
+
+def check_yaml_folders(user: Path | None) -> None:
+    """The YAML of the user's config folder (and of $HPC_DDP_CONF's), aliases counted before
+    Hydra builds any of it (config/yaml_guard.py)."""
+    for folder in (user, conf_dir() if os.environ.get(CONF_ENV) else None):
+        if folder is not None:
+            yaml_guard.check_folder(folder)
 
 
 def _for_hydra(overrides: Sequence[str], user: Path | None) -> list[str]:
@@ -207,6 +218,7 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     results: list[Config | None] = [None] * len(override_lists)
     users = [user_config_dir(o, config_dir) for o in override_lists]
     for user in dict.fromkeys(users):
+        check_yaml_folders(user)
         with _hydra(user), references_kept():
             for index, overrides in enumerate(override_lists):
                 if users[index] != user:
@@ -224,7 +236,8 @@ def compose_many(override_lists: Sequence[Sequence[str]],
                     node = bases[(user, *choices)].copy()
                     values = [o for o in parsed if o.key_or_group not in GROUPS]
                     ConfigLoaderImpl._apply_overrides_to_config(values, node)
-                    results[index] = _finish(node, overrides, whole=False)
+                    with references_kept(marks_in(node)):
+                        results[index] = _finish(node, overrides, whole=False)
                 except (HydraException, OmegaConfBaseException, UserError):
                     pass  # compose() below says what is wrong, in one line
     return [cfg if cfg is not None else compose(o, config_dir)
@@ -280,18 +293,23 @@ def _section_yaml(name: str, value: Any) -> str:
 
 def from_yaml(text: str) -> Config:
     """Read a config written by :func:`to_yaml` back, checked against the schema."""
-    import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-
-    data = yaml.safe_load(text) or {}
+    data = yaml_guard.load(text, "config.yaml") or {}
+    if not isinstance(data, dict):
+        raise UserError("config.yaml", type(data).__name__, "is not a mapping of config keys.",
+                        "use a config.yaml hpc_ddp wrote (--cfg prints one).")
     rest = {k: v for k, v in data.items() if k not in PARTS and k not in FREE_FORM}
     try:
-        with references_kept():  # a secret stays a reference on the node too (secrets.py)
+        given = data.get("secrets")
+        marks: dict[str, Any] = given if isinstance(given, dict) else {}
+        with references_kept(Marks.of(map(str, marks.get("secret") or ()),
+                                      map(str, marks.get("public") or ()))):
+            # a secret stays a reference on the node too (secrets.py), parts' arguments too
             loose = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(compose_schema()),
                                                         rest))
-        return _assemble(loose, data)
+            return _assemble(loose, data)
     except OmegaConfBaseException as exc:
         raise user_error(exc, ()) from None
 

@@ -6,6 +6,7 @@ Checked before composing, so each mistake gets one line naming the override and 
 from __future__ import annotations
 
 import functools
+import re
 import typing
 from collections.abc import Sequence
 from dataclasses import is_dataclass
@@ -13,6 +14,15 @@ from typing import Any
 
 from hpc_ddp.config.schema import GROUPS, Config
 from hpc_ddp.errors import UserError
+
+
+def quoted(value: str) -> str:
+    """``value`` as an override's value: as it is when Hydra's grammar reads it back
+    unchanged, else single-quoted with its quotes escaped (Hydra unescapes only those)."""
+
+    if re.fullmatch(r"[\w./:@+-]+", value):
+        return value
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 @functools.cache

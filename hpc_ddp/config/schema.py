@@ -308,6 +308,16 @@ class SweepConfig:
 
 
 @dataclass
+class SecretsConfig:
+    # Names whose values are secrets though hpc_ddp's rules do not say so (docs/security.md):
+    # environment variables (MY_DB_CONN), keys of your parts and app (model.db_url, or db_url
+    # for every part), a script's flags (--db). Their values travel like any secret's.
+    secret: list[str] = field(default_factory=list)
+    # Names the rules take for secrets that are not (model.pad_token): written as given.
+    public: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Config:
     # Shortcuts a user types on the command line.
     nodes: int = 1
@@ -346,6 +356,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    secrets: SecretsConfig = field(default_factory=SecretsConfig)
     # Your own keys (conf/app/<option>.yaml, or app.<key>=... on the command line), free-form;
     # a function entry reads them as ctx.app.
     app: dict[str, Any] = field(default_factory=dict)
@@ -353,7 +364,7 @@ class Config:
 
 __all__ = ["ClusterConfig", "Config", "ContainerConfig", "DataConfig", "LossConfig",
            "MetricsConfig", "ModelConfig", "NcclConfig", "OptimConfig", "SchedulerConfig",
-           "SweepConfig", "TrainerConfig", "register_schemas"]
+           "SecretsConfig", "SweepConfig", "TrainerConfig", "register_schemas"]
 
 GROUPS: tuple[str, ...] = ("cluster", "container", "model", "data", "loss", "optim",
                            "scheduler", "metrics", "trainer", "nccl", "app")

@@ -1,77 +1,75 @@
-"""Secrets never reach a file hpc_ddp writes or a line it prints: they travel as references.
+"""Secrets never reach a file hpc_ddp writes, a line it prints or a command line.
 
-A secret may come in through a ``cluster.setup`` line (``export WANDB_API_KEY=...``), an entry
-of ``nccl.env``/``nccl.extra_env``, or the environment. The rules (docs/security.md):
+What a secret is, by name and by the shape of its value, is hpc_ddp/redact.py's (with the
+marks of ``secrets.secret`` / ``secrets.public``). Where one may come in, and what becomes of
+it (docs/security.md):
 
-1. A variable whose name contains KEY, TOKEN, SECRET, PASSWORD, PASSWD, PASSPHRASE,
-   CREDENTIAL or PRIVATE (any case) holds a secret.
-2. ``${oc.env:NAME}`` of such a NAME is the way to pass one. It is never resolved on the
-   submit side (compose keeps it as written, :func:`references_kept`) but where it is used, on
-   the node: by the batch script's shell for a setup line (rendered as ``${NAME}``,
-   :func:`shell_lines`), by the rank for nccl.env/extra_env (:func:`resolve`).
-3. A literal value given for such a name (``export WANDB_API_KEY=abc`` in a setup line,
-   ``nccl.extra_env.HF_TOKEN=abc``) is replaced at submission by ``${oc.env:NAME}`` in the
-   config and in the saved overrides (:func:`extract`), and the value itself travels in the
-   environment of the submission only: sbatch's exported environment, the local ranks'
-   environment (:func:`exported`). config.yaml, overrides.yaml, job.json, the sbatch script
-   and submitit's pickles hold the reference, never the value.
-4. The values of secret-named variables (and the literals of 3.) are masked as ``****`` in
-   what hpc_ddp prints and logs (:func:`mask`, the ranks' log filter).
+=========================================  ==================================================
+channel                                    the literal is replaced, in the config and in the
+                                           saved overrides, by
+=========================================  ==================================================
+``cluster.setup`` (shell lines)            ``NAME=${oc.env:NAME}``; any other word, e.g. after
+                                           ``--token``, by ``"${oc.env:HPC_DDP_SECRET_...}"``
+``nccl.env``, ``nccl.extra_env``,          ``${oc.env:NAME}`` (the variable's own name; for a
+``cluster.container.env``                  value secret by its shape only, HPC_DDP_SECRET_NAME)
+a ``_target_`` part's arguments, ``app``   ``${oc.env:HPC_DDP_SECRET_MODEL_API_TOKEN}`` (the key)
+a script's arguments (after ``--``)        ``--hf-token ${oc.env:HPC_DDP_SECRET_ARG_HF_TOKEN}``
+=========================================  ==================================================
+
+The values travel in the environment of the submission only (sbatch exports it to the job,
+the local ranks inherit it: :func:`exported`) and are read where they are used: by the batch
+script's shell (:func:`shell_lines`), by the rank for NCCL and container variables
+(:func:`resolve`), by Hydra's instantiate for a part, by ``ctx.app``, by the script runner for
+a script's argv (in the process, never on a command line). ``${oc.env:NAME}`` of a secret is
+never resolved at submission (:func:`references_kept`). Sbatch options, srun arguments, a
+container's options and image cannot carry one (:func:`extract` refuses: ``scontrol show job``
+and ``ps`` show them to every user). Printed and logged text masks the values as ``****``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from hpc_ddp.config.secret_channels import (
+    ENV_SECTIONS,
+    REFERENCE,
+    TREES,
+    Found,
+    loose_literals,
+    scrub_env,
+    scrub_script_args,
+    scrub_setup,
+    scrub_tree,
+)
 from hpc_ddp.errors import UserError
-
-SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE",
-                         re.IGNORECASE)
-MASK = "****"
-# ${oc.env:NAME} or ${oc.env:NAME,default}
-REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
-# NAME=value in a shell line or an override: the value quoted, or up to a separator.
-_ASSIGNMENT = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)=('[^']*'|\"[^\"]*\"|"
-                         r"[^\s;&|'\",\]\)]*)")
-# A value shorter than this is not masked where it appears in a text (NCCL_IB_PKEY=0 would
-# mask every 0); it is still never written under its own name.
-_MASK_MIN = 6
+from hpc_ddp.redact import MASK, NO_MARKS, Marks, secret_name, secret_value
+from hpc_ddp.redact import mask as mask
 
 
-def looks_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
+def looks_secret(name: str, marks: Marks = NO_MARKS) -> bool:
+    return secret_name(name, marks)
 
 
-def reference(name: str) -> str:
-    return "${oc.env:" + name + "}"
-
-
-def _is_passed_on(value: str) -> bool:
-    """Already a reference: ours, or the shell's own $NAME / ${NAME}."""
-    return bool(REFERENCE.fullmatch(value)) or value.startswith("$")
-
-
-def _unquoted(value: str) -> str:
-    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-        return value[1:-1]
-    return value
+def marks_of(cfg: Any) -> Marks:
+    return Marks.of(cfg.secrets.secret, cfg.secrets.public)
 
 
 @contextlib.contextmanager
-def references_kept() -> Iterator[None]:
-    """OmegaConf's ``oc.env`` leaves secret names as ``${oc.env:NAME}`` meanwhile (rule 2);
-    any other name resolves as ever."""
+def references_kept(marks: Marks = NO_MARKS) -> Iterator[None]:
+    """OmegaConf's ``oc.env`` leaves secret names as ``${oc.env:NAME}`` meanwhile; any
+    other name resolves as ever."""
     from omegaconf import OmegaConf
     from omegaconf._utils import _DEFAULT_MARKER_
     from omegaconf.resolvers import oc
 
     def env(key: str, default: Any = _DEFAULT_MARKER_) -> Any:
-        if not looks_secret(key):
+        if not secret_name(key, marks):
             return oc.env(key, default)
         return "${oc.env:" + key + ("" if default is _DEFAULT_MARKER_ else f",{default}") + "}"
 
@@ -82,44 +80,15 @@ def references_kept() -> Iterator[None]:
         OmegaConf.register_new_resolver("oc.env", oc.env, replace=True)
 
 
-def _scrub_line(line: str, found: dict[str, str], where: str, strict: bool = True) -> str:
-    """``line`` with the value of every secret-named assignment replaced by a reference."""
-
-    def swap(match: re.Match[str]) -> str:
-        name, value = match.group(1), match.group(2)
-        if not looks_secret(name) or _is_passed_on(_unquoted(value)) or not value:
-            return match.group(0)
-        _found(found, name, _unquoted(value), where, strict)
-        return f"{name}={reference(name)}"
-
-    return _ASSIGNMENT.sub(swap, line)
+# What a task's command line holds, which every user of a node can read (ps), and the
+# job's options, which every user of the cluster can (scontrol show job).
+_IN_THE_OPEN = ("srun_args", "sbatch_extra", "container.options", "container.image",
+                "container.gpu_flags", "container.mounts", "python", "venv", "conda_env")
 
 
-def _found(found: dict[str, str], name: str, value: str, where: str,
-           strict: bool = True) -> None:
-    """Note ``name``'s literal; ``strict``: refuse a second, different one (one variable of
-    the job's environment carries it; overrides are not strict: the last one wins)."""
-    if strict and found.get(name, value) != value:
-        raise UserError(where, MASK, f"gives {name} a second, different value.",
-                        f"give {name} one value (or pass it as ${{oc.env:{name}}}).")
-    found[name] = value
-
-
-def extract(cfg: Any) -> tuple[Any, dict[str, str]]:
-    """``cfg`` with every literal secret replaced by its reference (rule 3), and name ->
-    value of those literals (to be exported to the job's environment)."""
-    found: dict[str, str] = {}
+def _refuse_in_the_open(cfg: Any) -> None:
     c = cfg.cluster
-    setup = [_scrub_line(line, found, "cluster.setup") for line in c.setup]
-    sections = {}
-    for section in ("env", "extra_env"):
-        values = dict(getattr(cfg.nccl, section))
-        for name, value in values.items():
-            text = str(value)
-            if looks_secret(name) and text and not _is_passed_on(text):
-                _found(found, name, text, f"nccl.{section}.{name}")
-                values[name] = reference(name)
-        sections[section] = values
+    marks = marks_of(cfg)
     for key, value in c.sbatch_extra.items():
         if REFERENCE.search(str(value)):
             raise UserError(f"cluster.sbatch_extra.{key}", value,
@@ -128,59 +97,134 @@ def extract(cfg: Any) -> tuple[Any, dict[str, str]]:
                             "read a job's options (scontrol show job).",
                             "pass a secret through cluster.setup instead: "
                             "export NAME=${oc.env:NAME} (docs/security.md).")
-    if not found:
+    for name in _IN_THE_OPEN:
+        holder, _, field = name.rpartition(".")
+        value = getattr(getattr(c, holder) if holder else c, field)
+        items = (value.items() if isinstance(value, Mapping) else enumerate(value)
+                 if isinstance(value, list) else [(name, value)])
+        for key, item in items:
+            text = "" if item is None else str(item)
+            if text and (secret_value(text) or REFERENCE.search(text) or
+                         isinstance(value, Mapping) and secret_name(str(key), marks)):
+                raise UserError(f"cluster.{name}", MASK, "would put a secret on a command "
+                                "line or among the job's options, which other users of the "
+                                "cluster can read (ps, scontrol show job).", "pass it in the "
+                                "environment: cluster.setup=['export NAME=${oc.env:NAME}'] "
+                                "or cluster.container.env (docs/security.md).")
+
+
+def extract(cfg: Any) -> tuple[Any, dict[str, str]]:
+    """``cfg`` with every literal secret replaced by its reference, and name -> value of
+    those literals (to be exported to the job's environment)."""
+    _refuse_in_the_open(cfg)
+    found = Found(marks_of(cfg))
+    c = cfg.cluster
+    setup = scrub_setup(c.setup, found, "cluster.setup")
+    nccl = {s: scrub_env(f"nccl.{s}", getattr(cfg.nccl, s), found) for s in ("env", "extra_env")}
+    container = scrub_env("cluster.container.env", c.container.env, found)
+    parts = {}
+    for part in TREES[:-1]:
+        value = getattr(cfg, part)
+        if value.target is not None:
+            parts[part] = dataclasses.replace(value, kwargs=scrub_tree(part, value.kwargs, found))
+    app = scrub_tree("app", cfg.app, found)
+    script_args = scrub_script_args(cfg.script_args, found)
+    if not found.values:
         return cfg, {}
-    cluster = dataclasses.replace(c, setup=setup)
-    nccl = dataclasses.replace(cfg.nccl, **sections)
-    return dataclasses.replace(cfg, cluster=cluster, nccl=nccl), found
+    cluster = dataclasses.replace(c, setup=setup, container=dataclasses.replace(
+        c.container, env=container))
+    return dataclasses.replace(cfg, cluster=cluster, nccl=dataclasses.replace(cfg.nccl, **nccl),
+                               app=app, script_args=script_args, **parts), found.values
 
 
-# NAME: value inside a dict override (nccl.extra_env={HF_TOKEN: abc}).
-_ENTRY = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)\s*:\s*"
-                    r"('[^']*'|\"[^\"]*\"|[^,}\s]*)")
-_ENV_SECTIONS = ("nccl.env", "nccl.extra_env")
+# -- overrides (overrides.yaml, a sweep's manifest, masking a command line) ------------------
 
 
-def _scrub_override(override: str, found: dict[str, str]) -> str:
-    """One override with its secret literals as references: only where rule 3 applies (a
-    setup line, an nccl.env/extra_env entry); model.kwargs.key_dim=64 is no secret."""
-    key, eq, value = override.partition("=")
+@functools.cache
+def _parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _render(value: Any) -> str:
+    """``value`` in Hydra's override grammar."""
+    from hpc_ddp.config.overrides import quoted
+
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_render(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_render(v) for v in value) + "]"
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    return str(value) if isinstance(value, int | float) else quoted(str(value))
+
+
+def _may_hold(key: str, value: str, marks: Marks) -> bool:
+    """Whether an override could carry a secret (the grammar, ~0.5 ms an override, is asked
+    only then: a sweep's thousand points share most of theirs)."""
     bare = key.lstrip("+~")
-    if not eq:
+    return (bare == "cluster.setup" or bare.startswith(("cluster.setup[", *ENV_SECTIONS))
+            or secret_name(bare, marks) or secret_value(value)
+            or (any(ch in value for ch in "[{") and any(
+                secret_name(w, marks) for w in re.findall(r"[A-Za-z_][\w-]*", value))))
+
+
+def scrub_override(override: str, found: Found) -> str:
+    """One override with its secret literals as the references :func:`extract` makes; a
+    sweep over a secret (``model.api_token=a,b``) shown masked."""
+    key, eq, value = override.partition("=")
+    if not eq or not _may_hold(key, value, found.marks):
         return override
-    if bare == "cluster.setup" or bare.startswith("cluster.setup["):
-        return f"{key}={_scrub_line(value, found, bare, strict=False)}"
+    from hydra.errors import HydraException
+
+    bare = key.lstrip("+~")
+    try:
+        (parsed,) = _parser().parse_overrides([override])
+        if parsed.is_sweep_override():
+            return f"{key}={MASK}" if secret_name(bare, found.marks) or secret_value(value) \
+                else override
+        given = parsed.value()
+    except HydraException:  # not Hydra's grammar: compose() refuses it, its secrets masked
+        scrub_setup([value], found, bare)  # NAME=value and flag values, read as shell words
+        loose_literals(value, found)
+        return f"{key}={MASK}" if secret_name(bare, found.marks) or secret_value(value) \
+            else override
     section, _, name = bare.rpartition(".")
-    if section in _ENV_SECTIONS and looks_secret(name):
-        text = _unquoted(value)
-        if text and not _is_passed_on(text):
-            _found(found, name, text, bare, strict=False)
-            return f"{key}={reference(name)}"
-        return override
-    if bare in _ENV_SECTIONS:
-        def swap(match: re.Match[str]) -> str:
-            entry, text = match.group(1), _unquoted(match.group(2))
-            if not looks_secret(entry) or not text or _is_passed_on(text):
-                return match.group(0)
-            _found(found, entry, text, f"{bare}.{entry}", strict=False)
-            return f"{entry}: '{reference(entry)}'"
-
-        return f"{key}={_ENTRY.sub(swap, value)}"
-    return override
+    if bare == "cluster.setup" or bare.startswith("cluster.setup["):
+        new: Any = scrub_setup(given if isinstance(given, list) else [given], found, bare)
+        new = new if isinstance(given, list) else new[0]
+    elif bare in ENV_SECTIONS and isinstance(given, Mapping):
+        new = scrub_env(bare, given, found)
+    elif section in ENV_SECTIONS:
+        new = scrub_env(section, {name: given}, found)[name]
+    elif bare.partition(".")[0] in TREES:
+        new = scrub_tree(bare, given, found)
+    else:
+        new = given
+    return override if new == given else f"{key}={_render(new)}"
 
 
-def scrub_overrides(overrides: Sequence[str]) -> list[str]:
-    """The overrides as overrides.yaml keeps them: secret literals as references."""
-    found: dict[str, str] = {}
-    return [_scrub_override(o, found) for o in overrides]
+def scrub_overrides(overrides: Sequence[str], marks: Marks = NO_MARKS) -> list[str]:
+    """The overrides as overrides.yaml and a sweep's manifest keep them: secret literals as
+    the references of :func:`extract`."""
+    found = Found(marks, strict=False)
+    return [scrub_override(o, found) for o in overrides]
 
 
-def literals_in(overrides: Sequence[str]) -> list[str]:
-    """The secret literals a command line gives (to mask them in what it prints)."""
-    found: dict[str, str] = {}
-    for o in overrides:
-        _scrub_override(o, found)
-    return list(found.values())
+def literals_in(args: Sequence[str], marks: Marks = NO_MARKS) -> list[str]:
+    """The secret literals a command line gives (overrides, and a script's arguments after
+    ``--``), to mask them in what it prints."""
+    found = Found(marks, strict=False)
+    split = list(args).index("--") if "--" in args else len(args)
+    for o in args[:split]:
+        with contextlib.suppress(UserError):
+            scrub_override(o, found)
+    scrub_script_args(args[split + 1:], found)
+    return list(found.values.values())
+
+
+# -- on the node ----------------------------------------------------------------------------
 
 
 def shell_lines(lines: Iterable[str]) -> list[str]:
@@ -212,25 +256,42 @@ def resolve(value: str, environ: Mapping[str, str]) -> str | None:
     return None if missing else text
 
 
+def resolve_tree(value: Any, environ: Mapping[str, str]) -> Any:
+    """``value`` (``app``'s keys) with every reference read from ``environ`` (one that is
+    not set there stays as written)."""
+    if isinstance(value, Mapping):
+        return {k: resolve_tree(v, environ) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_tree(v, environ) for v in value]
+    if isinstance(value, str) and REFERENCE.search(value):
+        found = resolve(value, environ)
+        return value if found is None else found
+    return value
+
+
 def referenced(cfg: Any) -> list[str]:
     """Names the config passes by reference (to say which must be in the environment)."""
-    texts = [*cfg.cluster.setup, *map(str, cfg.nccl.env.values()),
-             *map(str, cfg.nccl.extra_env.values())]
-    return sorted({m.group(1) for text in texts for m in REFERENCE.finditer(text)})
+    return sorted({m.group(1) for text in _texts(dataclasses.asdict(cfg))
+                   for m in REFERENCE.finditer(text)})
 
 
-def values_to_mask(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
-    """The texts :func:`mask` hides: the values of secret-named variables and ``extra``,
-    longest first (a value inside another is masked with it)."""
-    values = {v for k, v in environ.items() if looks_secret(k)} | set(extra)
-    return sorted((v for v in values if len(v) >= _MASK_MIN), key=len, reverse=True)
+def _texts(value: Any) -> Iterator[str]:
+    if isinstance(value, Mapping):
+        for item in value.values():
+            yield from _texts(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _texts(item)
+    elif isinstance(value, str):
+        yield value
 
 
-def mask(text: str, values: Iterable[str]) -> str:
-    for value in values:
-        if value and value in text:
-            text = text.replace(value, MASK)
-    return text
+def values_to_mask(environ: Mapping[str, str], extra: Iterable[str] = (),
+                   marks: Marks = NO_MARKS) -> list[str]:
+    """The texts :func:`mask` hides: the values of secret-named or secret-shaped variables
+    and ``extra``, longest first (a value inside another is masked with it)."""
+    values = {v for k, v in environ.items() if secret_name(k, marks) or secret_value(v)}
+    return sorted(values | set(extra), key=len, reverse=True)
 
 
 @contextlib.contextmanager

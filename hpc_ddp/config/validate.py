@@ -52,6 +52,11 @@ _RESERVED_SIGNALS = {
 # sbatch --signal's time is a 16-bit count of seconds (65535 is Slurm's "infinite");
 # https://slurm.schedmd.com/sbatch.html#OPT_signal
 SIGNAL_DELAY_LIMIT = 65535
+# Ceilings no real request reaches, so a typo (1e308, an extra zero run wild) is refused here
+# in one line, not as an overflow deep in the launch or a request sbatch cannot parse; what a
+# partition really has is checked against sinfo at submission (slurm/fit.py).
+MAX_MEM_GB = 1 << 20  # 1 PiB per node
+MAX_TIME_MIN = 366 * 24 * 60  # a year: Slurm's limits are in minutes
 # sbatch options hpc_ddp (or submitit's script) sets itself -> the fix: the same option in
 # cluster.sbatch_extra would silently replace ours ({value}: the value given).
 MANAGED_SBATCH = {
@@ -100,6 +105,12 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
 def _at_least(key: str, value: float | None, low: float, fix: str = "") -> None:
     if value is not None and value < low:
         raise UserError(key, value, f"must be >= {low:g}.", fix or f"set {key} to {low:g} or more.")
+
+
+def _at_most(key: str, value: float | None, high: int, what: str) -> None:
+    if value is not None and value > high:
+        raise UserError(key, value, f"is more than {what} ({high}).",
+                        f"set {key} to what the job needs, at most {high}.")
 
 
 def validate(cfg: Config) -> Config:
@@ -198,6 +209,8 @@ def _validate_cluster(cfg: Config) -> None:
     _at_least("cluster.gpus_per_node", c.gpus_per_node, 0)
     _at_least("cluster.cpus_per_task", c.cpus_per_task, 1)
     _at_least("cluster.time_min", c.time_min, 1)
+    _at_most("cluster.time_min", c.time_min, MAX_TIME_MIN, "a year of minutes")
+    _at_most("cluster.mem_gb", c.mem_gb, MAX_MEM_GB, "any node has")
     _at_least("cluster.signal_delay_s", c.signal_delay_s, 0)
     _at_least("cluster.max_restarts", c.max_restarts, 0)
     if c.mem_gb is not None and c.mem_gb * 1024 < 1:

@@ -60,11 +60,13 @@ def with_script_args(cfg: Config, script_args: Sequence[str] | None) -> Config:
     from hpc_ddp.config.validate import validate_entry
 
     if script_args is None and cfg.resume and cfg.run_dir:
-        saved = Path(cfg.run_dir) / "config.yaml"
-        if saved.is_file():
-            import yaml
+        from hpc_ddp.config import yaml_guard
+        from hpc_ddp.inputs.run_dir import read_saved
 
-            old = (yaml.safe_load(saved.read_text()) or {}).get("script_args") or []
+        text = read_saved(Path(cfg.run_dir), "config.yaml", cfg.run_dir)
+        data = yaml_guard.load(text, f"{cfg.run_dir}/config.yaml") if text else None
+        if isinstance(data, dict):
+            old = data.get("script_args") or []
             script_args = [str(a) for a in old] if cfg.script else None
     if script_args is None:
         return cfg

@@ -7,38 +7,44 @@ refused here instead, with the keys that changed, and nothing of the run is rewr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.owned import Untrusted, open_owned
 from hpc_ddp.rank.services import checkpoint, trusted
 from hpc_ddp.rundir import RunDir
 
 
 def check_resumable(cfg: Config, run: RunDir) -> None:
-    """Raise UserError when ``cfg`` cannot continue the checkpoint in ``run``."""
-    if not cfg.resume or checkpoint.latest_path(run.checkpoints) is None:
+    """Raise UserError when ``cfg`` cannot continue the checkpoint in ``run``. What is read
+    of the run (its config, its latest checkpoint) is read only once it passed the checks of
+    hpc_ddp/owned.py, from the file that was checked, and the checkpoint as data only."""
+    if not cfg.resume:
         return
     latest = checkpoint.latest_path(run.checkpoints)
-    assert latest is not None
+    if latest is None:
+        return
     try:  # refused here, not on every rank after the job waited in the queue
-        trusted.check_owned(latest, run.checkpoints)
-    except trusted.UntrustedCheckpoint as exc:
+        opened: IO[bytes] | None = open_owned(latest, run.root)
+    except Untrusted as exc:
         raise UserError("run_dir", str(run.root), str(exc), "") from None
     except FileNotFoundError:
         # A dangling pointer: the resume falls back to the one before
         # (rank/services/checkpoint.py).
-        pass
-    from hpc_ddp.config.compose import from_yaml
+        opened = None
+    with opened or contextlib.nullcontext():
+        _check_against(cfg, run, latest, opened)
 
-    try:
-        before = from_yaml(run.config.read_text())
-    except (OSError, UserError):
-        return  # an unreadable old config: the load itself will tell
-    if cfg.entry is not None or cfg.script is not None:
-        return  # the user's own program checkpoints its own state
+
+def _check_against(cfg: Config, run: RunDir, latest: Path, opened: IO[bytes] | None) -> None:
+    state = _load_checked(opened, latest, run)
+    before = saved_config(run)
+    if before is None or cfg.entry is not None or cfg.script is not None:
+        return  # unreadable (the load itself will tell), or the user's own program's state
     shapes = _shapes(before), _shapes(cfg)
     if None not in shapes and shapes[0] != shapes[1]:
         changed = _changed(before, cfg, ("model", "data.image_size"))
@@ -47,13 +53,12 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
                         "be loaded (it holds " + ", ".join(f"{k}={old}" for k, old, _ in changed)
                         + ").", "drop that override to continue the run, or start a new "
                         "run_dir (resume=false) for the new network.")
-    latest = checkpoint.latest_path(run.checkpoints)
     step = _step_of(latest)
     if cfg.trainer.max_steps is not None and step is not None and step >= cfg.trainer.max_steps:
         raise UserError("trainer.max_steps", cfg.trainer.max_steps, f"the run is at step {step} "
                         "already, so nothing would be trained.",
                         f"give trainer.max_steps above {step} to train further.")
-    epochs = _epochs_done(latest) if cfg.trainer.max_steps is None else None
+    epochs = _epochs_done(state) if cfg.trainer.max_steps is None else None
     if epochs is not None and epochs >= cfg.trainer.epochs:
         # The same outcome as a max_steps the run has reached: a job that would only queue,
         # start, load and write the summary again (its checkpoint holds the final eval).
@@ -69,21 +74,44 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
                         "run_dir.")
 
 
+def saved_config(run: RunDir) -> Config | None:
+    """The run's config.yaml, read once it passed the ownership checks (its `_target_`
+    parts are imported when the network is built); None when it is missing or unreadable."""
+    from hpc_ddp.config.compose import from_yaml
+    from hpc_ddp.inputs.run_dir import read_saved
+
+    text = read_saved(run.root, run.config.name, str(run.root))
+    if text is None:
+        return None
+    try:
+        return from_yaml(text)
+    except UserError:
+        return None
+
+
 def _optimizer(cfg: Config) -> str:
     return cfg.optim.name or f"_target_={cfg.optim.target}"
 
 
-def _epochs_done(path: Path | None) -> int | None:
-    """Full epochs the checkpoint's run completed (its counters; the file is mapped, not
-    read whole); None when it cannot say."""
-    if path is None:
+def _load_checked(opened: IO[bytes] | None, path: Path, run: RunDir) -> Any:
+    """The latest checkpoint as data (weights_only), from the file that was checked, mapped
+    rather than read whole; None when it cannot be read (the ranks' load names why). One that
+    holds more than data is refused here, before anything is submitted, its payload unrun."""
+    if opened is None:
         return None
-    import torch
-
     try:
-        state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        return trusted.load_opened(opened, path, "cpu", mmap=True)
+    except trusted.UntrustedCheckpoint as exc:
+        raise UserError("run_dir", str(run.root), str(exc), "") from None
+    except Exception:  # a truncated or foreign file: the ranks fall back to the one before
+        return None
+
+
+def _epochs_done(state: Any) -> int | None:
+    """Full epochs the checkpoint's run completed (its counters); None when it cannot say."""
+    try:
         epoch = state["counters"]["epoch"]
-    except Exception:  # a corrupt or foreign file: the ranks' load names what is wrong
+    except (KeyError, TypeError, IndexError):
         return None
     return epoch if isinstance(epoch, int) else None
 

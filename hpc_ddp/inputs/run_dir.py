@@ -55,6 +55,8 @@ def check_run_dir(cfg: Config) -> RunDir:
     exists = run.root.exists()
     if exists and not run.root.is_dir():
         raise UserError("run_dir", cfg.run_dir, "is a file, not a folder.", "choose a folder.")
+    if exists:
+        check_owned_folder(run.root, "run_dir", cfg.run_dir)
     if cfg.resume:
         if not run.config.is_file():
             raise UserError("run_dir", cfg.run_dir, "holds no run to resume.",
@@ -65,6 +67,18 @@ def check_run_dir(cfg: Config) -> RunDir:
                         "pass resume=true to continue that run, or choose a new run_dir.")
     check_writable(run.root, cfg.run_dir)
     return run
+
+
+def check_owned_folder(folder: Path, key: str, shown: str) -> None:
+    """An existing run dir (or sweep dir) must be this user's and writable by no one else:
+    every code-bearing file in it is loaded only then (hpc_ddp/owned.py), so a run that could
+    not be resumed is refused before it starts."""
+    from hpc_ddp.owned import Untrusted, check_folder
+
+    try:
+        check_folder(folder)
+    except Untrusted as exc:
+        raise UserError(key, shown, str(exc), "") from None
 
 
 # Folders this process found writable in the last seconds (a sweep's thousand run dirs
@@ -93,6 +107,21 @@ def check_writable(folder: Path, shown: str) -> None:
         raise UserError("run_dir", shown, f"is not writable ({exc.strerror or exc}).",
                         "choose a folder you can write, e.g. run_dir=$HOME/runs/try1.") from None
     _WRITABLE[existing] = time.monotonic()
+
+
+def read_saved(root: Path, name: str, shown: str) -> str | None:
+    """The text of a file of the run dir ``root`` (config.yaml, overrides.yaml), read once the
+    run dir and the file passed the ownership checks (hpc_ddp/owned.py: a `_target_` planted
+    there would be code run here and on every rank); None when it is missing or unreadable;
+    UserError naming ``shown`` (the run_dir as given) when someone else could have written it."""
+    from hpc_ddp.owned import Untrusted, read_owned
+
+    try:
+        return read_owned(root / name, root).decode()
+    except Untrusted as exc:
+        raise UserError("run_dir", shown, str(exc), "") from None
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> str:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from hpc_ddp.config.container_schema import ContainerConfig, parse_mount
 from hpc_ddp.config.schema import Config
+from hpc_ddp.config.secrets import REFERENCE, shell_lines
 from hpc_ddp.launch import nodeenv
 
 # Passed into every container: what Slurm, submitit, hpc_ddp, NCCL, CUDA and torch read.
@@ -132,11 +133,17 @@ def container_name(k: ContainerConfig) -> str | None:
 
 def exports(cfg: Config) -> dict[str, str]:
     """The variables to set for the task (outside the container, where pyxis reads them;
-    apptainer and podman get them as --env as well)."""
+    apptainer and podman get them as --env as well). A secret's value is a reference
+    (${oc.env:NAME}, config/secrets.py): set from the job's environment by the batch
+    script's shell, never on a command line."""
     if not enabled(cfg):
         return {}
     return {**{k: str(v) for k, v in cfg.cluster.container.env.items()},
             RUNTIME_ENV: cfg.cluster.container.kind}
+
+
+def _by_reference(value: str) -> bool:
+    return bool(REFERENCE.search(value))
 
 
 def command(cfg: Config, run_root: Path | None, default_python: str) -> TaskCommand:
@@ -167,7 +174,14 @@ def command(cfg: Config, run_root: Path | None, default_python: str) -> TaskComm
         srun += [f"--container-env={','.join(dict.fromkeys(names))}", *flags, *k.options]
         return TaskCommand(srun, activation, python)
     runtime = k.runtime or _DEFAULT_RUNTIME[k.kind]
-    env_flags = [w for name, value in exports(cfg).items() for w in ("--env", f"{name}={value}")]
+    # A secret's value never goes on the command line (ps shows it): podman takes it from
+    # the environment by name; apptainer from APPTAINERENV_NAME (setup_lines).
+    env_flags = []
+    for name, value in exports(cfg).items():
+        if not _by_reference(value):
+            env_flags += ["--env", f"{name}={value}"]
+        elif k.kind == "podman":
+            env_flags += ["--env", name]
     if k.kind == "podman":
         env_flags = [w for name in k.pass_env for w in ("--env", name)] + env_flags
     if k.kind == "apptainer":
@@ -201,7 +215,14 @@ def setup_lines(cfg: Config, run_root: Path | None) -> list[str]:
     and Slurm's relay for the ranks inside (slurm/relay.py)."""
     from hpc_ddp.slurm import relay as slurm_relay
 
-    lines = [f"export {name}={shlex.quote(value)}" for name, value in exports(cfg).items()]
+    lines = []
+    for name, value in exports(cfg).items():
+        if _by_reference(value):  # a secret: the shell reads it from the job's environment
+            lines.append(f'export {name}="{shell_lines([value])[0]}"')
+            if cfg.cluster.container.kind == "apptainer":
+                lines.append(f'export APPTAINERENV_{name}="${{{name}}}"')
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}")
     if enabled(cfg):
         root = run_root if run_root is not None else Path("/run_dir")  # a sweep's grouping key
         lines += ["# Slurm's commands for the ranks inside the container, run out here "

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shlex
 import signal
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -21,6 +22,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.procs import pid_alive, start_time
 from hpc_ddp.rank.contract import LAUNCH_ID_ENV
 from hpc_ddp.rank.join.device import visible_devices
+from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
 
@@ -49,9 +51,10 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
     """Start ``task`` (default: training) on every rank; returns submitit's LocalJob."""
     import submitit
 
-    executor = submitit.LocalExecutor(folder=str(run.submitit))
+    # Each task loads its pickle only once it passed the ownership checks (rank/main/submitted.py).
+    executor = submitit.LocalExecutor(
+        folder=str(run.submitit), python=f"{shlex.quote(sys.executable)} -m {submitted.MODULE}")
     executor.update_parameters(**executor_parameters(cfg, os.environ))
-
 
     ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12]}
     with _terminal_interrupt_ignored(), _environ(ranks_env):

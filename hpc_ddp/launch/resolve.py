@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,24 @@ def local_layout(tasks: int | None, gpus: int | None, device: str, nodes: int,
     return Layout(tasks, 0, f"cluster.tasks_per_node={tasks} and torch can use {seen} GPU(s)")
 
 
+# Local ranks per CPU of this machine at most: each is a process with its own interpreter and
+# torch, and a run of many more would only thrash the machine (a shared login node, often).
+LOCAL_RANKS_PER_CPU = 4
+
+
+def check_local_ranks(nodes: int, tasks_per_node: int, cpus: int) -> None:
+    """A local run starts nodes x tasks_per_node processes on this machine: at most
+    LOCAL_RANKS_PER_CPU per CPU it has (``cpus``)."""
+    most = LOCAL_RANKS_PER_CPU * cpus
+    if nodes * tasks_per_node > most:
+        key, value = ("nodes", nodes) if nodes > 1 else ("cluster.tasks_per_node",
+                                                         tasks_per_node)
+        raise UserError(key, value, f"a local run would start {nodes * tasks_per_node} "
+                        f"processes on this machine, which has {cpus} CPU(s): at most {most} "
+                        "ranks run here.", "ask for fewer nodes or tasks, or submit to a "
+                        "cluster (cluster=slurm).")
+
+
 def resolve(cfg: Config, environ: Mapping[str, str], cwd: Path,
             device_count: Callable[[], int] | None = None) -> Config:
     """Fill what the config leaves to be derived: cluster.kind, tasks_per_node,
@@ -88,6 +107,7 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
         seen = (device_count or cuda_device_count)() if derive else 0
         layout = local_layout(cluster.tasks_per_node, cluster.gpus_per_node,
                               cfg.trainer.device, cfg.nodes, seen)
+        check_local_ranks(cfg.nodes, layout.tasks_per_node, os.cpu_count() or 1)
     else:
         gpus = cluster.gpus_per_node
         if gpus is None and kind == "step" and alloc is not None:
@@ -132,14 +152,24 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     if not run_dir:
         raise UserError("resume", "true", "needs the run to continue.",
                         "pass run_dir=<the run's folder> as well.")
-    saved = Path(run_dir) / OVERRIDES_FILE
-    if not saved.is_file():
-        raise UserError("run_dir", run_dir, "holds no run to resume (no overrides.yaml).",
-                        "check the path, or drop resume=true to start a new run there.")
-    from omegaconf import OmegaConf
+    return saved_overrides(Path(run_dir), run_dir) + list(overrides)
 
-    previous = [str(o) for o in OmegaConf.to_container(OmegaConf.load(saved)) or []]
-    return previous + list(overrides)
+
+def saved_overrides(root: Path, shown: str) -> list[str]:
+    """The run's overrides.yaml, read once it passed the ownership checks
+    (inputs/run_dir.read_saved) and with its YAML aliases counted (config/yaml_guard.py)."""
+    from hpc_ddp.config import yaml_guard
+    from hpc_ddp.inputs.run_dir import read_saved
+
+    text = read_saved(root, OVERRIDES_FILE, shown)
+    if text is None:
+        raise UserError("run_dir", shown, "holds no run to resume (no readable overrides.yaml).",
+                        "check the path, or drop resume=true to start a new run there.")
+    previous = yaml_guard.load(text, str(root / OVERRIDES_FILE)) or []
+    if not isinstance(previous, list) or not all(isinstance(o, str) for o in previous):
+        raise UserError("run_dir", shown, "holds an overrides.yaml that is not a list of "
+                        "overrides.", "use a run dir hpc_ddp made.")
+    return previous
 
 
 def _as_bool(value: object) -> bool:

@@ -25,6 +25,7 @@ from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
+from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.refusal import no_client, refusal, sbatch_key_line
@@ -150,9 +151,10 @@ def _executor_class() -> Any:
 def make_executor(cfg: Config, run: RunDir) -> Any:
     """submitit's SlurmExecutor for ``cfg``; builds on a machine without Slurm too."""
     python = container.node_python(cfg, sys.executable)
+    # Each task loads its pickle only once it passed the ownership checks (rank/main/submitted.py).
     executor = _executor_class()(folder=str(run.submitit / "%j"),
                                  max_num_timeout=cfg.cluster.max_restarts,
-                                 python=shlex.quote(python))
+                                 python=f"{shlex.quote(python)} -m {submitted.MODULE}")
     executor.update_parameters(**executor_parameters(cfg, run.root))
     return executor
 

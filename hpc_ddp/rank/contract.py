@@ -21,6 +21,9 @@ TASK_ENV = "HPC_DDP_STEP_TASK"
 # dir; also marks it as supervised (no recursion).
 PROGRAM_CONFIG_ENV = "HPC_DDP_PROGRAM_CONFIG"
 PROGRAM_RUN_DIR_ENV = "HPC_DDP_PROGRAM_RUN_DIR"
+# The key of the store the supervisor holds (rank/join/authstore.py), for the child's client:
+# in the environment only (readable by this user alone), never on a command line or in a file.
+STORE_KEY_ENV = "HPC_DDP_STORE_KEY"
 # A script: what its context (hpc_ddp.context() in the script) reads.
 RUN_DIR_ENV = "HPC_DDP_RUN_DIR"
 STOP_FILE_ENV = "HPC_DDP_STOP_FILE"

@@ -222,7 +222,7 @@ def problem(request: Request, parts: Mapping[str, Partition]) -> UserError | Non
                              "default partition.")
     chosen = target(request, parts)
     if chosen is None:
-        return None
+        return _cluster_problem(request, parts)
     errors = [_partition_problem(request, p) for p in chosen]
     if not all(errors):
         return None
@@ -236,6 +236,18 @@ def problem(request: Request, parts: Mapping[str, Partition]) -> UserError | Non
         else f"neither can {', '.join(p.name for i, p in enumerate(chosen) if i != best)}"
     return UserError(error.key, error.value, f"{error.problem.rstrip('.')}; {others}.",
                      error.fix)
+
+
+def _cluster_problem(request: Request, parts: Mapping[str, Partition]) -> UserError | None:
+    """Where the partition is not known (none named, none the default): a job larger than
+    every partition of the cluster can never start anywhere."""
+    largest = max(parts.values(), key=lambda p: p.total_nodes)
+    if "nodes" in request.relaxed or not all(p.total_nodes for p in parts.values()) or \
+            request.nodes <= largest.total_nodes:
+        return None
+    return UserError("nodes", request.nodes, f"can never start: the largest partition of "
+                     f"this cluster ({largest.name}) has {largest.total_nodes} nodes.",
+                     f"nodes={largest.total_nodes} or fewer.")
 
 
 def _closeness(request: Request, part: Partition) -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hpc_ddp.errors import UserError
 from hpc_ddp.slurm.fit import Partition, Request, problem, target
 from hpc_ddp.slurm.state import JobState
 
@@ -214,9 +215,10 @@ def _request(run_dir: Path) -> Request | None:
     the Config would take ~50 ms, a minute for a 1,000-point sweep)."""
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        data = yaml.load((run_dir / "config.yaml").read_text(), Loader=loader)
+    from hpc_ddp.config import yaml_guard
+
+    try:  # aliases counted first: a planted bomb must not hang a status refresh
+        data = yaml_guard.load((run_dir / "config.yaml").read_text(), "config.yaml")
         return Request.of_fields(data.get("nodes", 1), data.get("cluster") or {}, {})
-    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError, UserError):
         return None

@@ -12,6 +12,7 @@ from typing import Any
 
 from hpc_ddp.config.messages import group_options, user_error
 from hpc_ddp.errors import UserError
+from hpc_ddp.redact import MASK, Marks, secret_name, secret_value
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,8 @@ class Point:
     index: int
     # Every override of this point (the fixed ones and one value of each swept key).
     overrides: tuple[str, ...]
-    # key -> value of the swept keys only (for tables and TensorBoard hparams).
+    # key -> value of the swept keys only (for tables and TensorBoard hparams); a secret's
+    # value (by its key's name or its shape, hpc_ddp/redact.py) as ****.
     params: tuple[tuple[str, str], ...]
 
     def label(self) -> str:
@@ -40,7 +42,7 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     for item in parsed:
         key = item.get_key_element()
         if item.is_sweep_override():
-            values = _swept_values(item, key, overrides)
+            values = _swept_values(item, key, overrides, limit)
             if not values:
                 raise UserError(key, (item.input_line or "").partition("=")[2],
                                 "sweeps over no value.", "give at least one value.")
@@ -53,19 +55,62 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     if total > limit:
         raise UserError("multirun", f"{total} points", f"is more than {limit}.",
                         "sweep fewer values, or split the sweep.")
+    marks = _marks_given(parsed)
     points = []
     for index, combo in enumerate(itertools.product(*axes)):
         # Swept values come back from Hydra written as in an override (strings quoted).
         points.append(Point(index, tuple(f"{k}={v}" for k, v, _ in combo),
-                            tuple((k, v.strip("'\"")) for k, v, swept in combo if swept)))
+                            tuple((k, _shown(k, v.strip("'\""), marks))
+                                  for k, v, swept in combo if swept)))
     return points
 
 
-def _swept_values(item: Any, key: str, overrides: Sequence[str]) -> list[str]:
-    """The grid values of one swept override, glob() over the group's options included."""
-    from hydra.core.override_parser.types import Glob, ValueType
+def _marks_given(parsed: list[Any]) -> Marks:
+    """secrets.secret / secrets.public as the command line gives them."""
+    given = {o.get_key_element(): o.value() for o in parsed if not o.is_sweep_override()}
+    found = [given.get(f"secrets.{k}") for k in ("secret", "public")]
+    secret, public = (v if isinstance(v, list) else [] for v in found)
+    return Marks.of(map(str, secret), map(str, public))
+
+
+def _shown(key: str, value: str, marks: Marks) -> str:
+    return MASK if secret_name(key, marks) or secret_value(value) else value
+
+
+def range_count(start: Any, stop: Any, step: Any) -> int:
+    """How many values range(start, stop, step) gives (Hydra's, floats included), counted
+    without making them; ValueError for a step of 0 or a bound that is not a number."""
+    import decimal
+    import math
+
+    try:
+        first, last, by = (decimal.Decimal(str(v)) for v in (start, stop, step))
+    except (decimal.InvalidOperation, ValueError, TypeError):
+        raise ValueError("not numbers") from None
+    if not (first.is_finite() and last.is_finite() and by.is_finite()):
+        raise ValueError("not finite")
+    if by == 0:
+        raise ValueError("step 0")
+    return max(0, math.ceil((last - first) / by))
+
+
+def _swept_values(item: Any, key: str, overrides: Sequence[str], limit: int) -> list[str]:
+    """The grid values of one swept override, glob() over the group's options included; a
+    range is counted before it is made (at most ``limit`` values)."""
+    from hydra.core.override_parser.types import Glob, RangeSweep, ValueType
 
     typed = (item.input_line or "").partition("=")[2]
+    swept = item.value()
+    if isinstance(swept, RangeSweep):
+        try:
+            count = range_count(swept.start, swept.stop, swept.step)
+        except ValueError:
+            raise UserError(key, typed, "is not a range with a step other than 0.",
+                            "give range(start,stop,step) with numbers and a step that is not "
+                            "0, e.g. range(0,10,2).") from None
+        if count > limit:
+            raise UserError(key, typed, f"makes {count} values, more than the {limit} points "
+                            "a sweep may have.", "use a larger step or a shorter range.")
     if item.value_type == ValueType.INTERVAL_SWEEP:
         raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
                         "cannot enumerate.", "list the values, or use range(start,stop,step).")

@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 from hpc_ddp import api
 from hpc_ddp.config import secrets
+from hpc_ddp.config.compose import compose, compose_many, to_yaml
+from hpc_ddp.config.secret_points import per_point
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import interrupts
 from hpc_ddp.launch.interrupts import exit_code
@@ -56,8 +58,10 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
     if folder.exists() and any(p.name != PREFLIGHT for p in folder.iterdir()):
         raise UserError("sweep.dir", str(folder), "already holds files; nothing is touched.",
                         "choose a new sweep.dir.")
-    from hpc_ddp.config.compose import compose_many
+    if folder.exists():
+        from hpc_ddp.inputs.run_dir import check_owned_folder
 
+        check_owned_folder(folder, "sweep.dir", str(folder))
     lists = [[*p.overrides, f"run_dir={folder / f'{p.index:03d}'}"] for p in points]
     plans: list[api.Plan] = []
     point = points[0]
@@ -83,6 +87,9 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
         point = where if where is not None else point
         raise UserError(exc.key, exc.value, f"(sweep point {point.index}: {point.label()}) "
                         f"{exc.problem}", exc.fix) from None
+    # One environment per job array: a secret that differs between points is renamed.
+    plans = [replace(p, cfg=c, overrides=o, secrets=h) for p, (c, o, h) in zip(
+        plans, per_point([(p.cfg, p.overrides, p.secrets) for p in plans]), strict=True)]
     kinds = {p.cfg.cluster.kind for p in plans}
     if len(kinds) > 1:
         raise UserError("cluster", "/".join(sorted(kinds)), "differs between sweep points.",
@@ -95,8 +102,6 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
 
 
 def _failing_point(points: list[Point], lists: list[list[str]]) -> Point | None:
-    from hpc_ddp.config.compose import compose
-
     for point, overrides in zip(points, lists, strict=True):
         try:
             compose(overrides)
@@ -144,12 +149,13 @@ def _write_and_submit(overrides: Sequence[str], out: TextIO, environ: Mapping[st
     """The sweep dir, its manifest and the points' folders, then the submission."""
     created = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
+    marks = secrets.marks_of(plans[0].cfg)
     manifest: dict[str, Any] = {"kind": kind, "created": time.time(),
-                                "overrides": secrets.scrub_overrides(overrides),
+                                "overrides": secrets.scrub_overrides(overrides, marks),
                                 "arrays": [], "points": [
         {"index": p.index, "label": p.label(), "params": dict(p.params),
-         "overrides": secrets.scrub_overrides(p.overrides), "run_dir": str(plan.run_dir.root),
-         "job_id": None}
+         "overrides": secrets.scrub_overrides(p.overrides, marks),
+         "run_dir": str(plan.run_dir.root), "job_id": None}
         for p, plan in zip(points, plans, strict=True)]}
     with phases.timed("folders"):
         for point, plan in zip(points, plans, strict=True):
@@ -180,8 +186,6 @@ def _write_and_submit(overrides: Sequence[str], out: TextIO, environ: Mapping[st
 def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
              environ: Mapping[str, str], show_cfg: bool) -> str:
     """Each point's config (--cfg), or the sbatch script of every array (dry_run=true)."""
-    from hpc_ddp.config.compose import to_yaml
-
     if show_cfg:
         return "\n".join(f"# point {p.index}: {p.label()}\n{to_yaml(plan.cfg)}"
                          for p, plan in zip(points, plans, strict=True))

@@ -144,6 +144,24 @@ def test_master_interface_is_the_fast_ipv6_only_network(
     assert summary(run_dir)["global_step"] == 6
 
 
+def test_a_master_interface_rank_0_lacks_ends_every_rank_at_once_with_its_reason(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    # Rank 0 publishes why it cannot serve where the others look for its address: they stop
+    # at once with its reason, not after the whole rendezvous timeout (600 s here, longer
+    # than the test may take) with a guess about the shared file system.
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.master_interface=nosuch0",
+                              "trainer.rendezvous_timeout_s=600", "wait=true",
+                              f"run_dir={run_dir}", *SMALL], env=slurm_env, timeout=240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
+    reason = "cluster.master_interface=nosuch0: rank 0's node "
+    assert reason in (run_dir / "logs" / "rank0.error").read_text()
+    said = (run_dir / "logs" / "rank1.error").read_text()
+    assert f"rank 0 refused to start: {reason}" in said and "has no interface nosuch0" in said
+    assert "shared" not in said
+
+
 def test_torchrun_under_slurm_restarts_into_a_fresh_rendezvous(slurm_env: dict[str, str],
                                                                tmp_path: Path) -> None:
     # One torchrun per node (srun), torchrun's c10d rendezvous on the step's first node, one

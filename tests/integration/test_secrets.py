@@ -1,18 +1,29 @@
-"""A secret given on the command line, in a setup line or in the environment reaches the
-ranks, and no file of the run dir (submitit's folder included) and no printed line holds it."""
+"""A secret given through each channel (a setup line, NCCL's and the submitting shell's
+environment, a `_target_` part's argument, a swept key, a script's arguments) reaches the
+ranks, and no file of the run or sweep dir (submitit's folder included), no printed line and
+no command line of the node (what ps shows every user) holds it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import subprocess
-from collections.abc import Callable
+import sys
 from pathlib import Path
 
-Run = Callable[..., subprocess.CompletedProcess[str]]
+from tests.conftest import REPO, command_env
+
 # Planted values: long enough to be unmistakable in any file, binary ones included.
 PLANTED = {"WANDB_API_KEY": "planted-setup-7f3a9c21", "HF_TOKEN": "planted-extra-91bc44e0",
-           "MY_SERVICE_PASSWORD": "planted-env-55de0b17"}
+           "MY_SERVICE_PASSWORD": "planted-env-55de0b17",
+           "DB_PASSWORD": "$up3rS3cret-planted-3c",  # a literal that starts with $
+           "model.api_token": "hf_plantedPartArgument0000",
+           "app.api_token#0": "planted-sweep-a-0001", "app.api_token#1": "planted-sweep-b-0002"}
+SCRIPT = {"--hf-token": "planted-arg-77aa11ee", "bare": "sk-plantedBareArgument000000"}
+# Submitted from Python (the API's command, in-process), so that no command line of this
+# machine holds the values from the start: the test checks that none does later.
+SUBMIT = ("import json, sys; from hpc_ddp.submit import main; "
+          "sys.exit(main(json.load(open(sys.argv[1]))))")
 
 
 def files_holding(root: Path, values: list[str]) -> list[str]:
@@ -29,22 +40,76 @@ def sha(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-def test_secrets_reach_the_ranks_and_no_file_or_line_holds_them(hpc_ddp: Run,
-                                                                tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    args = ["cluster=local", "entry=tests.usercode.entries:secrets_seen",
-            f"cluster.setup=['export WANDB_API_KEY={PLANTED['WANDB_API_KEY']}']",
-            f"+nccl.extra_env.HF_TOKEN={PLANTED['HF_TOKEN']}", f"run_dir={run_dir}"]
-    done = hpc_ddp("submit", args, env={"MY_SERVICE_PASSWORD": PLANTED["MY_SERVICE_PASSWORD"]})
+def submit(args: list[str], tmp_path: Path,
+           env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    given = tmp_path / "args.json"
+    given.write_text(json.dumps(args))
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({**PLANTED, **SCRIPT}))
+    done = subprocess.run([sys.executable, "-c", SUBMIT, str(given)], capture_output=True,
+                          text=True, timeout=600, cwd=REPO, check=False, env=command_env(
+                              {**env, "PLANTED_FILE": str(planted)}))
+    given.unlink()
+    return done
+
+
+def channels(run_args: list[str], kind: str = "local") -> list[str]:
+    return [f"cluster={kind}", *run_args,
+            f"cluster.setup=['export WANDB_API_KEY={PLANTED['WANDB_API_KEY']}', "
+            f"'export DB_PASSWORD=\\'{PLANTED['DB_PASSWORD']}\\'']",
+            f"+nccl.extra_env.HF_TOKEN={PLANTED['HF_TOKEN']}",
+            "model._target_=tests.usercode.parts.model_with_token",
+            f"model.api_token={PLANTED['model.api_token']}"]
+
+
+def test_secrets_reach_the_ranks_and_no_file_line_or_command_line_holds_them(
+        tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    done = submit(["-m", *channels(["entry=tests.usercode.entries:secrets_reached"]),
+                   f"app.api_token={PLANTED['app.api_token#0']},{PLANTED['app.api_token#1']}",
+                   "sweep.parallel=2", f"sweep.dir={sweep}"], tmp_path,
+                  {"MY_SERVICE_PASSWORD": PLANTED["MY_SERVICE_PASSWORD"]})
     assert done.returncode == 0, done.stdout + done.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
-    # Every secret reached rank 0, the literal ones through the launch's environment.
-    assert summary["sha256"] == {k: sha(v) for k, v in PLANTED.items()}
-    assert files_holding(run_dir, list(PLANTED.values())) == []
-    printed = done.stdout + done.stderr
-    assert not [v for v in PLANTED.values() if v in printed]
-    config = (run_dir / "config.yaml").read_text()
+    planted = [*PLANTED.values(), *SCRIPT.values()]
+    for point in (0, 1):
+        summary = json.loads((sweep / f"{point:03d}" / "summary.json").read_text())
+        reached = summary["result"]["sha256"]
+        for name in ("WANDB_API_KEY", "HF_TOKEN", "MY_SERVICE_PASSWORD", "DB_PASSWORD",
+                     "model.api_token"):
+            assert reached[name] == sha(PLANTED[name]), name
+        assert reached["app.api_token"] == sha(PLANTED[f"app.api_token#{point}"])
+        assert summary["result"]["argv_holding"] == []
+        assert "careless: ****" in (sweep / f"{point:03d}" / "logs" / "rank0.log").read_text()
+    assert files_holding(sweep, planted) == []
+    assert not [v for v in planted if v in done.stdout + done.stderr]
+    manifest = json.loads((sweep / "sweep.json").read_text())
+    assert [p["params"] for p in manifest["points"]] == [{"app.api_token": "****"}] * 2
+    config = (sweep / "000" / "config.yaml").read_text()
     assert "export WANDB_API_KEY=${oc.env:WANDB_API_KEY}" in config
-    assert "HF_TOKEN: ${oc.env:HF_TOKEN}" in config
-    assert "careless: HF_TOKEN is ****" in (run_dir / "logs" / "rank0.log").read_text()
-    assert "${oc.env:HF_TOKEN}" in (run_dir / "overrides.yaml").read_text()
+    assert "api_token: ${oc.env:HPC_DDP_SECRET_MODEL_API_TOKEN}" in config
+
+
+def test_a_scripts_secret_arguments_reach_it_and_no_command_line(tmp_path: Path) -> None:
+    out = tmp_path / "seen"
+    run_dir = tmp_path / "run"
+    done = submit(["cluster=local", "script=tests/usercode/secret_script.py",
+                   f"run_dir={run_dir}", "--", str(out), "--hf-token", SCRIPT["--hf-token"],
+                   "--epochs", "1", SCRIPT["bare"]], tmp_path, {})
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{out}.{rank}").read_text())
+        assert seen == {"hf_token": sha(SCRIPT["--hf-token"]), "bare": sha(SCRIPT["bare"]),
+                        "argv_holding": []}
+    assert files_holding(run_dir, list(SCRIPT.values())) == []
+    assert not [v for v in SCRIPT.values() if v in done.stdout + done.stderr]
+    # The store's key (which the script's process group joined with): in the rendezvous
+    # file, readable by the user alone, and nowhere else.
+    [published] = (run_dir / "rendezvous").glob("*-r0.json")
+    key = json.loads(published.read_text())["key"]
+    assert published.stat().st_mode & 0o777 == 0o600
+    assert files_holding(run_dir, [key]) == [f"{published.relative_to(run_dir)}: {key}"]
+    import yaml
+
+    args = yaml.safe_load((run_dir / "config.yaml").read_text())["script_args"]
+    assert args == [str(out), "--hf-token", "${oc.env:HPC_DDP_SECRET_ARG_HF_TOKEN}", "--epochs",
+                    "1", "${oc.env:HPC_DDP_SECRET_ARG_5}"]

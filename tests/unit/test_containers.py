@@ -49,7 +49,9 @@ def test_pyxis_options_are_srun_options_in_the_documented_form() -> None:
     assert found["container-workdir"] == str(CODE)
     assert found["container-env"] == "WANDB_API_KEY,OMP_NUM_THREADS,HPC_DDP_CONTAINER"
     assert str(found["container-name"]).startswith("hpc_ddp-")
-    assert rest[-5:-1] == ["python", "-u", "-m", "submitit.core._submit"]  # the image's python
+    # The image's python, through the checked loader of the job's pickle (owned.py).
+    assert rest[-7:-1] == ["python", "-m", "hpc_ddp.rank.main.submitted", "-u", "-m",
+                           "submitit.core._submit"]
     script = slurm.render(cfg, RunDir(RUN))
     assert "export OMP_NUM_THREADS=4\n" in script  # pyxis takes the value from the job
     assert "hpc_ddp_slurm_relay \"$HPC_DDP_SLURM_RELAY\" $$ &" in script
@@ -72,7 +74,8 @@ def test_apptainer_exec_with_nv_binds_pwd_and_env() -> None:
     words = srun_line(cfg)
     start = words.index("apptainer")
     options, image, command = parse_apptainer(words[start + 1:])
-    assert image == "/img/train.sif" and command[:3] == ["python", "-u", "-m"]
+    assert image == "/img/train.sif" and command[:3] == ["python", "-m",
+                                                         "hpc_ddp.rank.main.submitted"]
     assert options["--nv"] == [""]  # the job asks for GPUs
     assert options["--bind"] == [f"{RUN}:{RUN}", f"{CODE}:{CODE}"]
     assert options["--pwd"] == [str(CODE)]

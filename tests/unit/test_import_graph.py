@@ -13,7 +13,8 @@ from tests.conftest import REPO
 # Lowest first. A module may import its own layer's modules and those of the layers below.
 # A module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
-    ("hpc_ddp.errors", "hpc_ddp.hostlist", "hpc_ddp.procs", "hpc_ddp.rundir", "hpc_ddp.events"),
+    ("hpc_ddp.redact", "hpc_ddp.errors", "hpc_ddp.hostlist", "hpc_ddp.procs", "hpc_ddp.rundir",
+     "hpc_ddp.events", "hpc_ddp.owned"),
     ("hpc_ddp.config",),
     ("hpc_ddp.targets",),
     # The rank side: what runs on every rank.

@@ -1,5 +1,6 @@
-"""The rendezvous with real torch stores: O(1) store operations per rank at any world size,
-a stale endpoint file never trusted, the missing ranks named once by rank 0."""
+"""The rendezvous with real stores: O(1) store operations per rank at any world size, a stale
+endpoint file never trusted, the missing ranks named once by rank 0, a foreign client unable
+to touch the run, rank 0's refusal reported by every rank at once."""
 
 from __future__ import annotations
 
@@ -7,13 +8,12 @@ import functools
 import json
 import socket
 import threading
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hpc_ddp.rank.join import netif, rendezvous
+from hpc_ddp.rank.join import authstore, checkin, netif, rendezvous
 from hpc_ddp.rank.join.distenv import DistEnv
 
 
@@ -51,20 +51,16 @@ def test_every_rank_checks_in_with_the_same_few_store_calls_at_any_world_size(
     shared = dist.HashStore()
     views = [Recording(shared) for _ in range(world)]
     for rank, view in enumerate(views):
-        rendezvous._announce(view, env_of(rank, world), json.dumps({"host": f"node{rank}"}))
+        checkin.announce(view, env_of(rank, world), json.dumps({"host": f"node{rank}"}))
     for rank, view in enumerate(views):
-        rendezvous._await_all(view, env_of(rank, world), 1.0)
+        checkin.await_all(view, env_of(rank, world), 1.0)
     # set + add (+ the last one's set) + one wait + the timeout: never a poll per rank
     assert max(v.calls for v in views) == 5 and min(v.calls for v in views) == 4
 
 
-def _foreign_store(nonce: str) -> Any:
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=30),
-                          wait_for_workers=False)
-    store.set("hpc_ddp/nonce", nonce)
-    return store
+def _foreign_store() -> authstore.StoreServer:
+    """Another run's live store: its own key."""
+    return authstore.StoreServer(authstore.new_key(), ["127.0.0.1"])
 
 
 def _dead_port() -> int:
@@ -78,37 +74,39 @@ def test_a_stale_endpoint_file_is_read_again_until_rank_0_publishes(stale: str,
                                                                     tmp_path: Path) -> None:
     # An earlier attempt's file under this attempt's name (job ids that started over): its
     # port is dead, or a store of another run answers there. Rank 1 must wait for rank 0.
-    foreign = _foreign_store("theirs") if stale.startswith("another") else None
+    foreign = _foreign_store() if stale.startswith("another") else None
     port = foreign.port if foreign is not None else _dead_port()
-    path = rendezvous.endpoint_file(tmp_path, env_of(1, 2))
-    rendezvous.publish(path, rendezvous.Endpoint("127.0.0.1", port, "old"), "node1")
+    folder = tmp_path / "rendezvous"
+    path = rendezvous.endpoint_file(folder, env_of(1, 2))
+    old = authstore.new_key()
+    rendezvous.publish(path, rendezvous.Endpoint("127.0.0.1", port, old), "node1")
     got: dict[str, Any] = {}
 
     def rank1() -> None:
         try:
             got["store"], got["endpoint"] = rendezvous.connect(
-                env_of(1, 2), tmp_path, "node2", 20, 30)
+                env_of(1, 2), folder, "node2", 20, 30)
         except Exception as exc:  # shown by the assertion below
             got["error"] = exc
     joiner = threading.Thread(target=rank1)
     joiner.start()
     joiner.join(1.0)  # rank 1 has read the stale file by now, and must still be waiting
     assert joiner.is_alive(), got
-    store, endpoint = rendezvous.connect(env_of(0, 2), tmp_path, "127.0.0.1", 20, 30)
+    store, endpoint = rendezvous.connect(env_of(0, 2), folder, "127.0.0.1", 20, 30)
     joiner.join(20)
     assert "error" not in got, got.get("error")
     assert got["endpoint"].port == store.port == endpoint.port != port
-    assert got["endpoint"].nonce == endpoint.nonce != "old"
+    assert got["endpoint"].key == endpoint.key != old
 
 
 def test_missing_ranks_are_named_by_rank_0_and_reported_by_the_others(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rendezvous, "_MASTER_MARGIN_S", 0.5)
+    monkeypatch.setattr(checkin, "_MASTER_MARGIN_S", 0.5)
     errors: dict[int, str] = {}
 
     def rank(r: int, host: str) -> None:
         try:
-            rendezvous.connect(env_of(r, 3), tmp_path, host, 1.5, 30)
+            rendezvous.connect(env_of(r, 3), tmp_path / "rendezvous", host, 1.5, 30)
         except rendezvous.RendezvousError as exc:
             errors[r] = str(exc)
     threads = [threading.Thread(target=rank, args=(r, h))
@@ -153,8 +151,8 @@ def test_a_store_every_rank_had_joined_is_not_joined_again() -> None:
     import torch.distributed as dist
 
     store = dist.HashStore()
-    assert all(rendezvous._announce(store, env_of(r, 2), "{}") for r in (0, 1))
-    assert not rendezvous._announce(store, env_of(1, 2), "{}")
+    assert all(checkin.announce(store, env_of(r, 2), "{}") for r in (0, 1))
+    assert not checkin.announce(store, env_of(1, 2), "{}")
     with pytest.raises(rendezvous.RendezvousError, match="two processes were started as "
                        "the same rank"):
-        rendezvous.check_in(store, env_of(0, 2), "{}", 1.0)
+        checkin.check_in(store, env_of(0, 2), "{}", 1.0)

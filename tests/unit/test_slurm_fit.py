@@ -151,7 +151,11 @@ def test_a_site_with_several_partitions_and_node_shapes() -> None:
 
 def test_unknown_is_never_refused() -> None:
     no_default = {k: v for k, v in TEST_CLUSTER.items() if k != "normal"}
-    assert refused(no_default, 8) is None  # the default partition is not known
+    assert refused(no_default, 4) is None  # the default partition is not known
+    # ... but a job larger than every partition can start nowhere (nodes=1000000000).
+    assert refused(no_default, 1_000_000_000) == (
+        "nodes=1000000000: can never start: the largest partition of this cluster (urgent) "
+        "has 4 nodes. Fix: nodes=4 or fewer.")
     assert refused({}, 8) is None
     empty = {"cloud": Partition("cloud", True, groups=(NodeGroup(0, None, None, 0),))}
     assert refused(empty, 8) is None  # nodes yet to come

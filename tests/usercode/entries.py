@@ -95,3 +95,48 @@ def secrets_seen(ctx: Any) -> dict[str, Any]:
         logging.getLogger("user").info("careless: %s is %s", name, os.environ[name])
     ctx.save({"step": 1, "seen": sorted(seen)})
     return {"sha256": seen}
+
+
+def _sha(value: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+def command_lines_holding(values: list[str]) -> list[str]:
+    """Every process of this node whose command line (what ps shows every user) holds one of
+    ``values``: their pids, never the values."""
+    from pathlib import Path
+
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            line = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        found += [proc.name for v in values if v.encode() in line]
+    return found
+
+
+def secrets_reached(ctx: Any) -> dict[str, Any]:
+    """What every secret channel delivered on this rank (SHA-256 of each value, never the
+    value): the environment, the configured model's argument (built here as user code would,
+    with the config's `_target_`), ctx.app; and the command lines of this node that hold one
+    of the planted values ($PLANTED_FILE lists them, outside the run dir). It logs them as a
+    careless program would: the rank's log must show ****."""
+    import json
+    import logging
+
+    from hpc_ddp.targets import build
+
+    planted = json.loads(open(os.environ["PLANTED_FILE"]).read())
+    env = {n: _sha(os.environ[n]) for n in (*SECRET_NAMES, "DB_PASSWORD", "T")
+           if n in os.environ}
+    model = build("model", ctx.cfg.model.target, ctx.cfg.model.kwargs)
+    app = {k: _sha(str(v)) for k, v in ctx.app.items()}
+    received = [os.environ[n] for n in env] + [str(v) for v in ctx.app.values()]
+    for value in received:
+        logging.getLogger("user").info("careless: %s", value)
+    return {"sha256": {**env, "model.api_token": model.token_sha,
+                       **{f"app.{k}": v for k, v in app.items()}},
+            "argv_holding": command_lines_holding(list(planted.values()))}

@@ -127,3 +127,20 @@ def files_under(root: str) -> tuple[Any, Any]:
     sizes = sorted(p.stat().st_size for p in Path(root).rglob("*") if p.is_file())
     x = torch.tensor(sizes, dtype=torch.float32).unsqueeze(1).repeat(1, 8) / 1000
     return TensorDataset(x, torch.arange(len(sizes)) % 2), None
+
+
+def planted(marker: str) -> None:
+    """What a planted `_target_` would run: any code at all, here creating ``marker``
+    (tests/unit/test_planted_files.py checks it never runs from a file someone else wrote)."""
+    from pathlib import Path
+
+    Path(marker).touch()
+
+
+def model_with_token(api_token: str, num_classes: int | None = None) -> Any:
+    """A model whose factory takes a secret argument: keeps its SHA-256, never the value."""
+    import hashlib
+
+    model = torch.nn.Linear(4, 2)
+    model.token_sha = hashlib.sha256(api_token.encode()).hexdigest()  # type: ignore[assignment]
+    return model

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
@@ -114,8 +115,11 @@ class Context:
 
     @property
     def app(self) -> dict[str, Any]:
-        """Your own config keys (the ``app`` group)."""
-        return self.cfg.app
+        """Your own config keys (the ``app`` group); a secret among them, which the config
+        holds as ``${oc.env:NAME}``, read from this process's environment
+        (config/secrets.py)."""
+        found: dict[str, Any] = secrets.resolve_tree(self.cfg.app, os.environ)
+        return found
 
     # -- data ----------------------------------------------------------------------------
     @property

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpc_ddp.owned import read_owned
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.contract import RESUME_CAUSE_ENV, RUN_DIR_ENV, STOP_FILE_ENV
 from hpc_ddp.rank.join.distenv import detect
@@ -36,7 +37,8 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Context:
             "entry=... or script=...); this process was not started that way. A plain "
             "torchrun script needs no context: hpc_ddp sets RANK, WORLD_SIZE, MASTER_ADDR.")
     run = RunDir(Path(environ[RUN_DIR_ENV]))
-    cfg = from_yaml(run.config.read_text())
+    # Its `_target_` parts are code: read only if no one else could have written it.
+    cfg = from_yaml(read_owned(run.config, run.root).decode())
     env = detect(environ)
     device, _ = choose_device(cfg, env, dict(environ), use=False)
     if not dist.is_initialized():

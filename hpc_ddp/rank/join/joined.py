@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV
-from hpc_ddp.rank.join import envcheck, nccl, netif, owner, ranklog, rendezvous
+from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV, STORE_KEY_ENV
+from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.services import stacks
@@ -93,7 +94,8 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
 
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
-    ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master)
+    ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
+                  marks=secrets.marks_of(cfg))
     if group:  # the training process (not a supervisor): its stacks on request
         stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
             cfg.cluster.signal))
@@ -112,10 +114,11 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
             cfg.trainer.collective_timeout_s,
             {"host": host, **gpu, envcheck.RECORD_KEY: software.digest},
-            agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface)
+            agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface,
+            store_key=environ.pop(STORE_KEY_ENV, None))
         claim_run_dir(run_dir, env, host, environ, store)
         # The same software on every node, or stop here: before any training step.
-        mixed = envcheck.check(store, env, software, rendezvous.placements(
+        mixed = envcheck.check(store, env, software, checkin.placements(
             store, env.world_size) if env.is_master else None, cfg.cluster.allow_mixed_env,
             cfg.trainer.rendezvous_timeout_s)
         if backend == "gloo" and env.world_size > 1:

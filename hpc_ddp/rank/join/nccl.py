@@ -24,6 +24,7 @@ from pathlib import Path
 from hpc_ddp.config.nccl_schema import NCCL_DOCS, NcclConfig, nccl_warnings, wanted_env
 from hpc_ddp.config.secrets import MASK, looks_secret, resolve
 from hpc_ddp.rank.join import nodeinfo
+from hpc_ddp.redact import secret_value
 
 log = logging.getLogger(__name__)
 
@@ -150,8 +151,8 @@ def node_warnings(environ: Mapping[str, str],
 
 
 def mask(name: str, value: str) -> str:
-    """Values of secret-looking variables never reach a file or a log."""
-    return MASK if looks_secret(name) else value
+    """Values of secret-named or secret-shaped variables never reach a file or a log."""
+    return MASK if looks_secret(name) or secret_value(value) else value
 
 
 def recorded_env(environ: Mapping[str, str]) -> dict[str, str]:

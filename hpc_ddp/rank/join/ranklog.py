@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 from hpc_ddp.config.secrets import mask, values_to_mask
+from hpc_ddp.redact import NO_MARKS, Marks
 
 
-def setup(path: Path, rank: int, host: str, echo: bool) -> None:
+def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS) -> None:
     """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress).
-    stderr itself loses torch's one known meaningless line (quiet_stderr.py)."""
+    stderr itself loses torch's one known meaningless line (quiet_stderr.py). Secrets are
+    masked (``marks``: the config's secrets.secret / secrets.public)."""
     from hpc_ddp.rank.join.quiet_stderr import filter_stderr
 
     filter_stderr()
@@ -22,7 +24,7 @@ def setup(path: Path, rank: int, host: str, echo: bool) -> None:
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    hidden = _Masked(values_to_mask(os.environ))
+    hidden = _Masked(values_to_mask(os.environ, marks=marks))
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(fmt)
     file_handler.addFilter(hidden)
@@ -36,18 +38,18 @@ def setup(path: Path, rank: int, host: str, echo: bool) -> None:
 
 
 class _Masked(logging.Filter):
-    """Secret values (of this task's secret-named variables, config/secrets.py) as ****."""
+    """Secret values (of this task's secret-named or secret-shaped variables) and any
+    secret-shaped text as **** (config/secrets.py, hpc_ddp/redact.py)."""
 
     def __init__(self, values: list[str]) -> None:
         super().__init__()
         self.values = values
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.values:
-            text = record.getMessage()
-            masked = mask(text, self.values)
-            if masked != text:
-                record.msg, record.args = masked, ()
+        text = record.getMessage()
+        masked = mask(text, self.values)
+        if masked != text:
+            record.msg, record.args = masked, ()
         return True
 
 

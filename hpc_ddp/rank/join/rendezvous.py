@@ -1,29 +1,35 @@
-"""A rendezvous that cannot collide and cannot hang silently.
+"""A rendezvous that cannot collide, cannot hang silently, and answers only its own ranks.
 
 Every peer tool derives MASTER_PORT from the job id, and two jobs sharing a node can collide.
-Here rank 0 asks the kernel for a free port (a TCPStore bound to port 0), and publishes
-address and port in the run directory, keyed by job, step and restart; the other ranks read
-it from there (the run directory is on a shared filesystem, as submitit already requires).
-A MASTER_PORT set by the user wins. Then every rank checks in; if some never do within the
-timeout, the job fails naming those ranks and the hosts they should have run on.
+Here rank 0 asks the kernel for a free port (its store bound to port 0) and publishes address,
+port and the attempt's store key in the run directory, keyed by job, step and restart, in a
+file only the user can read (mode 600); the other ranks read it from there (the run directory
+is on a shared filesystem, as submitit already requires). The store (authstore.py) listens
+on the published address only (loopback for a run on one machine) and serves only a peer
+that proves it knows the key. A MASTER_PORT set by the user wins. Then every rank checks in;
+if some never do within the timeout, the job fails naming those ranks and the hosts they
+should have run on. Rank 0 that cannot serve at all (cluster.master_interface missing on its
+node) publishes why instead, and every rank stops at once with its reason.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
-import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hpc_ddp.owned import Untrusted, read_owned
+from hpc_ddp.rank.contract import STORE_KEY_ENV
+from hpc_ddp.rank.join.checkin import RendezvousError, announce, await_all, check_in
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rundir import write_text
 
@@ -35,24 +41,15 @@ log = logging.getLogger(__name__)
 # file system stay O(1) per second however many ranks wait.
 _FIRST_POLL_S = 0.05
 _MAX_POLL_S = 2.0
-_MASTER_MARGIN_S = 10.0
-_NONCE_KEY = "hpc_ddp/nonce"
-_ARRIVED = "hpc_ddp/arrived"
-_ALL_ARRIVED = "hpc_ddp/all_arrived"
-_MISSING = "hpc_ddp/missing"
-
-
-class RendezvousError(RuntimeError):
-    """The ranks could not meet; the message names who is missing and where."""
 
 
 @dataclass(frozen=True)
 class Endpoint:
     addr: str
     port: int
-    # Rank 0's random token for this attempt, also in its store: a client that reaches a
-    # store without it has read a stale file (an earlier attempt's, a port since reused).
-    nonce: str = ""
+    # This attempt's store key (authstore.py): what a peer proves it knows. In the endpoint
+    # file (mode 600) and a supervisor's child's environment only; never logged (repr=False).
+    key: str = field(default="", repr=False)
 
     def __str__(self) -> str:
         return f"[{self.addr}]:{self.port}" if ":" in self.addr else f"{self.addr}:{self.port}"
@@ -66,21 +63,37 @@ def endpoint_file(folder: Path, env: DistEnv) -> Path:
 
 
 def publish(path: Path, endpoint: Endpoint, host: str) -> None:
-    """Write the endpoint atomically (temp file + rename), so a reader never sees half."""
+    """Write the endpoint atomically (temp file + rename, so a reader never sees half),
+    readable by the user alone: it holds the store's key."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, json.dumps({"addr": endpoint.addr, "port": endpoint.port, "host": host,
-                                 "nonce": endpoint.nonce}))
+                                 "key": endpoint.key}), private=True)
+
+
+def publish_refusal(path: Path, message: str) -> None:
+    """Rank 0 cannot serve the rendezvous: why, where the others look for its address."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps({"refused": message}), private=True)
 
 
 def read_endpoint(path: Path) -> Endpoint | None:
-    """The published endpoint, or None while there is none. Opening the folder first makes an
-    NFS client revalidate it (close-to-open), so a file another node created since this
-    client last looked is seen at once, not after the attribute cache expires; no listing."""
+    """The published endpoint, or None while there is none. RendezvousError at once when
+    rank 0 published its refusal, or when the file is someone else's or others could have
+    written it (hpc_ddp/owned.py: a planted endpoint would hand the ranks another store). The
+    run dir and each folder down are opened in turn, which makes an NFS client revalidate
+    them (close-to-open): a file another node created since this client last looked is seen
+    at once, not after the attribute cache expires; no listing."""
     try:
-        os.close(os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY))
-        data = json.loads(path.read_text())
-        return Endpoint(str(data["addr"]), int(data["port"]), str(data.get("nonce", "")))
-    except (OSError, ValueError, KeyError, TypeError):
+        data = json.loads(read_owned(path, path.parent.parent))
+    except Untrusted as exc:
+        raise RendezvousError(f"the rendezvous file is refused: {exc}") from None
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data.get("refused"):
+        raise RendezvousError(f"rank 0 refused to start: {data['refused']}")
+    try:
+        return Endpoint(str(data["addr"]), int(data["port"]), str(data.get("key", "")))
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -103,50 +116,56 @@ def _until(deadline: float, attempt: Callable[[], T | None]) -> T | None:
 
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
             collective_timeout_s: float, record: dict[str, Any] | None = None,
-            agent_store: str | None = None,
-            master_interface: str | None = None) -> tuple[Any, Endpoint]:
-    """Form the store every rank shares; returns it (a torch.distributed TCPStore) and its
-    address. ``record``: this rank's placement (host, GPU), which rank 0 can read back with
-    :func:`placements` (the summary's rank -> node -> GPU map). ``master_interface``: rank 0
-    publishes that interface's address instead of its host name (cluster.master_interface).
+            agent_store: str | None = None, master_interface: str | None = None,
+            store_key: str | None = None) -> tuple[Any, Endpoint]:
+    """Form the store every rank shares; returns it (a torch.distributed Store: authstore's
+    client) and its address. ``record``: this rank's placement (host, GPU), which rank 0 can
+    read back with checkin.placements (the summary's rank -> node -> GPU map).
+    ``master_interface``: rank 0 publishes that interface's address instead of its host name
+    (cluster.master_interface).
 
     ``agent_store``: a process above the ranks already holds a store at MASTER_ADDR and
     MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE). "supervisor": hpc_ddp's own, new for every
-    attempt: every rank is its client, keys under a prefix of their own. "torchrun": its
-    agent's store outlives torchrun's restarts (the c10d rendezvous keeps it), so an earlier
+    attempt, whose key the supervisor hands its child (``store_key``): every rank is its
+    client, keys under a prefix of their own. "torchrun": its agent's store (torchrun's own
+    TCPStore) outlives torchrun's restarts (the c10d rendezvous keeps it), so an earlier
     attempt's check-ins are still there, and TORCHELASTIC_RESTART_COUNT differs between
     nodes (it counts failures only, not restarts for a changed membership); rank 0 then makes
-    a fresh store and publishes it on the agent's, and a rank that finds a published store it
-    cannot reach (the last attempt's, whose processes torchrun stopped) reads again.
+    a fresh store, names it on the agent's store and puts its key in the run dir, and a rank
+    that finds a named store it cannot reach (the last attempt's, whose processes torchrun
+    stopped) reads again.
 
     Every rank does O(1) store operations and file reads, whatever the world size: no rank
     polls the store (the check-in ends with one blocking wait), and the endpoint file is read
     with a backoff. Raises RendezvousError naming the ranks (and their expected hosts) that
-    never arrived.
+    never arrived, or rank 0's reason when it refused to serve.
     """
     import torch.distributed as dist
 
     mine = json.dumps(record or {"host": host})
+    if agent_store == "supervisor" and env.master_addr and env.master_port:
+        endpoint = Endpoint(env.master_addr, env.master_port, store_key or "")
+        store: Any = dist.PrefixStore(attempt_prefix(env.restart), _client_store(
+            env, endpoint, timeout_s, collective_timeout_s))
+        check_in(store, env, mine, timeout_s)
+        return store, endpoint
     if agent_store and env.master_addr and env.master_port:
-        endpoint = Endpoint(env.master_addr, env.master_port)
-        shared = _client_store(env, endpoint, timeout_s, collective_timeout_s)
-        if agent_store == "supervisor":
-            store: Any = dist.PrefixStore(attempt_prefix(env.restart), shared)
-            check_in(store, env, mine, timeout_s)
-        else:
-            store, endpoint = _fresh_store(env, shared, host, timeout_s, collective_timeout_s,
-                                           master_interface, mine)
-            _await_all(store, env, timeout_s)
+        agent = dist.TCPStore(env.master_addr, env.master_port, None, False,
+                              timedelta(seconds=timeout_s), wait_for_workers=False)
+        store, endpoint = _fresh_store(env, agent, folder, host, timeout_s,
+                                       collective_timeout_s, master_interface, mine)
+        await_all(store, env, timeout_s)
         return store, endpoint
     if env.is_master:
-        store, endpoint = _serve(env, host, collective_timeout_s, master_interface,
-                                 env.master_port or 0)
-        publish(endpoint_file(folder, env), endpoint, host)
-        log.info("rendezvous: rank 0 listens on %s (published in %s)", endpoint,
-                 endpoint_file(folder, env))
-    elif env.master_addr and env.master_port:
-        endpoint = Endpoint(env.master_addr, env.master_port)
-        store = _client_store(env, endpoint, timeout_s, collective_timeout_s)
+        path = endpoint_file(folder, env)
+        try:
+            store, endpoint = _serve(env, host, collective_timeout_s, master_interface,
+                                     env.master_port or 0)
+        except RendezvousError as exc:  # every rank stops now, with this reason
+            publish_refusal(path, str(exc))
+            raise
+        publish(path, endpoint, host)
+        log.info("rendezvous: rank 0 listens on %s (published in %s)", endpoint, path)
     else:
         store, endpoint = _join_published(env, endpoint_file(folder, env), timeout_s,
                                           collective_timeout_s)
@@ -156,23 +175,46 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
 
 def _serve(env: DistEnv, host: str, collective_timeout_s: float,
            master_interface: str | None, port: int = 0) -> tuple[Any, Endpoint]:
-    """Rank 0's store on a port the kernel hands out (port 0: no formula can collide; else
-    a MASTER_PORT the user set), on every address (IPv4 and IPv6), with this attempt's nonce
-    set before anyone can read the address."""
+    """Rank 0's store, with a fresh key, on a port the kernel hands out (port 0: no formula
+    can collide; else a MASTER_PORT the user set), listening on the published address."""
+    from hpc_ddp.rank.join import authstore
 
-    import torch.distributed as dist
+    addr = _master_addr(env, host, master_interface)
+    hosts = listen_addresses(env, addr)
+    if not hosts:
+        log.info("rendezvous: %s resolves here to none of this node's addresses but loopback; "
+                 "the store listens on every interface (it lets in only this run's ranks)",
+                 addr)
+    key = authstore.new_key()
+    server = authstore.StoreServer(key, hosts, port)
+    own = hosts[0] if hosts else "127.0.0.1"
+    store = authstore.AuthStore(own, server.port, key, timedelta(seconds=collective_timeout_s),
+                                server=server)
+    return store, Endpoint(addr, server.port, key)
 
-    store = dist.TCPStore("0.0.0.0", port, env.world_size, True,
-                          timedelta(seconds=collective_timeout_s), wait_for_workers=False)
-    nonce = uuid.uuid4().hex
-    store.set(_NONCE_KEY, nonce)
-    return store, Endpoint(_master_addr(env, host, master_interface), store.port, nonce)
+
+def listen_addresses(env: DistEnv, addr: str) -> list[str]:
+    """Where rank 0's store listens: loopback for a run on one machine; else the addresses
+    of this node that ``addr`` (what rank 0 publishes) resolves to here; none (every
+    interface) where it resolves to none of them (a name mapped to 127.0.1.1, a MASTER_ADDR
+    of another host): the key still keeps everyone else out."""
+    if env.source in ("local", "single"):
+        return ["127.0.0.1"]
+    from hpc_ddp.rank.join import netif
+
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return []
+    own = {a for addrs in netif.interfaces().values() for _, a in addrs}
+    return sorted(a for a in found if a in own and not ipaddress.ip_address(a).is_loopback)
 
 
 def _join_published(env: DistEnv, path: Path, timeout_s: float,
                     collective_timeout_s: float) -> tuple[Any, Endpoint]:
-    """A client: read rank 0's endpoint (backing off), reach it, check its nonce; a file that
-    leads nowhere or to another store is read again until the timeout."""
+    """A client: read rank 0's endpoint (backing off), reach it, prove it knows the key; a
+    file that leads nowhere or to another store is read again until the timeout. A
+    MASTER_ADDR or MASTER_PORT the user set is where the store is (rank 0 publishes them)."""
     deadline = time.monotonic() + timeout_s
     seen: Endpoint | None = None
     last = "no endpoint file yet"
@@ -182,8 +224,8 @@ def _join_published(env: DistEnv, path: Path, timeout_s: float,
         published = read_endpoint(path)
         if published is None:
             return None
-        seen = endpoint = Endpoint(env.master_addr or published.addr, published.port,
-                                   published.nonce)
+        seen = endpoint = Endpoint(env.master_addr or published.addr,
+                                   env.master_port or published.port, published.key)
         store, last = _try_store(env, endpoint, deadline, collective_timeout_s)
         return (store, endpoint) if store is not None else None
 
@@ -207,42 +249,41 @@ def _try_store(env: DistEnv, endpoint: Endpoint, deadline: float,
     """(the store at ``endpoint`` if it is this attempt's, else None and why not)."""
     import torch.distributed as dist
 
+    from hpc_ddp.rank.join import authstore
+
     try:
-        socket.create_connection((endpoint.addr, endpoint.port), timeout=2).close()
-        store = dist.TCPStore(endpoint.addr, endpoint.port, env.world_size, False,
-                              timedelta(seconds=max(2.0, min(10.0, deadline - time.monotonic()))),
-                              wait_for_workers=False)
-    except (OSError, RuntimeError) as exc:  # refused, unresolvable, not a store
+        store = authstore.AuthStore(endpoint.addr, endpoint.port, endpoint.key,
+                                    timedelta(seconds=collective_timeout_s),
+                                    max(2.0, min(10.0, deadline - time.monotonic())))
+    except (OSError, ValueError, dist.DistError) as exc:  # refused, unresolvable, not ours
         return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if endpoint.nonce:
-        try:
-            found = bytes(store.get(_NONCE_KEY)).decode() if store.check([_NONCE_KEY]) else ""
-        except RuntimeError:
-            found = ""
-        if found != endpoint.nonce:
-            return None, "a store of another run answers there (a stale endpoint file)"
-    store.set_timeout(timedelta(seconds=collective_timeout_s))
     return store, ""
 
 
 _AGENT_KEY = "hpc_ddp/endpoint"
 
 
-def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
+def _fresh_store(env: DistEnv, agent: Any, folder: Path, host: str, timeout_s: float,
                  collective_timeout_s: float, master_interface: str | None,
                  record: str) -> tuple[Any, Endpoint]:
-    """This attempt's own store, published on torchrun's agent store (see connect), and this
-    rank announced in it. The agent's key may still name the last attempt's store, alive
-    while its rank 0 winds down: a store every rank of an attempt has arrived in already is
-    that one (this rank would be one too many), and the key is read again until it changes."""
+    """This attempt's own store, named on torchrun's agent store (see connect) by a random
+    name whose endpoint file (with the key) is in the run dir, and this rank announced in it.
+    The agent's key may still name the last attempt's store, alive while its rank 0 winds
+    down: a store every rank of an attempt has arrived in already is that one (this rank
+    would be one too many), and the key is read again until it changes."""
     if env.is_master:
         # Its own address: torchrun's MASTER_ADDR is the agent store's host (the rendezvous
         # endpoint), which need not be the node rank 0 runs on.
-        store, endpoint = _serve(dataclasses.replace(env, master_addr=None), host,
-                                 collective_timeout_s, master_interface)
-        _announce(store, env, record)
-        agent.set(_AGENT_KEY, json.dumps({"addr": endpoint.addr, "port": endpoint.port,
-                                          "nonce": endpoint.nonce}))
+        name = uuid.uuid4().hex
+        try:
+            store, endpoint = _serve(dataclasses.replace(env, master_addr=None), host,
+                                     collective_timeout_s, master_interface)
+        except RendezvousError as exc:
+            agent.set(_AGENT_KEY, json.dumps({"refused": str(exc)}))
+            raise
+        announce(store, env, record)
+        publish(folder / f"torchrun-{name}.json", endpoint, host)
+        agent.set(_AGENT_KEY, json.dumps({"name": name}))
         return store, endpoint
     deadline = time.monotonic() + timeout_s
     finished: set[bytes] = set()
@@ -255,11 +296,15 @@ def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
         if raw in finished:
             return None
         data = json.loads(raw.decode())
-        named = Endpoint(str(data["addr"]), int(data["port"]), str(data.get("nonce", "")))
+        if data.get("refused"):
+            raise RendezvousError(f"rank 0 refused to start: {data['refused']}")
+        named = read_endpoint(folder / f"torchrun-{data.get('name', '')}.json")
+        if named is None:  # not on this node's view of the shared file system yet
+            return None
         store, why = _try_store(env, named, deadline, collective_timeout_s)
         if store is None:
             return None
-        if _announce(store, env, record):
+        if announce(store, env, record):
             return store, named
         finished.add(raw)
         why = "only the last attempt's store, which every rank had joined"
@@ -276,6 +321,12 @@ def _fresh_store(env: DistEnv, agent: Any, host: str, timeout_s: float,
 def attempt_prefix(restart: int) -> str:
     """The store prefix of an attempt's keys under an agent's store."""
     return f"hpc_ddp_attempt/{restart}/"
+
+
+def prefixed(prefix: str, key: str) -> str:
+    """The key a ``torch.distributed.PrefixStore(prefix, store)`` keeps ``key`` under in
+    ``store`` (torch's PrefixStore::joinKey), for a client that asks the store itself."""
+    return f"{prefix}/{key}"
 
 
 def _master_addr(env: DistEnv, host: str, master_interface: str | None = None) -> str:
@@ -304,15 +355,13 @@ def _master_addr(env: DistEnv, host: str, master_interface: str | None = None) -
 
 def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
                   collective_timeout_s: float) -> Any:
-    """A client of the store at a known address (MASTER_ADDR and MASTER_PORT given, or an
-    agent's): reached with a backoff until the timeout."""
+    """A client of the store at a known address (a supervisor's, for its child): reached
+    with a backoff until the timeout."""
     deadline = time.monotonic() + timeout_s
     why = ""
 
     def attempt() -> Any:
         nonlocal why
-        # A plain socket probe inside _try_store first: TCPStore's own connect retries with
-        # long random delays past its timeout, which would blur the deadline we promise.
         store, why = _try_store(env, endpoint, deadline, collective_timeout_s)
         return store
 
@@ -325,84 +374,39 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
     return store
 
 
-def check_in(store: Any, env: DistEnv, record: str, timeout_s: float) -> None:
-    """Every rank announces itself and waits once for all (no polling: the store answers the
-    wait when the last rank's announcement sets the key); rank 0 names the ranks that never
-    came, and the others report rank 0's list."""
-    if not _announce(store, env, record):
-        raise RendezvousError(
-            f"rank {env.rank} arrived at a rendezvous all {env.world_size} ranks had joined "
-            "already: two processes were started as the same rank (e.g. srun -n above the "
-            "world size, or a launcher started twice), or the store is another attempt's.")
-    _await_all(store, env, timeout_s)
+def client(endpoint: Endpoint, timeout_s: float) -> Any:
+    """Another connection to the store at ``endpoint`` (a thread's own, e.g. the stack
+    relay's: a store client serves one request at a time)."""
+    from hpc_ddp.rank.join import authstore
+
+    return authstore.AuthStore(endpoint.addr, endpoint.port, endpoint.key,
+                               timedelta(seconds=timeout_s))
 
 
-def _announce(store: Any, env: DistEnv, record: str) -> bool:
-    """This rank's arrival (its record, then the count); False when the store had every
-    rank already: an earlier attempt's, or a second process of this rank."""
-    store.set(f"hpc_ddp/arrived/{env.rank}", record)
-    arrived = int(store.add(_ARRIVED, 1))
-    if arrived > env.world_size:
+def use_job_store(environ: dict[str, str] | Any) -> bool:
+    """Make ``init_process_group()`` with env:// (a torchrun-style script's, under its
+    supervisor) join the supervisor's store with the key its environment holds, as a client
+    that proves it (authstore.py): torch's own env:// handler would make a TCPStore client,
+    which this store does not let in. The one place torch's handler table is touched
+    (https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization).
+    False where there is no such store (nothing changed)."""
+    key = environ.get(STORE_KEY_ENV)
+    if not key or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False
-    if arrived == env.world_size:
-        store.set(_ALL_ARRIVED, "1")  # the last to arrive releases everyone's wait
+    import importlib
+    from urllib.parse import parse_qs, urlparse
+
+    # The module (torch.distributed's own name `rendezvous` is the function of it).
+    torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
+    def handler(url: str, timeout: timedelta = timedelta(minutes=30),
+                **_: Any) -> Any:
+        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+        rank = int(query.get("rank", environ["RANK"]))
+        world_size = int(query.get("world_size", environ["WORLD_SIZE"]))
+        yield client(Endpoint(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), key),
+                     timeout.total_seconds()), rank, world_size
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+    torch_rendezvous._rendezvous_handlers["env"] = handler
     return True
-
-
-def _await_all(store: Any, env: DistEnv, timeout_s: float) -> None:
-    # Rank 0 waits a little longer than the others try, so a rank that cannot reach it has
-    # written its own reason (the address it tried) before rank 0 fails the job.
-    margin = _MASTER_MARGIN_S if env.is_master else 0.0
-    if not _wait(store, _ALL_ARRIVED, timeout_s + margin):
-        if env.is_master:
-            message = _missing_message(store, env, timeout_s)
-            store.set(_MISSING, message)
-            time.sleep(1.0)  # the waiting ranks read it before this process (the store) ends
-            raise RendezvousError(message)
-        said = ""
-        if _wait(store, _MISSING, _MASTER_MARGIN_S + 5):
-            with contextlib.suppress(RuntimeError):  # the store went with rank 0 meanwhile
-                said = bytes(store.get(_MISSING)).decode()
-        raise RendezvousError(said or (
-            f"not every rank joined the rendezvous within {timeout_s:.0f}s; rank 0's log "
-            "(logs/rank0.log) names the ranks that never came."))
-    # All present: a rank that leaves early must not take the store down under the others.
-    store.set_timeout(timedelta(seconds=max(timeout_s, 60)))
-
-
-def _wait(store: Any, key: str, timeout_s: float) -> bool:
-    try:
-        store.wait([key], timedelta(seconds=timeout_s))
-        return True
-    except RuntimeError:  # torch's DistStoreError: the wait timed out, or the store is gone
-        return False
-
-
-def _missing_message(store: Any, env: DistEnv, timeout_s: float) -> str:
-    """Rank 0 alone, once, on a failed rendezvous: one check per rank."""
-    missing = [r for r in range(env.world_size) if not store.check([f"hpc_ddp/arrived/{r}"])]
-    shown = ", ".join(
-        f"{r} (expected on {env.expected_host(r)})" if env.expected_host(r) else str(r)
-        for r in missing
-    )
-    return (
-        f"{len(missing)} of {env.world_size} ranks never joined the rendezvous within "
-        f"{timeout_s:.0f}s: rank(s) {shown}. Their logs (logs/rank<N>.log) say why; a rank "
-        "that cannot reach rank 0 reports the address it tried."
-    )
-
-
-def placements(store: Any, world_size: int) -> list[dict[str, Any]]:
-    """Every rank's check-in record, in rank order (for rank 0's summary: one read of the
-    store per rank by rank 0 alone, nothing on the other ranks)."""
-    keys = [f"hpc_ddp/arrived/{r}" for r in range(world_size)]
-    values = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k)
-                                                                          for k in keys]
-    found = []
-    for rank, raw in enumerate(values):
-        try:
-            record = json.loads(bytes(raw).decode())
-        except (ValueError, UnicodeDecodeError):
-            record = {"host": bytes(raw).decode(errors="replace")}
-        found.append({"rank": rank, **record})
-    return found

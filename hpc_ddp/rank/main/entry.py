@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.owned import open_owned
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.context.current import active
 from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import rng, stopping
 from hpc_ddp.rank.services.stopping import StopRequest, StopTraining
-from hpc_ddp.rank.services.trusted import check_owned
 from hpc_ddp.rank.supervise.outcome import write_summary
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.targets import TargetError, locate
@@ -114,12 +114,11 @@ def from_pickle(ctx: Context) -> Any:
 
 def load_pickled(run_dir: RunDir) -> Callable[[Context], Any]:
     """The callable the Python API pickled into the run dir (cloudpickle, as submitit), if
-    the file and the run dir are this user's and writable by no one else
-    (rank/services/trusted.py)."""
+    the file and the run dir are this user's and writable by no one else, read from the
+    descriptor that was checked (hpc_ddp/owned.py)."""
     import cloudpickle
 
-    path = run_dir.root / PICKLED
-    check_owned(path, run_dir.root)  # code by design: only if no one else could write it
-    with open(path, "rb") as handle:
+    # Code by design: only if no one else could have written it.
+    with open_owned(run_dir.root / PICKLED, run_dir.root) as handle:
         fn = cloudpickle.load(handle)
     return fn  # type: ignore[no-any-return]

@@ -10,6 +10,11 @@ a finished run would be reported failed. Here the script runs as ``__main__`` (r
 ``sys.argv``, ``sys.path[0]`` and multiprocessing's spawn as under ``python``), then the
 normal shutdown steps a program can observe are taken — non-daemon threads joined, atexit
 handlers run, open files flushed — and the process exits with the script's code.
+
+Its ``init_process_group()`` (env://) joins the supervisor's store as a client that knows the
+store's key (rank/join/rendezvous.use_job_store): the store lets in no one else. A secret
+argument arrives as ``${oc.env:NAME}`` and is read from the environment into ``sys.argv``
+here, so no command line holds it.
 """
 
 from __future__ import annotations
@@ -25,10 +30,24 @@ import traceback
 import warnings
 from collections.abc import Sequence
 
+from hpc_ddp.config import secrets
+from hpc_ddp.rank.join import rendezvous
+
 
 def main(argv: Sequence[str]) -> int:
     """Run the script; its exit code (0, its SystemExit code, or 1 after an exception)."""
     args = list(argv)
+    rendezvous.use_job_store(os.environ)  # init_process_group() joins its supervisor's store
+    # A secret argument is ${oc.env:NAME} on the command line (ps shows that, not it): the
+    # value is read here, into the script's own argv (config/secrets.py).
+    for i, arg in enumerate(args):
+        value = secrets.resolve(arg, os.environ)
+        if value is None:
+            print(f"error: the script's argument {arg} names a variable this task's "
+                  "environment does not have: export it where you submit (a resume too: its "
+                  "value is kept nowhere).", file=sys.stderr)
+            return 2
+        args[i] = value
     try:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]  # runpy puts the module's path in argv[0]

@@ -1,13 +1,16 @@
 """Every task of a step that ``submit`` started inside an allocation (hpc_ddp/launch/step.py):
 ``srun ... python -m hpc_ddp.rank.main.step`` runs the pickled task named in its environment
-(the same callable a submitit job runs)."""
+(the same callable a submitit job runs), once the file and its run dir passed the ownership
+checks, from the descriptor they were made on (hpc_ddp/owned.py)."""
 
 from __future__ import annotations
 
 import os
 import pickle
 import sys
+from pathlib import Path
 
+from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.contract import TASK_ENV
 
 
@@ -17,8 +20,12 @@ def main() -> int:
         print(f"error: {TASK_ENV} is not set: this module runs the tasks of a step that "
               "`python -m hpc_ddp.submit` started; run that instead.", file=sys.stderr)
         return 2
-    with open(path, "rb") as handle:
-        task = pickle.load(handle)  # written by this user's submit, beside the run's files
+    try:  # written by this user's submit under the run's submitit/; code by design
+        with open_owned(Path(path), run_root_of(Path(path))) as handle:
+            task = pickle.load(handle)
+    except Untrusted as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     task()
     return 0
 

@@ -209,12 +209,13 @@ def load_usable(folder: Path, map_location: Any = "cpu",
     with why. A truncated file or a state that does not fit costs the steps since the
     previous kept checkpoint, not the run. (None, []) for a fresh run; CheckpointError when no
     kept checkpoint is usable; UntrustedCheckpoint (never skipped) for one someone else could
-    have written or that holds more than data (trusted.py)."""
+    have written or that holds more than data (trusted.py: ``folder`` is a run's
+    checkpoints/, checked from its run dir down)."""
     skipped: list[tuple[Path, str]] = []
     for path in candidates(folder):
         try:
             log.info("loading checkpoint %s", path)
-            state: dict[str, Any] = trusted.load(path, folder, map_location)
+            state: dict[str, Any] = trusted.load(path, folder.parent, map_location)
             if accept is not None:
                 accept(state)
             return state, skipped
@@ -243,7 +244,7 @@ def load_streams(folder: Path, rank: int, step: int) -> dict[str, Any] | None:
     :func:`load_usable`."""
     path = streams_path(folder, rank, step)
     try:
-        streams: dict[str, Any] = trusted.load(path, folder, "cpu")
+        streams: dict[str, Any] = trusted.load(path, folder.parent, "cpu")
         return streams
     except UntrustedCheckpoint:
         raise

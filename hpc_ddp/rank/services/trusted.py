@@ -4,8 +4,9 @@
 group-writable project folder would be code execution on the next restart, on every rank.
 So every checkpoint (and a notebook's pickled entry) is loaded only when
 
-- it, and every folder from it up to the run's checkpoints/ folder, belongs to this user and
-  is writable by no one else (group or others), and
+- it, and every folder from it up to the run dir, belongs to this user and is writable by
+  no one else (group or others), checked on the descriptor it is then read from, with no
+  symbolic link followed below the run dir (hpc_ddp/owned.py), and
 - it loads with ``weights_only=True``: tensors, numbers, strings, bytes, None and the
   containers dict/list/tuple/set; torch's own allowlist, plus whatever the program added with
   ``torch.serialization.add_safe_globals`` (https://pytorch.org/docs/stable/notes/serialization.html#weights-only).
@@ -17,62 +18,41 @@ from __future__ import annotations
 
 import os
 import pickle
-import pwd
 import re
-import stat
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from hpc_ddp.owned import Untrusted, open_owned
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
-
-class UntrustedCheckpoint(RuntimeError):
-    """A checkpoint hpc_ddp refuses to load (someone else could have written it, or it holds
-    an object that is not plain data). Never skipped for an older one: it is reported."""
-
-
-def _who(uid: int) -> str:
-    try:
-
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except (KeyError, ImportError):
-        return f"uid {uid}"
-
-
-def check_owned(path: Path, top: Path) -> None:
-    """Refuse ``path`` unless it and every folder up to ``top`` (included) are this user's
-    and writable by no one else; a stat per level (three or four for a checkpoint)."""
-    me = os.geteuid()
-    chain = [path]
-    if top in path.parents:
-        chain += [p for p in path.parents if p == top or top in p.parents]
-    for item in chain:
-        info = os.stat(item)
-        kind = "folder" if stat.S_ISDIR(info.st_mode) else "file"
-        if info.st_uid != me:
-            raise UntrustedCheckpoint(
-                f"{item} is not yours: the {kind} belongs to {_who(info.st_uid)} and hpc_ddp "
-                f"runs as {_who(me)}. What someone else wrote is never loaded from a run dir "
-                "(it could run code on every rank). Copy the run dir (`cp -r`: the copy is "
-                "yours) and resume the copy, or start a new run_dir.")
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            who = "others" if info.st_mode & stat.S_IWOTH else "your group"
-            raise UntrustedCheckpoint(
-                f"{item} is writable by {who} (mode {stat.S_IMODE(info.st_mode):o}): anyone "
-                "who can write there can plant a file that runs code on the next restart, so "
-                f"hpc_ddp does not load it. Fix: chmod go-w {item} (hpc_ddp makes run dirs "
-                "with cluster.umask, 027 by default: docs/security.md).")
+#: A checkpoint hpc_ddp refuses to load (someone else could have written it, or it holds an
+#: object that is not plain data). Never skipped for an older one: it is reported.
+UntrustedCheckpoint = Untrusted
 
 
 def load(path: Path, top: Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
-    """``path`` loaded as data (weights_only), after :func:`check_owned`."""
-    check_owned(path, top)
-    return load_data(path, map_location, mmap)
+    """``path`` loaded as data (weights_only) from the descriptor the ownership checks were
+    made on (hpc_ddp/owned.py): no file can be swapped in between."""
+    with open_owned(path, top) as handle:
+        return load_opened(handle, path, map_location, mmap)
 
 
-def load_data(path: Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
-    """``torch.load(weights_only=True)``; an object outside the allowlist is
-    UntrustedCheckpoint naming its type and how to allow it."""
+def load_opened(handle: IO[bytes], path: Path, map_location: Any = "cpu",
+                mmap: bool = False) -> Any:
+    """A checkpoint from an open file, as data. ``mmap``: mapped, not read (torch maps only a
+    file it opens by name: /proc/self/fd/N is that same open file, not ``path`` again)."""
+    source: Any = handle
+    if mmap:
+        by_fd = f"/proc/self/fd/{handle.fileno()}"
+        source = by_fd if os.path.exists(by_fd) else handle
+    return load_data(source, map_location, mmap=mmap and isinstance(source, str), shown=path)
+
+
+def load_data(path: Any, map_location: Any = "cpu", mmap: bool = False,
+              shown: Path | None = None) -> Any:
+    """``torch.load(weights_only=True)`` of ``path`` (a file name or an open file); an
+    object outside the allowlist is UntrustedCheckpoint naming its type and how to allow it."""
 
     import torch
 
@@ -81,10 +61,10 @@ def load_data(path: Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
     except pickle.UnpicklingError as exc:
         if not _GLOBAL.search(str(exc)):
             raise  # not a refused object but a damaged file (bad opcodes): the caller's to skip
-        raise UntrustedCheckpoint(refusal(path, exc)) from None
+        raise UntrustedCheckpoint(refusal(shown or path, exc)) from None
 
 
-def refusal(path: Path, exc: BaseException) -> str:
+def refusal(path: Any, exc: BaseException) -> str:
     """The one sentence for a weights_only refusal of ``path``."""
     found = _GLOBAL.search(str(exc))
     name = found.group(1) if found else "an object that is not plain data"

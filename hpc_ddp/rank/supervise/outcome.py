@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.join import device, rendezvous
+from hpc_ddp.rank.join import checkin, device
 from hpc_ddp.rank.join.joined import Rank, RunStopped
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
@@ -29,7 +29,7 @@ def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[
     """Rank 0: the summary with where every rank ran (read from the rendezvous store, not
     gathered from every rank), into summary.json; TensorBoard hparams for a sweep point."""
     env = rank.env
-    placed = rendezvous.placements(rank.store, env.world_size) if rank.store is not None else []
+    placed = checkin.placements(rank.store, env.world_size) if rank.store is not None else []
     hosts = [str(p.get("host")) for p in placed]
     # job_id: the id the job was submitted as (job.json's); launch_id: this attempt's own
     # (its rendezvous files, ranks/*.json's job_id). docs/run-directory.md#summaryjson

@@ -25,6 +25,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from hpc_ddp.rank.contract import STORE_KEY_ENV
 from hpc_ddp.rank.join import rendezvous
 from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import stacks, stopping
@@ -113,8 +114,11 @@ def exit_codes(rank: Rank) -> dict[str, int | None]:
 def child_environment(rank: Rank, environ: Mapping[str, str],
                       extra: Mapping[str, str]) -> dict[str, str]:
     """The training process's environment: this task's (with the NCCL settings applied),
-    the torchrun variables of this rank, the agent-store flag, and ``extra``."""
+    the torchrun variables of this rank, the agent-store flag, the store's key (for the
+    child's client: rank/join/authstore.py) and ``extra``."""
     env = {**environ, **rank.torchrun_env(), "TORCHELASTIC_USE_AGENT_STORE": "True", **extra}
+    if rank.endpoint is not None:
+        env[STORE_KEY_ENV] = rank.endpoint.key
     env.setdefault("PYTHONUNBUFFERED", "1")  # its log lines as they happen, as submitit's -u
     return env
 
@@ -148,11 +152,13 @@ class StackRelay:
     child when it comes. Waiting is the store's own (no polling).
 
     :meth:`close` ends the thread before this process exits, by setting the key itself (to
-    stacks.DONE) and joining it. A thread left blocked in the store would be woken by the
-    store's shutdown (rank 0's process ending) while this interpreter finalizes; it then
-    cannot take the GIL, is unwound through torch's C++ frames and the process aborts
-    ("terminate called without an active exception", SIGABRT). srun reports the task
-    Aborted and Slurm ends a run that finished FAILED (exit code 6).
+    stacks.DONE) and joining it. A thread left blocked in a store under torch's C++ frames
+    (TCPStore's wait, or a PrefixStore's) would be woken by the store's shutdown (rank 0's
+    process ending) while this interpreter finalizes; it then cannot take the GIL, is unwound
+    through those frames and the process aborts ("terminate called without an active
+    exception", SIGABRT): srun reports the task Aborted and Slurm ends a run that finished
+    FAILED. So the thread also asks the store's Python client directly, for the key the
+    child's PrefixStore uses (rendezvous.prefixed): no C++ frame is on its stack.
     """
 
     def __init__(self, rank: Rank, child: Child, signum: int) -> None:
@@ -168,17 +174,16 @@ class StackRelay:
 
     def _relay(self, endpoint: rendezvous.Endpoint) -> None:
         try:
-            own = dist.PrefixStore(self._prefix, dist.TCPStore(
-                endpoint.addr, endpoint.port, is_master=False, timeout=timedelta(seconds=30),
-                wait_for_workers=False))
+            own = rendezvous.client(endpoint, 30)
+            key = rendezvous.prefixed(self._prefix, self._key)
             while self._child.proc.poll() is None:
                 try:
-                    own.wait([self._key], timedelta(hours=1))
+                    own.wait([key], timedelta(hours=1))
                 except Exception as exc:  # an hour without a request, or the store is gone
                     if "timeout" not in str(exc).lower():
                         return
                     continue
-                if own.get(self._key).decode() == stacks.REQUEST:
+                if own.get(key).decode() == stacks.REQUEST:
                     self._child.signal(self._signum)
                 return
         except Exception:

@@ -1,0 +1,60 @@
+"""Every task submitit starts, on Slurm and locally: submitit's own ``process_job``, with the
+job's pickle loaded only once it and its run dir passed the ownership checks, from the
+descriptor they were made on (hpc_ddp/owned.py).
+
+submitit's tasks run ``PYTHON -u -m submitit.core._submit FOLDER``; the executors are given
+``python -m hpc_ddp.rank.main.submitted`` as PYTHON (launch/slurm.py, launch/local.py), so a
+task runs ``python -m hpc_ddp.rank.main.submitted -u -m submitit.core._submit FOLDER``. The
+pickle (``<job>_submitted.pkl``, rewritten by submitit at every requeue) is what every task
+of every attempt unpickles: a file planted there by anyone else would be their code, run as
+this user on every node.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+
+MODULE = "hpc_ddp.rank.main.submitted"
+
+
+def checked_load(cls: type, filepath: str | Path) -> Any:
+    """submitit's ``DelayedSubmission.load``, from an owned file (under ``<run>/submitit/``)."""
+    path = Path(filepath)
+    with open_owned(path, run_root_of(path)) as handle:
+        obj = pickle.load(handle)
+    if type(obj).__name__ != cls.__name__:  # submitit's own check
+        raise Untrusted(f"{path} holds a {type(obj).__name__}, not a {cls.__name__}.")
+    return obj
+
+
+def main(argv: Sequence[str]) -> int:
+    args = list(argv)
+    if not args or args[-1].startswith("-"):
+        print("error: this module runs a task submitit started (python -m hpc_ddp.submit "
+              "does); it takes submitit's arguments ending in the job folder.", file=sys.stderr)
+        return 2
+    if "-u" in args:  # what python -u would have done for submitit's logs
+        for stream in (sys.stdout, sys.stderr):
+            reconfigure = getattr(stream, "reconfigure", None)
+            if reconfigure is not None:
+                reconfigure(write_through=True)
+    from submitit.core import submission, utils
+
+    # The one place submitit unpickles a task: ours checks the file first (see above).
+    utils.DelayedSubmission.load = classmethod(checked_load)  # type: ignore[method-assign,assignment]
+    try:
+        submission.process_job(args[-1])
+    except Untrusted as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

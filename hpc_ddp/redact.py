@@ -1,0 +1,115 @@
+"""What counts as a secret — by its name, or by the shape of its value — and how it is hidden.
+
+The rules (docs/security.md "Secrets"):
+
+- a name holds a secret when one of its words (``WANDB_API_KEY``, ``model.api_token``,
+  ``--hf-token``, ``dbPassword``: split at ``_ - .`` and case changes) is TOKEN, JWT, PAT,
+  SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), PRIVATE, WEBHOOK, DSN or AUTH at the
+  end, PASS or PWD after another word (``SSHPASS``, ``MYSQL_PWD``; not ``PWD``), KEY, API_KEY
+  or KEY_ID at the end (``WANDB_API_KEY``, ``AWS_ACCESS_KEY_ID``; not ``NCCL_IB_PKEY``, not
+  ``key_dim``), or when it is ``CONNECTION_STRING`` / ``DATABASE_URL``;
+- a value is a secret by its shape: a URL with a password (``https://user:pw@host``),
+  ``AccountKey=...``, a private key block, a JWT, and the token prefixes of Hugging Face
+  (``hf_``), GitHub (``ghp_``, ``github_pat_``...), GitLab (``glpat-``), OpenAI and others
+  (``sk-``), Slack (``xox?-``) and AWS (``AKIA``/``ASIA``);
+- ``secrets.secret`` / ``secrets.public`` in the config mark names the rules get wrong
+  (:class:`Marks`).
+
+Pure functions, no imports beyond the standard library: errors.py masks with them before
+any config exists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+MASK = "****"
+
+# (A number may follow the last word: HF_TOKEN2, API_KEY_1.)
+_WORDS = re.compile(r"""
+    (?:^|_)(?:TOKEN|JWT|PAT|PRIVATE|WEBHOOK|DSN|AUTH)(?:_?\d+)?$
+  | (?:^|_)(?:PRIVATE|WEBHOOK)_
+  | SECRET | PASSWORD | PASSWD | PASSPHRASE | CREDENTIAL
+  | (?:^|_)SSHPASS$ | _PASS$ | _PWD$
+  | (?:^|_)(?:API_?)?KEY(?:_ID)?(?:_?\d+)?$
+  | CONNECTION_STRING | (?:^|_)DATABASE_URL$
+""", re.VERBOSE)
+
+_SHAPES = re.compile(r"""
+    (?<![A-Za-z0-9_])(?:
+        hf_[A-Za-z0-9]{16,}
+      | gh[pousr]_[A-Za-z0-9]{20,} | github_pat_[A-Za-z0-9_]{20,}
+      | glpat-[A-Za-z0-9_-]{16,}
+      | sk-[A-Za-z0-9_-]{16,}
+      | xox[abprs]-[A-Za-z0-9-]{10,}
+      | (?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])
+      | eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*
+    )
+  | (?<=://)[^\s/:@'"]*:[^\s/@'"]+(?=@)
+  | (?<=AccountKey=)[^;\s'"]+
+  | -----BEGIN[A-Z ]*PRIVATE\ KEY-----[^-]*-----END[A-Z ]*PRIVATE\ KEY-----
+""", re.VERBOSE)
+
+# A value shorter than this is not masked where it appears in a text (a secret-named
+# variable set to 0 would mask every 0); it is still never written under its own name.
+MASK_MIN = 6
+
+
+def normalized(name: str) -> str:
+    """``model.apiToken`` / ``--hf-token`` -> ``MODEL_API_TOKEN`` / ``HF_TOKEN``."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name.strip().lstrip("-+~"))
+    return re.sub(r"[^A-Z0-9]+", "_", spaced.upper()).strip("_")
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Names marked secret (``secret``) or not (``public``) in the config (secrets.secret,
+    secrets.public): an environment variable's name, a dotted key (``model.db_url``, or its
+    last part ``db_url`` for every part), a script flag (``--db``)."""
+
+    secret: frozenset[str] = field(default_factory=frozenset)
+    public: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def of(cls, secret: Iterable[str] = (), public: Iterable[str] = ()) -> Marks:
+        return cls(frozenset(map(normalized, secret)), frozenset(map(normalized, public)))
+
+    def says(self, name: str) -> bool | None:
+        """True/False where a mark decides ``name``; None where the rules do."""
+        forms = {normalized(name), normalized(name.rpartition(".")[2])}
+        if forms & self.public:
+            return False
+        if forms & self.secret:
+            return True
+        return None
+
+
+NO_MARKS = Marks()
+
+
+def secret_name(name: str, marks: Marks = NO_MARKS) -> bool:
+    """Whether the value of ``name`` (a variable, a dotted key, a flag) is a secret."""
+    said = marks.says(name)
+    if said is not None:
+        return said
+    return bool(_WORDS.search(normalized(name.rpartition(".")[2])))
+
+
+def secret_value(text: str) -> bool:
+    """Whether ``text`` holds a secret by its shape, whatever its name."""
+    return bool(_SHAPES.search(text))
+
+
+def mask_shapes(text: str) -> str:
+    """``text`` with every secret-shaped part as ****."""
+    return _SHAPES.sub(MASK, text)
+
+
+def mask(text: str, values: Iterable[str]) -> str:
+    """``text`` with ``values`` (longest first) and every secret-shaped part as ****."""
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= MASK_MIN and value in text:
+            text = text.replace(value, MASK)
+    return mask_shapes(text)
