@@ -42,7 +42,7 @@ def runs_of(path: Path) -> tuple[list[tuple[str, Path]], dict[str, Any] | None]:
     """(label, run dir) of every run under ``path`` (one for a run, all points of a sweep).
 
     Raises UserError for anything else, saying what it is when it can be told."""
-    from hpc_ddp.sweep.launch import read_manifest
+    from hpc_ddp.sweep.launch import read_manifest  # deferred (start-up): sweep.launch
 
     shown = str(path)
     if not path.exists():
@@ -71,7 +71,7 @@ def other_kind(path: Path) -> tuple[str, str] | None:
     """(what it is, its results file) for a doctor or benchmark folder; None otherwise."""
     job_name = ""
     if (path / "config.yaml").is_file() and not (path / JOB_FILE).is_file():
-        from omegaconf import OmegaConf
+        from omegaconf import OmegaConf  # deferred: omegaconf
 
         try:
             job_name = str(OmegaConf.select(OmegaConf.load(path / "config.yaml"),
@@ -89,7 +89,7 @@ class Lookups:
     only once a pending reason needs them) and the runs' requests (from config.yaml)."""
 
     def __init__(self) -> None:
-        from hpc_ddp.slurm.fit import lazy_partitions
+        from hpc_ddp.slurm.fit import lazy_partitions  # deferred (start-up): slurm.fit
 
         self.facts = lazy_partitions()
         self.requests: dict[Path, Any] = {}
@@ -98,7 +98,7 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
-    from hpc_ddp.slurm.state import query_many
+    from hpc_ddp.slurm.state import query_many  # deferred (start-up): slurm.state
 
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
     states = query_many(str(j["job_id"]) for j in jobs.values()
@@ -109,6 +109,7 @@ def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[
 
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
+    # deferred (start-up): events, slurm.reasons, slurm.state
     from hpc_ddp import events
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
@@ -197,14 +198,14 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
 
 def finished(rows: list[dict[str, Any]]) -> bool:
     """Every job has ended, or can never start (watching it would never end)."""
-    from hpc_ddp.slurm.state import TERMINAL
+    from hpc_ddp.slurm.state import TERMINAL  # deferred (start-up): slurm.state
 
     return all(r["state"] in (*TERMINAL, "NOT SUBMITTED") or r.get("never") for r in rows)
 
 
 def plot(runs: list[tuple[str, Path]], out_png: Path) -> None:
     """The runs' curves and, for a sweep, the final metric by hyperparameter (sweep/plot.py)."""
-    from hpc_ddp.sweep.plot import plot_runs
+    from hpc_ddp.sweep.plot import plot_runs  # deferred (start-up): sweep.plot
 
     plot_runs(runs, out_png)
 
@@ -216,7 +217,7 @@ def check_args(args: argparse.Namespace) -> None:
                         "e.g. --interval 5.")
     if args.plot is None:
         return
-    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.backend_bases import FigureCanvasBase  # deferred: matplotlib
 
     folder = args.plot.parent
     if not folder.is_dir():
@@ -315,6 +316,7 @@ def never_started(run_dir: Path, state: str) -> bool:
 
 
 def _fix_of(run_dir: Path, state: Any) -> str:
+    # deferred (start-up): slurm.fit, slurm.reasons
     from hpc_ddp.slurm.fit import lazy_partitions
     from hpc_ddp.slurm.reasons import pending_of
 

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
             raise UserError("option", unknown[0], "is not an option of this command.",
                             "pass key=value overrides; see --help.")
         if multirun:
-            from hpc_ddp.sweep.launch import launch
+            from hpc_ddp.sweep.launch import launch  # deferred: the typed schemas
 
             return launch(overrides, out, show_cfg=show_cfg, script_args=script_args)
         return _submit(overrides, show_cfg, out, script_args)
@@ -106,7 +106,7 @@ def check_cfg_flag(args: Sequence[str]) -> None:
 def _masked(text: str, args: Sequence[str]) -> str:
     """``text`` with the secret literals of ``args`` and the values of this environment's
     secret-named variables as **** (config/secrets.py)."""
-    from hpc_ddp.config import secrets
+    from hpc_ddp.config import secrets  # deferred (start-up): config.secrets
 
     try:
         given = secrets.literals_in(list(args))
@@ -117,6 +117,7 @@ def _masked(text: str, args: Sequence[str]) -> str:
 
 def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
             script_args: list[str] | None = None) -> int:
+    # deferred: the typed schemas; start-up: config.nccl_schema
     from hpc_ddp import api
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.config.nccl_schema import nccl_warnings
@@ -128,7 +129,7 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
         return 0
     for warning in nccl_warnings(cfg.nccl):
         print(f"warning: {warning}", file=sys.stderr)
-    from hpc_ddp.config.secrets import referenced
+    from hpc_ddp.config.secrets import referenced  # deferred (start-up): config.secrets
 
     for name in referenced(cfg):
         if name not in os.environ and name not in chosen.secrets:
@@ -140,7 +141,7 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
         print(launcher.dry_run(cfg, run_dir), file=out)
         return 0
     if cfg.preflight:
-        from hpc_ddp.doctor import preflight
+        from hpc_ddp.doctor import preflight  # deferred: hostlist, the typed schemas
 
         if not preflight(cfg, run_dir, out):
             print("error: the preflight checks failed (above); nothing was submitted.",
@@ -193,7 +194,7 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
     except KeyboardInterrupt:
         run.cancel(grace_s=0.0)
         killed = True
-    from hpc_ddp.rundir import resume_command
+    from hpc_ddp.rundir import resume_command  # deferred (start-up): rundir
 
     print(f"{stopped_how(run.files, killed)} Continue with: {resume_command(run.run_dir)}",
           file=out, flush=True)
@@ -203,6 +204,7 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
 def stopped_how(files: Any, killed: bool) -> str:
     """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
     with the steps after its last checkpoint lost, counted from the last logged step."""
+    # deferred (start-up): follow, rank.services.checkpoint, rundir
     from hpc_ddp.follow import last_stop
     from hpc_ddp.rank.services.checkpoint import latest_step
     from hpc_ddp.rundir import read_json
@@ -228,7 +230,7 @@ class _SubmitModule(types.ModuleType):
     (``import hpc_ddp.submit; hpc_ddp.submit([...])`` failing with "module not callable")."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from hpc_ddp.api import submit
+        from hpc_ddp.api import submit  # deferred: the typed schemas
 
         return submit(*args, **kwargs)
 

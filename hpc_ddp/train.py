@@ -44,6 +44,8 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # deferred: hostlist; start-up: config.compose, config.secrets, inputs.command_line,
+    # rank.join.device, rank.join.distenv
     from hpc_ddp.config import secrets
     from hpc_ddp.config.compose import compose
     from hpc_ddp.inputs.command_line import (
@@ -90,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if summary is not None:
-        from hpc_ddp.rank.supervise.outcome import summary_line
+        from hpc_ddp.rank.supervise.outcome import summary_line  # deferred: hostlist
 
         print(f"hpc_ddp: done, {summary_line(summary)}, run dir {run_dir.root}")
     return 0

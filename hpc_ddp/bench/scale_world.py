@@ -60,7 +60,7 @@ class World:
     whose stream files of the world's checkpoint exist (the ones a test simulates)."""
 
     def __init__(self, root: Path, size: int, ranks: tuple[int, ...], per_node: int = 8) -> None:
-        import torch
+        import torch  # deferred: torch; start-up: rank.services.checkpoint, rank.services.rng
 
         from hpc_ddp.rank.services import checkpoint, rng
 
@@ -113,7 +113,7 @@ class World:
 
 @contextlib.contextmanager
 def _group_store(store: RecordingStore) -> Iterator[None]:
-    from hpc_ddp.rank.services import ckpt_writer
+    from hpc_ddp.rank.services import ckpt_writer  # deferred (start-up): rank.services.ckpt_writer
 
     saved = ckpt_writer.group_store
     ckpt_writer.group_store = lambda: store
@@ -124,7 +124,7 @@ def _group_store(store: RecordingStore) -> Iterator[None]:
 
 
 def _context(world: World, rank: int) -> Any:
-    import torch
+    import torch  # deferred: torch; start-up: rank.context.context
 
     from hpc_ddp.rank.context.context import Context
 
@@ -135,7 +135,7 @@ def _context(world: World, rank: int) -> Any:
 def checkpoint_save(world: World, rank: int) -> Cost:
     """``ctx.save`` at a checkpoint step (the trainer's save_checkpoint calls the same
     writer): rank 0 with the other ranks' parts already counted in."""
-    import torch
+    import torch  # deferred: torch
 
     store = RecordingStore()
     store.seed_prefix("hpc_ddp/checkpoint/", world.size - 1)  # the others' "mine is written"
@@ -152,7 +152,7 @@ def checkpoint_resume(world: World, rank: int) -> Cost:
 
 
 def _rank(world: World, rank: int, store: RecordingStore) -> Any:
-    import torch
+    import torch  # deferred: hostlist, torch
 
     from hpc_ddp.rank.join.joined import Rank
 
@@ -160,7 +160,7 @@ def _rank(world: World, rank: int, store: RecordingStore) -> Any:
 
 
 def _after_failure(world: World, rank: int, store: RecordingStore, error: Exception) -> Cost:
-    from hpc_ddp.rank.supervise.outcome import after_failure
+    from hpc_ddp.rank.supervise.outcome import after_failure  # deferred: hostlist
 
     who = _rank(world, rank, store)
     return world.measure(lambda: after_failure(error, world.cfg, who, world.run,
@@ -199,6 +199,7 @@ def failure_own(world: World, rank: int) -> Cost:
 def start_up(world: World, rank: int) -> Cost:
     """The start of a requeued attempt: why it resumes (task.resume_cause), and whether rank 0
     refused the run dir (join.claim_run_dir: one store read on the others)."""
+    # deferred: hostlist
     from hpc_ddp.rank.join import joined as join
     from hpc_ddp.rank.main.task import resume_cause
 
@@ -218,7 +219,7 @@ def rendezvous_join(world: World, rank: int) -> Cost:
     """Joining the rendezvous (rank/join/rendezvous.py): reading rank 0's endpoint file, then the
     check-in on its store, as the last rank to arrive (which also releases the others'
     waits); the TCP connection itself is left out (one per rank, as a TCPStore makes it)."""
-    from hpc_ddp.rank.join import rendezvous
+    from hpc_ddp.rank.join import rendezvous  # deferred (start-up): rank.join.rendezvous
 
     store = RecordingStore()
     store.seed("hpc_ddp/arrived", world.size - 1)  # the others have announced themselves
@@ -247,6 +248,7 @@ SCENARIOS: dict[str, Callable[[World, int], Cost]] = {
 
 def designated(world: World) -> dict[str, int]:
     """The one rank per scenario whose cost may grow with the world, and why it may."""
+    # deferred (start-up): rank.supervise.diagnose
     from hpc_ddp.rank.supervise.diagnose import fallback_reporter
 
     return {"failure: a peer hangs": 0,  # reads the survivors' list once (one store get)

@@ -86,7 +86,7 @@ def _folder() -> Path:
 @contextlib.contextmanager
 def _hydra(user: Path | None) -> Iterator[None]:
     """Hydra initialised on hpc_ddp's conf/, with ``user`` searched before it."""
-    from hydra import initialize_config_dir
+    from hydra import initialize_config_dir  # deferred: hydra
 
     folder = _folder()
     if user is None:
@@ -94,6 +94,7 @@ def _hydra(user: Path | None) -> Iterator[None]:
             yield
         return
     try:  # Hydra's own search-path type (internal in hydra-core 1.3, pinned in pyproject.toml)
+        # optional: hydra
         from hydra import version
         from hydra._internal.hydra import Hydra
         from hydra._internal.utils import create_config_search_path
@@ -121,6 +122,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
     ``$HPC_DDP_CONFIG_DIR``). Raises UserError (one line: key, value, fix) for a typo, a
     wrong type, an unknown group option or an impossible value.
     """
+    # deferred: hydra, omegaconf
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -149,7 +151,7 @@ def _finish(node: Any, overrides: Sequence[str], whole: bool = True) -> Config:
     Keys no schema knows (a typo in a YAML file, a `+key=` override) are refused; ``whole=False``
     (sweep points built on a base already checked whole) checks only what `+` overrides add.
     """
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: omegaconf
 
     loose = OmegaConf.to_object(node)
     if whole:
@@ -181,14 +183,16 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     is parsed once (the grammar costs ~0.5 ms an override, the points share most of theirs).
     Any list this fast path cannot take goes through compose() (and raises its UserError).
     """
+    # deferred: hydra, omegaconf
     from hydra import compose as hydra_compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     try:  # Hydra's own override logic (internal in hydra-core 1.3, pinned in pyproject.toml)
-        from hydra._internal.config_loader_impl import ConfigLoaderImpl
+        from hydra._internal.config_loader_impl import ConfigLoaderImpl  # optional: hydra
     except ImportError:
         return [compose(o, config_dir) for o in override_lists]
+    # deferred: hydra, omegaconf
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -262,7 +266,7 @@ _SECTIONS: dict[tuple[str, str], str] = {}
 
 
 def _section_yaml(name: str, value: Any) -> str:
-    import yaml
+    import yaml  # deferred: yaml
 
     key = (name, repr(value))
     text = _SECTIONS.get(key)
@@ -280,6 +284,7 @@ def _section_yaml(name: str, value: Any) -> str:
 
 def from_yaml(text: str) -> Config:
     """Read a config written by :func:`to_yaml` back, checked against the schema."""
+    # deferred: omegaconf, yaml
     import yaml
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException

@@ -66,6 +66,7 @@ def _unquoted(value: str) -> str:
 def references_kept() -> Iterator[None]:
     """OmegaConf's ``oc.env`` leaves secret names as ``${oc.env:NAME}`` meanwhile (rule 2);
     any other name resolves as ever."""
+    # deferred: omegaconf
     from omegaconf import OmegaConf
     from omegaconf._utils import _DEFAULT_MARKER_
     from omegaconf.resolvers import oc

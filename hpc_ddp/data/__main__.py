@@ -151,7 +151,7 @@ def _pack_option(key: str, value: str) -> Any:
 
 
 def _literal(value: str) -> Any:
-    import yaml
+    import yaml  # deferred: yaml
 
     try:
         return yaml.safe_load(value)
@@ -160,7 +160,7 @@ def _literal(value: str) -> Any:
 
 
 def _pack(args: Sequence[str]) -> int:
-    from hpc_ddp.data import pack
+    from hpc_ddp.data import pack  # deferred: concurrent, tarfile
 
     try:
         src, dst, options, kwargs = parse_pack(args)
@@ -187,7 +187,7 @@ def _pack(args: Sequence[str]) -> int:
 
 
 def _download(path: Path) -> int:
-    import urllib.error
+    import urllib.error  # deferred: urllib; start-up: data.cifar10
 
     from hpc_ddp.data.cifar10 import download
 

@@ -27,7 +27,7 @@ def take_config_dir(args: Sequence[str]) -> list[str]:
     """``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` (Hydra's spelling) as the
     override ``config_dir=<absolute DIR>``, which the run saves (a resume finds it again)."""
 
-    from hpc_ddp.config.compose import quoted
+    from hpc_ddp.config.compose import quoted  # deferred: the typed schemas
 
     kept: list[str] = []
     rest = list(args)
@@ -57,12 +57,12 @@ def absolute_script(script: str | None, cwd: Path) -> str | None:
 def with_script_args(cfg: Config, script_args: Sequence[str] | None) -> Config:
     """The script's arguments: those given, else on a resume the run's own (they are not
     overrides, so overrides.yaml does not hold them)."""
-    from hpc_ddp.config.validate import validate_entry
+    from hpc_ddp.config.validate import validate_entry  # deferred: the typed schemas
 
     if script_args is None and cfg.resume and cfg.run_dir:
         saved = Path(cfg.run_dir) / "config.yaml"
         if saved.is_file():
-            import yaml
+            import yaml  # deferred: yaml
 
             old = (yaml.safe_load(saved.read_text()) or {}).get("script_args") or []
             script_args = [str(a) for a in old] if cfg.script else None

@@ -31,7 +31,7 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
         # A dangling pointer: the resume falls back to the one before
         # (rank/services/checkpoint.py).
         pass
-    from hpc_ddp.config.compose import from_yaml
+    from hpc_ddp.config.compose import from_yaml  # deferred (start-up): config.compose
 
     try:
         before = from_yaml(run.config.read_text())
@@ -78,7 +78,7 @@ def _epochs_done(path: Path | None) -> int | None:
     read whole); None when it cannot say."""
     if path is None:
         return None
-    import torch
+    import torch  # deferred: torch
 
     try:
         state = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
@@ -97,7 +97,7 @@ def _step_of(path: Path | None) -> int | None:
 def _shapes(cfg: Config) -> dict[str, tuple[int, ...]] | None:
     """Parameter and buffer shapes of cfg's network, built on the meta device (no memory);
     None when it cannot be built there (a `_target_` model that needs real tensors)."""
-    import torch
+    import torch  # deferred: torch; start-up: trainer.models
 
     from hpc_ddp.trainer.models import build_model
 

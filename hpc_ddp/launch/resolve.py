@@ -71,7 +71,7 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
                         device_count: Callable[[], int] | None = None
                         ) -> tuple[Config, Layout]:
     """:func:`resolve`, and why the run gets the ranks and devices it gets."""
-    from hpc_ddp.launch import step
+    from hpc_ddp.launch import step  # deferred (start-up): launch.step
 
     cluster = cfg.cluster
     kind = cluster.kind
@@ -136,7 +136,7 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     if not saved.is_file():
         raise UserError("run_dir", run_dir, "holds no run to resume (no overrides.yaml).",
                         "check the path, or drop resume=true to start a new run there.")
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: omegaconf
 
     previous = [str(o) for o in OmegaConf.to_container(OmegaConf.load(saved)) or []]
     return previous + list(overrides)
@@ -144,6 +144,7 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
 
 def _as_bool(value: object) -> bool:
     """The boolean the typed config will see (OmegaConf also reads on/yes/1 as true)."""
+    # deferred: omegaconf
     from omegaconf import BooleanNode
     from omegaconf.errors import ValidationError
 
@@ -155,6 +156,7 @@ def _as_bool(value: object) -> bool:
 
 def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
     """key -> value as Hydra parses it (so resume=on and resume=True mean the same)."""
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -168,7 +170,7 @@ def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
 @functools.cache
 def cuda_device_count() -> int:
     """The CUDA devices torch can use from this process (0 without CUDA); asked once."""
-    import torch
+    import torch  # deferred: torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

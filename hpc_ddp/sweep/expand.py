@@ -28,6 +28,7 @@ class Point:
 
 def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     """The cartesian product of the swept values, in the order the keys were given."""
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -63,13 +64,14 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
 
 def _swept_values(item: Any, key: str, overrides: Sequence[str]) -> list[str]:
     """The grid values of one swept override, glob() over the group's options included."""
-    from hydra.core.override_parser.types import Glob, ValueType
+    from hydra.core.override_parser.types import Glob, ValueType  # deferred: hydra
 
     typed = (item.input_line or "").partition("=")[2]
     if item.value_type == ValueType.INTERVAL_SWEEP:
         raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
                         "cannot enumerate.", "list the values, or use range(start,stop,step).")
     if item.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        # deferred (start-up): config.compose
         from hpc_ddp.config.compose import search_folders, user_config_dir
 
         options = group_options(key, search_folders(user_config_dir(overrides)))

@@ -56,7 +56,7 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
     if folder.exists() and any(p.name != PREFLIGHT for p in folder.iterdir()):
         raise UserError("sweep.dir", str(folder), "already holds files; nothing is touched.",
                         "choose a new sweep.dir.")
-    from hpc_ddp.config.compose import compose_many
+    from hpc_ddp.config.compose import compose_many  # deferred (start-up): config.compose
 
     lists = [[*p.overrides, f"run_dir={folder / f'{p.index:03d}'}"] for p in points]
     plans: list[api.Plan] = []
@@ -95,7 +95,7 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
 
 
 def _failing_point(points: list[Point], lists: list[list[str]]) -> Point | None:
-    from hpc_ddp.config.compose import compose
+    from hpc_ddp.config.compose import compose  # deferred (start-up): config.compose
 
     for point, overrides in zip(points, lists, strict=True):
         try:
@@ -137,6 +137,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
         return 0
     kind = plans[0].cfg.cluster.kind
     if kind == "slurm":
+        # deferred: hostlist; start-up: slurm.fit
         from hpc_ddp.launch.slurm import check_client
         from hpc_ddp.slurm.fit import check
 
@@ -191,7 +192,7 @@ def _write_and_submit(overrides: Sequence[str], out: TextIO, environ: Mapping[st
 
 def _groups(plans: list[api.Plan]) -> list[list[int]]:
     """Point indices grouped by identical Slurm parameters (one array, or more, each)."""
-    from hpc_ddp.launch import slurm
+    from hpc_ddp.launch import slurm  # deferred: hostlist
 
     groups: dict[str, list[int]] = {}
     for i, plan in enumerate(plans):
@@ -205,7 +206,7 @@ def _arrays(plans: list[api.Plan], folder: Path,
     """Each job array as it would be submitted: its points (grouped by Slurm parameters,
     split to fit MaxArraySize) and submitit's executor for it, after the shell-safety checks.
     submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/."""
-    from hpc_ddp.launch import slurm
+    from hpc_ddp.launch import slurm  # deferred: hostlist
 
     size = plans[0].cfg.sweep.max_array_size or max_array_size(environ)
     parallel = plans[0].cfg.sweep.parallel
@@ -222,7 +223,7 @@ def _arrays(plans: list[api.Plan], folder: Path,
 def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
              environ: Mapping[str, str], show_cfg: bool) -> str:
     """Each point's config (--cfg), or the sbatch script of every array (dry_run=true)."""
-    from hpc_ddp.config.compose import to_yaml
+    from hpc_ddp.config.compose import to_yaml  # deferred (start-up): config.compose
 
     if show_cfg:
         return "\n".join(f"# point {p.index}: {p.label()}\n{to_yaml(plan.cfg)}"
@@ -234,7 +235,7 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
         lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
                   for p, plan in zip(points, plans, strict=True)]
         return "\n".join(lines)
-    from hpc_ddp.launch.slurm import submission_text
+    from hpc_ddp.launch.slurm import submission_text  # deferred: hostlist
 
     scripts = []
     existed = folder.exists()
@@ -256,7 +257,7 @@ def _count(n: int, noun: str) -> str:
 
 def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
     """The doctor once per job shape (the first point of each group), before any submission."""
-    from hpc_ddp.doctor import preflight
+    from hpc_ddp.doctor import preflight  # deferred: hostlist
 
     firsts = [g[0] for g in _groups(plans)] if plans[0].cfg.cluster.kind == "slurm" else [0]
     return all([preflight(plans[i].cfg, folder, out) for i in firsts])
@@ -265,6 +266,7 @@ def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
 def _submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
                    environ: Mapping[str, str], phases: Phases) -> None:
     """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
+    # deferred: hostlist; start-up: inputs.run_dir
     from hpc_ddp.inputs.run_dir import write_run_config
     from hpc_ddp.launch import slurm
     from hpc_ddp.rank.main.task import training_task
@@ -317,7 +319,7 @@ def _interrupted(manifest: dict[str, Any], running: list[tuple[int, api.Run]],
                  waiting: list[int], out: TextIO) -> None:
     """Ctrl-C in a local sweep: the running points checkpoint and stop (all at once); the
     commands that continue them and run the others are printed."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor  # deferred: concurrent
 
     print(f"\ninterrupted: {len(running)} running point(s) save a checkpoint and stop; "
           f"{len(waiting)} not started...", file=out, flush=True)
@@ -354,7 +356,7 @@ def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, o
                 ok = run.state == "COMPLETED"
                 failed += not ok
                 summary = run.summary() or {}
-                from hpc_ddp.rank.supervise.outcome import summary_line
+                from hpc_ddp.rank.supervise.outcome import summary_line  # deferred: hostlist
 
                 print(f"point {i}: {'done' if ok else 'FAILED'}"
                       + (f"  {summary_line(summary)}" if summary else ""), file=out, flush=True)
@@ -377,7 +379,7 @@ def _show_progress(running: list[tuple[int, api.Run]], shown: dict[int, float], 
 def progress_line(progress: dict[str, Any]) -> str:
     """"step 40/64  loss 1.3086  16320 samples/s  epoch 1" (what is known of it: no total for a
     loop that gave none); a stop's: "stopped at step 520 of 100000, checkpoint saved"."""
-    from hpc_ddp.follow import progress_text
+    from hpc_ddp.follow import progress_text  # deferred (start-up): follow
 
     total = progress.get("total_steps")
     if progress.get("stopped"):

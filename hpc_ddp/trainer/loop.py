@@ -18,6 +18,8 @@ import math
 import time
 from typing import Any
 
+import torch
+
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
@@ -43,7 +45,6 @@ class Trainer:
                  stop: stopping.StopRequest | None = None, cpus: int | None = None) -> None:
         """``cpus``: the task's CPUs, for the loader's auto settings (default: the intra-op
         thread count rank.py set from them)."""
-        import torch
 
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         self.stop = stop
@@ -190,7 +191,6 @@ class Trainer:
     def _settle_buckets(self) -> None:
         """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
         a resumed run sums gradients exactly as the uninterrupted one."""
-        import torch
 
         if self._settled:
             return
@@ -254,7 +254,6 @@ class Trainer:
                     return
 
     def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
-        import torch
 
         images = to_device(images, self.device)
         labels = to_device(labels, self.device)

@@ -134,7 +134,7 @@ class Context:
         disk under data.stage_dir, once per node, and return the copy (a tar's one top
         folder, if it holds one). A collective: every rank calls it, with the same path. A
         requeue on the same node reuses the copy (docs/data.md)."""
-        from hpc_ddp.data.stage_run import stage_path
+        from hpc_ddp.data.stage_run import stage_path  # deferred: concurrent, tarfile
 
         if self._joined is None:
             raise RuntimeError("ctx.stage() works in a function entry; in a script, set "
@@ -177,6 +177,7 @@ class Context:
         return self._sync.agreed
 
     def _agree_device(self) -> Any:
+        # deferred: torch
         import torch
         import torch.distributed as dist
 
@@ -204,6 +205,7 @@ class Context:
 
     def _checkpoints(self) -> Any:
         if self._writer is None:
+            # deferred (start-up): rank.services.ckpt_writer
             from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
 
             self._writer = CheckpointWriter.from_config(self.cfg.trainer, self.run.checkpoints,
@@ -267,6 +269,7 @@ class Context:
         from the first real step on, so a resumed run ends bitwise equal to an uninterrupted
         one with more than two ranks (hpc_ddp/rank/services/ddp_warmup.py says why). Nothing it
         touches is kept: gradients, buffers and random streams are put back."""
+        # deferred (start-up): rank.services.ddp_warmup
         from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 
         settle_buckets(ddp_model, inputs, targets, loss_fn)

@@ -13,6 +13,7 @@ from hpc_ddp.config.secrets import mask, values_to_mask
 def setup(path: Path, rank: int, host: str, echo: bool) -> None:
     """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress).
     stderr itself loses torch's one known meaningless line (quiet_stderr.py)."""
+    # deferred (start-up): rank.join.quiet_stderr
     from hpc_ddp.rank.join.quiet_stderr import filter_stderr
 
     filter_stderr()

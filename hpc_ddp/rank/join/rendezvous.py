@@ -124,7 +124,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
     with a backoff. Raises RendezvousError naming the ranks (and their expected hosts) that
     never arrived.
     """
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     mine = json.dumps(record or {"host": host})
     if agent_store and env.master_addr and env.master_port:
@@ -160,7 +160,7 @@ def _serve(env: DistEnv, host: str, collective_timeout_s: float,
     a MASTER_PORT the user set), on every address (IPv4 and IPv6), with this attempt's nonce
     set before anyone can read the address."""
 
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     store = dist.TCPStore("0.0.0.0", port, env.world_size, True,
                           timedelta(seconds=collective_timeout_s), wait_for_workers=False)
@@ -205,7 +205,7 @@ def _join_published(env: DistEnv, path: Path, timeout_s: float,
 def _try_store(env: DistEnv, endpoint: Endpoint, deadline: float,
                collective_timeout_s: float) -> tuple[Any | None, str]:
     """(the store at ``endpoint`` if it is this attempt's, else None and why not)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     try:
         socket.create_connection((endpoint.addr, endpoint.port), timeout=2).close()
@@ -287,7 +287,7 @@ def _master_addr(env: DistEnv, host: str, master_interface: str | None = None) -
     if env.source in ("local", "single"):
         return "127.0.0.1"
     if master_interface:
-        from hpc_ddp.rank.join import netif
+        from hpc_ddp.rank.join import netif  # deferred (start-up): rank.join.netif
 
         found = netif.interfaces()
         addr = netif.interface_address(master_interface, found)

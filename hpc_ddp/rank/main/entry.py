@@ -106,7 +106,7 @@ def from_pickle(ctx: Context) -> Any:
     """Run the callable the Python API pickled into the run dir (cloudpickle, as submitit),
     if the file and the run dir are this user's and writable by no one else
     (rank/services/trusted.py)."""
-    import cloudpickle
+    import cloudpickle  # deferred: cloudpickle
 
 
     path = Path(ctx.run_dir) / PICKLED

@@ -24,7 +24,7 @@ class MetricsWriter:
         self._tb: Any = None
         self._progress_at = -float("inf")
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # deferred: torch
 
             # purge_step: after a resume, TensorBoard drops the earlier attempt's events from
             # this step on, so no step appears twice.
@@ -58,7 +58,7 @@ class MetricsWriter:
 def write_hparams(tb_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
     """A sweep point's swept values and final metrics, so TensorBoard's HPARAMS tab compares
     the points of a sweep dir in one view."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # deferred: torch
 
     writer = SummaryWriter(str(tb_dir))
     try:

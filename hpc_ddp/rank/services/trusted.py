@@ -74,7 +74,7 @@ def load_data(path: Path, map_location: Any = "cpu", mmap: bool = False) -> Any:
     """``torch.load(weights_only=True)``; an object outside the allowlist is
     UntrustedCheckpoint naming its type and how to allow it."""
 
-    import torch
+    import torch  # deferred: torch
 
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
