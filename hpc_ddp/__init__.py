@@ -27,7 +27,7 @@ __all__ = [*_API, "__version__", "context"]
 
 def context() -> Any:
     """This rank's :class:`Context`, in a function entry or a script hpc_ddp started."""
-    from hpc_ddp.rank.context.current import current
+    from hpc_ddp.rank.context.current import current  # deferred: the typed schemas
 
     return current()
 

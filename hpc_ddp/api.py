@@ -63,7 +63,7 @@ class Plan:
 def compose(overrides: Sequence[str] | str = (), config_dir: Path | str | None = None) -> Config:
     """The checked config for these overrides (same grammar and errors as the CLI);
     ``config_dir``: your config folder, searched before hpc_ddp's conf/."""
-    from hpc_ddp.config.compose import compose as _compose
+    from hpc_ddp.config.compose import compose as _compose  # deferred (start-up): config.compose
 
     return _compose(_as_list(overrides), config_dir)
 
@@ -72,13 +72,14 @@ def program_overrides(entry: str | Callable[..., Any] | None = None,
                       config_dir: Path | str | None = None) -> tuple[list[str], Any]:
     """Overrides for the API's ``entry`` and ``config_dir`` arguments, and the callable to
     pickle (a function no node could import by name, such as a notebook's)."""
-    from hpc_ddp.config.compose import quoted
+    from hpc_ddp.config.compose import quoted  # deferred (start-up): config.compose
 
     extra: list[str] = []
     pickled = None
     if config_dir is not None:
         extra.append(f"config_dir={quoted(str(Path(config_dir).expanduser().absolute()))}")
     if callable(entry):
+        # deferred: hostlist; start-up: targets
         from hpc_ddp.rank.main.entry import PICKLED_ENTRY
         from hpc_ddp.targets import TargetError, locate
 
@@ -116,6 +117,8 @@ def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
     unchecked (--cfg shows a config whose `_target_` fails). Raises UserError on bad input;
     touches no existing run.
     """
+    # deferred (start-up): config.compose, inputs.command_line, inputs.resume_check, inputs.run_dir,
+    # launch.check_code, launch.resolve
     from hpc_ddp.config.compose import check_overrides
     from hpc_ddp.inputs import run_dir as run_inputs
     from hpc_ddp.inputs.command_line import with_script_args
@@ -174,7 +177,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
     function; one defined in a notebook is pickled into the run dir); ``config_dir``: your
     config folder; ``script_args``: the arguments of a ``script=`` (docs/your-code.md).
     """
-    from hpc_ddp.inputs.run_dir import write_run_config
+    from hpc_ddp.inputs.run_dir import write_run_config  # deferred (start-up): inputs.run_dir
 
     chosen = overrides if isinstance(overrides, Plan) else plan(
         overrides, cwd, config_dir=config_dir, entry=entry, script_args=script_args)
@@ -195,7 +198,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
 
 
 def _pickle_entry(run: RunDir, fn: Callable[..., Any]) -> None:
-    import cloudpickle
+    import cloudpickle  # deferred: cloudpickle, hostlist
 
     from hpc_ddp.rank.main.entry import PICKLED
 
@@ -272,13 +275,13 @@ class Run:
     def job_state(self) -> JobState:
         """The state now: ``.state`` (one word), ``.raw`` (Slurm's text), ``.exit_code``,
         ``.reason`` (Slurm's pending reason); one squeue call (sacct once it has ended)."""
-        from hpc_ddp.slurm.state import JobState, query
+        from hpc_ddp.slurm.state import JobState, query  # deferred (start-up): slurm.state
 
         if self.kind == "slurm":
             return query(self.job_id) or JobState("UNKNOWN")
         if not self.done():
             return JobState("RUNNING")
-        from hpc_ddp.follow import failed_ranks
+        from hpc_ddp.follow import failed_ranks  # deferred (start-up): follow
 
         if self.summary() is not None and not failed_ranks(self.files):
             return JobState("COMPLETED")
@@ -287,6 +290,7 @@ class Run:
     def pending_reason(self) -> Pending | None:
         """Why a PENDING Slurm job waits, in words, and whether it can ever start
         (``.never``, with ``.fix``); None when it is not pending."""
+        # deferred (start-up): slurm.fit, slurm.reasons
         from hpc_ddp.slurm.fit import lazy_partitions
         from hpc_ddp.slurm.reasons import pending_of
 
@@ -314,7 +318,7 @@ class Run:
         if self.done():
             return False
         if self.kind == "slurm":
-            from hpc_ddp.slurm.state import SlurmJobView
+            from hpc_ddp.slurm.state import SlurmJobView  # deferred (start-up): slurm.state
 
             SlurmJobView(self.job_id).cancel(check=check)
             return True
@@ -327,11 +331,11 @@ class Run:
     def stop_local(self, grace_s: float) -> None:
         pid, started = int(self._record["controller_pid"]), self._record.get("controller_start")
         if self.kind == "step":
-            from hpc_ddp.launch import step
+            from hpc_ddp.launch import step  # deferred (start-up): launch.step
 
             step.stop(self.files, pid, started, grace_s, float(self._record["submitted"]))
             return
-        from hpc_ddp.launch.local import stop
+        from hpc_ddp.launch.local import stop  # deferred: hostlist
 
         stop(pid, started, grace_s)
 
@@ -348,7 +352,7 @@ class Run:
         line (a bar on a terminal) per logged step.
         """
 
-        from hpc_ddp.follow import RunView, follow
+        from hpc_ddp.follow import RunView, follow  # deferred (start-up): follow
 
         sink = (out or sys.stdout) if progress else io.StringIO()
         view = RunView(self)
@@ -361,7 +365,7 @@ class Run:
             raise RunFailed(f"job {self.job_id} {view.pending.line()}")
         if timeout is not None and time.monotonic() - started >= timeout and not self.done():
             raise TimeoutError(f"{self!r} still running after {timeout:.0f}s")
-        from hpc_ddp.follow import failure_report
+        from hpc_ddp.follow import failure_report  # deferred (start-up): follow
 
         raise RunFailed(failure_report(self.files, view))
 
@@ -376,12 +380,13 @@ class Run:
         return data if isinstance(data, dict) else None
 
     def log_tail(self, lines: int = 20, rank: int = 0) -> str:
-        from hpc_ddp.rank.join.ranklog import tail
+        from hpc_ddp.rank.join.ranklog import tail  # deferred (start-up): rank.join.ranklog
 
         return tail(self.files.rank_log(rank), lines)
 
     def scalars(self, tag: str | None = None) -> dict[str, list[tuple[int, float]]]:
         """TensorBoard scalars as {tag: [(step, value), ...]}, as TensorBoard reads them."""
+        # deferred: tensorboard
         from tensorboard.backend.event_processing.event_accumulator import (
             SCALARS,
             EventAccumulator,
@@ -397,11 +402,11 @@ class Run:
         return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}
 
     def config(self) -> Config:
-        from hpc_ddp.config.compose import from_yaml
+        from hpc_ddp.config.compose import from_yaml  # deferred (start-up): config.compose
 
         return from_yaml(self.files.config.read_text())
 
     def events(self) -> list[dict[str, Any]]:
-        from hpc_ddp import events
+        from hpc_ddp import events  # deferred (start-up): events
 
         return events.read(self.run_dir)

@@ -79,6 +79,7 @@ class DataReport:
 def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: int = 0,
                batches: int = 20) -> DataReport:
     """Shards, order, one batch and the loader's speed for ``world_size`` ranks."""
+    # deferred: torch; start-up: api
     from hpc_ddp.api import compose
     from hpc_ddp.data.loaders import build_loaders
     from hpc_ddp.data.sampler import ResumableDistributedSampler
@@ -130,7 +131,7 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
 def _iterable_report(cfg: Config, first: Any, world_size: int, epoch: int, batches: int,
                      progress: _Progress) -> DataReport:
     """An IterableDataset shards itself: build each rank's and count what it yields."""
-    from hpc_ddp.data.sets import build_datasets
+    from hpc_ddp.data.sets import build_datasets  # deferred (start-up): data.sets
 
     t = cfg.trainer
     counts: dict[int, list[int]] = {}
@@ -156,7 +157,7 @@ def _iterable_report(cfg: Config, first: Any, world_size: int, epoch: int, batch
 def _shard_report(cfg: Config, first: Any, world_size: int, epoch: int, batches: int,
                   progress: _Progress) -> DataReport:
     """Shards: every rank's order of the epoch from the index alone (shard_index.py)."""
-    from hpc_ddp.data.shard_index import rank_order
+    from hpc_ddp.data.shard_index import rank_order  # deferred (start-up): data.shard_index
 
     shards = first.sets.train
     counts, size = shards.split.counts, shards.split.total
@@ -218,7 +219,7 @@ class _Progress:
 
 def _time_loader(loaders: Any, epoch: int, batches: int
                  ) -> tuple[dict[str, tuple[int, ...]], dict[str, str], float, int]:
-    from hpc_ddp.trainer.objectives import batch_size
+    from hpc_ddp.trainer.objectives import batch_size  # deferred (start-up): trainer.objectives
 
     loaders.set_position(epoch, 0)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -240,7 +241,7 @@ def _time_loader(loaders: Any, epoch: int, batches: int
 
 def _leaves(batch: Any, pair: tuple[str, str], prefix: str = "") -> list[tuple[str, Any]]:
     """(name, tensor) of every tensor in a batch: a pair is named ``pair``."""
-    import torch
+    import torch  # deferred: torch
 
     if isinstance(batch, torch.Tensor):
         return [(prefix or "batch", batch)]

@@ -128,7 +128,7 @@ def error_message(run: RunDir, rank: int, max_lines: int = 12) -> str:
 
 def last_stop(run: RunDir) -> dict[str, Any] | None:
     """The stop the run ended with (events.jsonl's last line, when it is a stop)."""
-    from hpc_ddp import events
+    from hpc_ddp import events  # deferred (start-up): events
 
     found = events.read(run.root)
     if not found or found[-1].get("kind") != "stop":
@@ -193,7 +193,7 @@ class RunView:
     Slurm query per done(), whose answer the other members reuse."""
 
     def __init__(self, run: Any) -> None:
-        from hpc_ddp.slurm.fit import lazy_partitions
+        from hpc_ddp.slurm.fit import lazy_partitions  # deferred: the typed schemas
 
         self.run = run
         self.job_id = run.job_id
@@ -213,7 +213,7 @@ class RunView:
     def done(self) -> bool:
         if self.run.kind != "slurm":
             return bool(self.run.done())
-        from hpc_ddp.slurm.reasons import pending_of
+        from hpc_ddp.slurm.reasons import pending_of  # deferred: the typed schemas
 
         self._last = self.run.job_state()
         self.pending = pending_of(self._last, self.run.run_dir, self._facts, self._requests)
@@ -244,6 +244,7 @@ class _Reporter:
         self.staged_at: float | None = None
         self.bar: Any = None
         if getattr(out, "isatty", lambda: False)():
+            # deferred: rich
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(TextColumn("{task.fields[counter]}"), BarColumn(),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def expand(nodelist: str) -> list[str]:
     """All host names of ``nodelist`` in Slurm's order; ValueError on malformed input."""
-    import hostlist as _hostlist
+    import hostlist as _hostlist  # deferred: hostlist
 
     try:
         hosts: list[str] = _hostlist.expand_hostlist(nodelist)

@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -42,6 +43,7 @@ def runs_of(path: Path) -> tuple[list[tuple[str, Path]], dict[str, Any] | None]:
     """(label, run dir) of every run under ``path`` (one for a run, all points of a sweep).
 
     Raises UserError for anything else, saying what it is when it can be told."""
+    # deferred (start-up): sweep.launch
     from hpc_ddp.sweep.launch import read_manifest
 
     shown = str(path)
@@ -71,6 +73,7 @@ def other_kind(path: Path) -> tuple[str, str] | None:
     """(what it is, its results file) for a doctor or benchmark folder; None otherwise."""
     job_name = ""
     if (path / "config.yaml").is_file() and not (path / JOB_FILE).is_file():
+        # deferred (start-up): config.yaml_guard
         from hpc_ddp.config import yaml_guard
 
         try:  # its aliases counted first: a planted bomb must not hang a status
@@ -89,6 +92,7 @@ class Lookups:
     only once a pending reason needs them) and the runs' requests (from config.yaml)."""
 
     def __init__(self) -> None:
+        # deferred (start-up): slurm.fit
         from hpc_ddp.slurm.fit import lazy_partitions
 
         self.facts = lazy_partitions()
@@ -98,6 +102,7 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
+    # deferred (start-up): slurm.state
     from hpc_ddp.slurm.state import query_many
 
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
@@ -109,6 +114,7 @@ def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[
 
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
+    # deferred (start-up): events, slurm.reasons, slurm.state
     from hpc_ddp import events
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
@@ -212,6 +218,7 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
 
 def finished(rows: list[dict[str, Any]]) -> bool:
     """Every job has ended, or can never start (watching it would never end)."""
+    # deferred (start-up): slurm.state
     from hpc_ddp.slurm.state import TERMINAL
 
     return all(r["state"] in (*TERMINAL, "NOT SUBMITTED") or r.get("never") for r in rows)
@@ -219,6 +226,7 @@ def finished(rows: list[dict[str, Any]]) -> bool:
 
 def plot(runs: list[tuple[str, Path]], out_png: Path) -> None:
     """The runs' curves and, for a sweep, the final metric by hyperparameter (sweep/plot.py)."""
+    # deferred (start-up): sweep.plot
     from hpc_ddp.sweep.plot import plot_runs
 
     plot_runs(runs, out_png)
@@ -231,6 +239,7 @@ def check_args(args: argparse.Namespace) -> None:
                         "e.g. --interval 5.")
     if args.plot is None:
         return
+    # deferred: matplotlib
     from matplotlib.backend_bases import FigureCanvasBase
 
     folder = args.plot.parent
@@ -292,9 +301,7 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
 
 def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: TextIO) -> int:
     if manifest is not None and manifest.get("kind") == "slurm" and manifest.get("arrays"):
-        from collections import Counter
-
-        from hpc_ddp.slurm.state import TERMINAL
+        from hpc_ddp.slurm.state import TERMINAL  # deferred (start-up): slurm.state
 
         rows = rows_of(runs)
         # Only the arrays with a point that has not ended: cancelling an ended run cancels
@@ -346,6 +353,7 @@ def never_started(run_dir: Path, state: str) -> bool:
 
 
 def _fix_of(run_dir: Path, state: Any) -> str:
+    # deferred (start-up): slurm.fit, slurm.reasons
     from hpc_ddp.slurm.fit import lazy_partitions
     from hpc_ddp.slurm.reasons import pending_of
 

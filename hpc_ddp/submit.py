@@ -68,6 +68,7 @@ def _main(args: list[str], out: TextIO) -> int:
             raise UserError("option", unknown[0], "is not an option of this command.",
                             "pass key=value overrides; see --help.")
         if multirun:
+            # deferred: the typed schemas
             from hpc_ddp.sweep.launch import launch
 
             return launch(overrides, out, show_cfg=show_cfg, script_args=script_args)
@@ -99,6 +100,7 @@ def check_cfg_flag(args: Sequence[str]) -> None:
 def _masked(text: str, args: Sequence[str]) -> str:
     """``text`` with the secret literals of ``args`` and the values of this environment's
     secret-named variables as **** (config/secrets.py)."""
+    # deferred (start-up): config.secrets
     from hpc_ddp.config import secrets
 
     try:
@@ -110,6 +112,7 @@ def _masked(text: str, args: Sequence[str]) -> str:
 
 def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
             script_args: list[str] | None = None) -> int:
+    # deferred: the typed schemas; start-up: config.nccl_schema
     from hpc_ddp import api
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.config.nccl_schema import nccl_warnings
@@ -121,6 +124,7 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
         return 0
     for warning in nccl_warnings(cfg.nccl):
         print(f"warning: {warning}", file=sys.stderr)
+    # deferred (start-up): config.secrets
     from hpc_ddp.config.secrets import referenced
 
     for name in referenced(cfg):
@@ -133,6 +137,7 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
         print(launcher.dry_run(cfg, run_dir), file=out)
         return 0
     if cfg.preflight:
+        # deferred: hostlist, the typed schemas
         from hpc_ddp.doctor import preflight
 
         if not preflight(cfg, run_dir, out):
@@ -197,6 +202,7 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
         killed = True
     if killed:  # outside the block: nothing interrupts the kill
         run.cancel(grace_s=0.0)
+    # deferred (start-up): rundir
     from hpc_ddp.rundir import resume_command
 
     print(f"{stopped_how(run.files, killed)} Continue with: {resume_command(run.run_dir)}",
@@ -207,6 +213,7 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
 def stopped_how(files: Any, killed: bool) -> str:
     """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
     with the steps after its last checkpoint lost, counted from the last logged step."""
+    # deferred (start-up): follow, rank.services.checkpoint, rundir
     from hpc_ddp.follow import last_stop
     from hpc_ddp.rank.services.checkpoint import latest_step
     from hpc_ddp.rundir import read_json
@@ -232,6 +239,7 @@ class _SubmitModule(types.ModuleType):
     (``import hpc_ddp.submit; hpc_ddp.submit([...])`` failing with "module not callable")."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # deferred: the typed schemas
         from hpc_ddp.api import submit
 
         return submit(*args, **kwargs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -69,7 +70,6 @@ def _split_module(path: str, key: str) -> tuple[str, str]:
 
 
 def has_module(name: str) -> bool:
-    import importlib.util
 
     try:
         return importlib.util.find_spec(name) is not None
@@ -126,7 +126,7 @@ def build(part: str, target: str, kwargs: Mapping[str, Any], given: Mapping[str,
     arguments instead of calling it (also when the node says ``_partial_: true``, and for a
     plain function that would otherwise be called without its data, such as a loss).
     """
-    from hydra.utils import instantiate
+    from hydra.utils import instantiate  # deferred: hydra
 
     key = f"{part}._target_"
     given, auto = dict(given or {}), dict(auto or {})

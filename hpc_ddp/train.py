@@ -51,6 +51,8 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # deferred: hostlist; start-up: config.compose, config.secrets, inputs.command_line,
+    # rank.join.device, rank.join.distenv
     from hpc_ddp.config import secrets
     from hpc_ddp.config.compose import compose
     from hpc_ddp.inputs.command_line import (
@@ -104,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if summary is not None:
-        from hpc_ddp.rank.supervise.outcome import summary_line
+        from hpc_ddp.rank.supervise.outcome import summary_line  # deferred: hostlist
 
         said = summary_line(summary)
         print(f"hpc_ddp: done, {said + ', ' if said else ''}run dir {run_dir.root}")

@@ -54,6 +54,7 @@ class Parts:
 def build(model_cfg: ModelConfig, data_cfg: DataConfig, optim_cfg: OptimConfig,
           batch_size: int, seed: int, device: Any, total_steps: int) -> Parts:
     """The setup of the tutorial script (the process group already exists)."""
+    # deferred: torch; start-up: data.sets, trainer.models
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -81,6 +82,7 @@ def build(model_cfg: ModelConfig, data_cfg: DataConfig, optim_cfg: OptimConfig,
 def train_steps(parts: Parts, loader: Any = None) -> Generator[Any, None, None]:
     """The textbook loop; it yields the loss after every optimizer step and runs until the
     caller stops asking. ``loader``: the loader to draw from (default ``parts.loader``)."""
+    # deferred: torch; start-up: data.tensor_dataset
     import torch
     import torch.nn.functional as F
 
@@ -169,6 +171,7 @@ def _slurm_master(environ: Mapping[str, str]) -> str:
 def run_rank(rank: int, world: int, local_rank: int, local_world: int,
              args: argparse.Namespace) -> dict[str, Any] | None:
     """One rank: join, build, warm up, time ``args.steps`` steps; rank 0 returns the figures."""
+    # deferred: torch; start-up: trainer.loop_timing
     import torch
     import torch.distributed as dist
 
@@ -179,6 +182,7 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int,
     if cuda:
         # The textbook says cuda:local_rank; that is wrong under --gpus-per-task (each task
         # sees only its own GPU, as index 0), so the GPU is chosen as hpc_ddp's ranks choose.
+        # deferred (start-up): rank.join.device
         from hpc_ddp.rank.join.device import DeviceError, select
 
         try:
@@ -193,6 +197,7 @@ def run_rank(rank: int, world: int, local_rank: int, local_world: int,
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(local_world, 1))
     torch.set_num_threads(threads)
     if args.keep_freed_memory and not cuda:
+        # deferred (start-up): trainer.cpu_memory
         from hpc_ddp.trainer.cpu_memory import keep_freed_memory
 
         keep_freed_memory()
@@ -267,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_rank(*found, args)
     else:
 
-        import torch.multiprocessing as mp
+        import torch.multiprocessing as mp  # deferred: torch
 
         with socket.socket() as s:  # a free port for this run's rendezvous
             s.bind(("127.0.0.1", 0))

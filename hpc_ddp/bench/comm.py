@@ -96,7 +96,7 @@ def human(nbytes: float) -> str:
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         options: CommOptions) -> dict[str, Any] | None:
     """One rank of the benchmark; rank 0 returns (and writes) the results."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch; start-up: bench.tcp
 
     from hpc_ddp.bench import tcp
 
@@ -123,6 +123,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
 
 def measure(op: str, size: int, device: Any, options: CommOptions) -> dict[str, Any] | None:
     """Time ``op`` on a ``size``-byte buffer; None when the size is too small to split."""
+    # deferred: torch
     import torch
     import torch.distributed as dist
 
@@ -157,7 +158,7 @@ def measure(op: str, size: int, device: Any, options: CommOptions) -> dict[str, 
 
 
 def _timed(fn: Any, iters: int, device: Any) -> float:
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     _sync(device)
     dist.barrier()
@@ -169,6 +170,7 @@ def _timed(fn: Any, iters: int, device: Any) -> float:
 
 
 def _max_over_ranks(value: float, device: Any, minimum: bool = False) -> float:
+    # deferred: torch
     import torch
     import torch.distributed as dist
 
@@ -179,6 +181,7 @@ def _max_over_ranks(value: float, device: Any, minimum: bool = False) -> float:
 
 def _check(op: str, count: int, world: int, rank: int, device: Any) -> bool:
     """One more call on known data: every rank contributes rank+1."""
+    # deferred: torch
     import torch
     import torch.distributed as dist
 
@@ -207,7 +210,7 @@ def _append_row(path: Path, row: dict[str, Any]) -> None:
 
 def _sync(device: Any) -> None:
     if device.type == "cuda":
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.synchronize(device)
 
@@ -351,7 +354,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     else:
         print(table(result), file=out)
     if not args.no_plot:
-        from hpc_ddp.bench.plot import plot
+        from hpc_ddp.bench.plot import plot  # deferred (start-up): bench.plot
 
         print(plot(result, bench_dir.root / PLOT), file=out)
     print(f"results: {bench_dir.root / RESULT}", file=out, flush=True)

@@ -43,7 +43,7 @@ CONTENDERS = ("textbook", "folder", "folder (pil)", "shards")
 
 def make_data(root: Path, width: int, height: int, images: int, classes: int = 8) -> Path:
     """An image folder of ``images`` generated JPEGs and its shards, under ``root``."""
-    from hpc_ddp.data import fake_images, pack
+    from hpc_ddp.data import fake_images, pack  # deferred: concurrent, tarfile
 
     per_class = max(1, images // classes)
     fake_images.write_folder(root / "folder", classes, {"train": per_class, "val": 1},
@@ -55,6 +55,7 @@ def make_data(root: Path, width: int, height: int, images: int, classes: int = 8
 
 def textbook_loader(root: Path, size: int, batch: int, workers: int) -> Any:
     """What the tutorials write (torchvision's ImageNet example)."""
+    # deferred: torch, torchvision
     import torch
     from torchvision import datasets, transforms
 
@@ -69,6 +70,7 @@ def textbook_loader(root: Path, size: int, batch: int, workers: int) -> Any:
 
 def our_loader(root: Path, kind: str, size: int, batch: int, workers: int,
                decoder: str = "auto") -> Any:
+    # deferred: the typed schemas, torch
     from hpc_ddp.config.compose import compose
     from hpc_ddp.data.loaders import build_loaders
 
@@ -139,12 +141,12 @@ def decoder_rates(sizes: Sequence[tuple[int, int]], seconds: float = 2.0
     """Decodes per second on one core: Pillow, torchvision.io.decode_jpeg, simplejpeg (what
     data.decoder=auto chooses by)."""
 
-    import torch
+    import torch  # deferred: torch; start-up: data.fake_images, data.images
 
     from hpc_ddp.data import fake_images, images
 
     def tv() -> Callable[[bytes], Any]:
-        from torchvision.io import decode_jpeg
+        from torchvision.io import decode_jpeg  # deferred: torchvision
 
         def decode(data: bytes) -> Any:
             return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
@@ -174,7 +176,7 @@ def decoder_rates(sizes: Sequence[tuple[int, int]], seconds: float = 2.0
 
 def staging_rates(root: Path) -> list[dict[str, Any]]:
     """Stage the folder, a tar of it and the shards to a fresh local stage_dir."""
-    import tarfile
+    import tarfile  # deferred: concurrent, tarfile; start-up: rank.join.distenv
 
     from hpc_ddp.data import stage_node
     from hpc_ddp.rank.join.distenv import DistEnv
@@ -222,10 +224,10 @@ def table(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: Path) -> str:
     try:
-        import matplotlib
+        import matplotlib  # optional: matplotlib
 
         matplotlib.use("Agg")  # files only
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: matplotlib
     except ImportError:
         return "plot: skipped (matplotlib is not installed: pip install matplotlib)"
     sources = list(dict.fromkeys(r["source"] for r in result["rows"]))
@@ -283,7 +285,7 @@ def main(argv: Sequence[str]) -> int:
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    import torch
+    import torch  # deferred: torch
 
     torch.set_num_threads(1)  # the main process collects; the workers do the work
     print(f"data loading: {args.images} JPEGs per size, {args.workers} workers, batch "

@@ -17,6 +17,7 @@ import time
 
 
 def main() -> None:
+    # deferred: the typed schemas, torch; start-up: data.synthetic
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP

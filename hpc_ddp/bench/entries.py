@@ -36,6 +36,7 @@ SCRIPT = Path(__file__).with_name("ddp_script.py")
 
 def overhead_rank(ctx: Any) -> dict[str, Any]:
     """The function entry measuring itself: bare steps and steps with the context's calls."""
+    # deferred: the typed schemas, torch; start-up: data.synthetic
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -12,10 +12,10 @@ from typing import Any
 def plot(result: dict[str, Any], path: Path) -> str:
     """Write the plot to ``path``; returns the line to print (where it is, or why not)."""
     try:
-        import matplotlib
+        import matplotlib  # optional: matplotlib
 
         matplotlib.use("Agg")  # files only: compute nodes and CI have no display
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: matplotlib
     except ImportError:
         return "plot: skipped (matplotlib is not installed: pip install matplotlib)"
     fig, ax = plt.subplots(figsize=(7, 4.5))

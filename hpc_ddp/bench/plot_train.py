@@ -23,10 +23,10 @@ COLOURS = {"data": "#9ecae1", "compute": "#3182bd", "comm": "#fd8d3c", "optimize
 def plot(result: dict[str, Any], path: Path) -> str:
     """Write the plot to ``path``; returns the line to print (where it is, or why not)."""
     try:
-        import matplotlib
+        import matplotlib  # optional: matplotlib
 
         matplotlib.use("Agg")  # files only: compute nodes and CI have no display
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # optional: matplotlib
     except ImportError:
         return "plot: skipped (matplotlib is not installed: pip install matplotlib)"
     rows = result["rows"]

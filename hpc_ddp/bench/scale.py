@@ -41,6 +41,7 @@ def _worlds(text: str) -> list[int]:
 
 def costs(sizes: Sequence[int], root: Path) -> dict[int, dict[str, dict[str, Any]]]:
     """world size -> scenario -> the busiest simulated rank's cost."""
+    # deferred: the typed schemas; start-up: rank.supervise.diagnose
     from hpc_ddp.bench.scale_world import SCENARIOS, World
     from hpc_ddp.rank.supervise.diagnose import fallback_reporter
 
@@ -59,6 +60,7 @@ def costs(sizes: Sequence[int], root: Path) -> dict[int, dict[str, dict[str, Any
 
 def node_lists(repeat: int) -> dict[str, float]:
     """Seconds to read a 10,000-node job's lists, best of ``repeat``."""
+    # deferred (start-up): hostlist, rank.join.distenv
     from hpc_ddp import hostlist
     from hpc_ddp.rank.join.distenv import detect
 
@@ -80,7 +82,7 @@ def node_lists(repeat: int) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from hpc_ddp.bench.scale_world import Cost
+    from hpc_ddp.bench.scale_world import Cost  # deferred: the typed schemas
 
     parser = argparse.ArgumentParser(prog="python -m hpc_ddp.bench scale",
                                      description=__doc__.split("\n\n")[0])

@@ -60,6 +60,7 @@ class World:
     whose stream files of the world's checkpoint exist (the ones a test simulates)."""
 
     def __init__(self, root: Path, size: int, ranks: tuple[int, ...], per_node: int = 8) -> None:
+        # deferred: torch; start-up: rank.services.checkpoint, rank.services.rng
         import torch
 
         from hpc_ddp.rank.services import checkpoint, rng
@@ -113,6 +114,7 @@ class World:
 
 @contextlib.contextmanager
 def _group_store(store: RecordingStore) -> Iterator[None]:
+    # deferred (start-up): rank.services.ckpt_writer
     from hpc_ddp.rank.services import ckpt_writer
 
     saved = ckpt_writer.group_store
@@ -124,6 +126,7 @@ def _group_store(store: RecordingStore) -> Iterator[None]:
 
 
 def _context(world: World, rank: int) -> Any:
+    # deferred: torch; start-up: rank.context.context
     import torch
 
     from hpc_ddp.rank.context.context import Context
@@ -135,6 +138,7 @@ def _context(world: World, rank: int) -> Any:
 def checkpoint_save(world: World, rank: int) -> Cost:
     """``ctx.save`` at a checkpoint step (the trainer's save_checkpoint calls the same
     writer): rank 0 with the other ranks' parts already counted in."""
+    # deferred: torch
     import torch
 
     store = RecordingStore()
@@ -152,6 +156,7 @@ def checkpoint_resume(world: World, rank: int) -> Cost:
 
 
 def _rank(world: World, rank: int, store: RecordingStore) -> Any:
+    # deferred: hostlist, torch
     import torch
 
     from hpc_ddp.rank.join.joined import Rank
@@ -160,6 +165,7 @@ def _rank(world: World, rank: int, store: RecordingStore) -> Any:
 
 
 def _after_failure(world: World, rank: int, store: RecordingStore, error: Exception) -> Cost:
+    # deferred: hostlist
     from hpc_ddp.rank.supervise.outcome import after_failure
 
     who = _rank(world, rank, store)
@@ -199,6 +205,7 @@ def failure_own(world: World, rank: int) -> Cost:
 def start_up(world: World, rank: int) -> Cost:
     """The start of a requeued attempt: why it resumes (task.resume_cause), and whether rank 0
     refused the run dir (join.claim_run_dir: one store read on the others)."""
+    # deferred: hostlist
     from hpc_ddp.rank.join import joined as join
     from hpc_ddp.rank.main.task import resume_cause
 
@@ -218,6 +225,7 @@ def rendezvous_join(world: World, rank: int) -> Cost:
     """Joining the rendezvous (rank/join/rendezvous.py): reading rank 0's endpoint file, then the
     check-in on its store, as the last rank to arrive (which also releases the others'
     waits); the TCP connection itself is left out (one per rank, as a TCPStore makes it)."""
+    # deferred (start-up): rank.join.checkin, rank.join.rendezvous
     from hpc_ddp.rank.join import checkin, rendezvous
 
     store = RecordingStore()
@@ -247,6 +255,7 @@ SCENARIOS: dict[str, Callable[[World, int], Cost]] = {
 
 def designated(world: World) -> dict[str, int]:
     """The one rank per scenario whose cost may grow with the world, and why it may."""
+    # deferred (start-up): rank.supervise.diagnose
     from hpc_ddp.rank.supervise.diagnose import fallback_reporter
 
     return {"failure: a peer hangs": 0,  # reads the survivors' list once (one store get)

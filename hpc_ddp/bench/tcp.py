@@ -24,7 +24,7 @@ def pick_peer(hosts: list[str]) -> int | None:
 
 def measure(rank: int, hosts: list[str], seconds: float) -> dict[str, Any] | None:
     """Collective over the default group: every rank calls it; rank 0 gets the result."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     peer = pick_peer(hosts)
     if peer is None or seconds <= 0:
@@ -32,7 +32,7 @@ def measure(rank: int, hosts: list[str], seconds: float) -> dict[str, Any] | Non
     server: socket.socket | None = None
     offer: Any = None
     if rank == peer:
-        from hpc_ddp.rank.join import netif
+        from hpc_ddp.rank.join import netif  # deferred (start-up): rank.join.netif
 
         server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         server.bind(("0.0.0.0", 0))

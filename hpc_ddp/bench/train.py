@@ -205,6 +205,7 @@ class ModelProgress:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    # deferred (start-up): bench.train_rank, bench.train_report, config.compose, rank.main.task
     from hpc_ddp.bench import train_rank
     from hpc_ddp.bench.train_report import combine, table
     from hpc_ddp.config.compose import compose, to_yaml
@@ -243,13 +244,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return USAGE_EXIT_CODE
     combined = combine(results, asdict(options))
     if options.startup:
-        from hpc_ddp.bench.startup import measure_startup
+        from hpc_ddp.bench.startup import measure_startup  # deferred (start-up): bench.startup
 
         combined["startup"] = measure_startup(base, user, root, out)
     write_json(root / RESULT, combined)
     print(table(combined), file=out)
     if not args.no_plot:
-        from hpc_ddp.bench.plot_train import plot
+        from hpc_ddp.bench.plot_train import plot  # deferred (start-up): bench.plot_train
 
         print(plot(combined, root / PLOT), file=out)
     print(f"results: {root / RESULT}", file=out, flush=True)

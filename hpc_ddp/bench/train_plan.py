@@ -68,6 +68,7 @@ def for_model(model: str, variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
 
 def with_overrides(cfg: Config, overrides: Sequence[str]) -> Config:
     """``cfg`` with dotted ``key=value`` overrides applied and checked (UserError if bad)."""
+    # deferred: omegaconf; start-up: config.validate
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 

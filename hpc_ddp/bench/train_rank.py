@@ -38,7 +38,7 @@ class BaselineRunner:
     name = "baseline"
 
     def __init__(self, cfg: Config, device: Any) -> None:
-        from hpc_ddp.bench import baseline
+        from hpc_ddp.bench import baseline  # deferred (start-up): bench.baseline
 
         self.parts = baseline.build(cfg.model, cfg.data, cfg.optim, cfg.trainer.batch_size,
                                     cfg.trainer.seed, device, HORIZON)
@@ -50,6 +50,7 @@ class BaselineRunner:
                          "ddp": "defaults"}
 
     def run(self, steps: int) -> None:
+        # deferred (start-up): trainer.ddp_setup
         from hpc_ddp.trainer.ddp_setup import apply_process_settings
 
         apply_process_settings(False, False)  # torch's defaults: what a plain script runs with
@@ -65,6 +66,7 @@ class TrainerRunner:
     """hpc_ddp's Trainer with one setting, driven through Trainer.train_steps."""
 
     def __init__(self, name: str, cfg: Config, rank: Any, run_dir: RunDir) -> None:
+        # deferred: torch; start-up: rank.services.stopping
         from hpc_ddp.rank.services import stopping
         from hpc_ddp.trainer.loop import Trainer
 
@@ -80,6 +82,7 @@ class TrainerRunner:
         self.settings = self.trainer.tuning.as_dict()
 
     def run(self, steps: int) -> None:
+        # deferred (start-up): trainer.ddp_setup
         from hpc_ddp.trainer.ddp_setup import apply_process_settings
 
         tune = self.trainer.tuning
@@ -95,6 +98,7 @@ class TrainerRunner:
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         options: TrainOptions) -> dict[str, Any] | None:
     """One rank of the benchmark; rank 0 returns (and writes) the results."""
+    # deferred: hostlist, torch
     import torch
     import torch.distributed as dist
 
@@ -121,7 +125,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
 
 def measure_model(cfg: Config, rank: Any, run_dir: RunDir, model: str,
                   options: TrainOptions) -> dict[str, Any]:
-    import torch
+    import torch  # deferred: torch
 
     runners: list[Any] = []
     try:
@@ -154,7 +158,7 @@ def measure_model(cfg: Config, rank: Any, run_dir: RunDir, model: str,
 
 def _checkpoint_mb(runner: Any) -> float | None:
     """The size of the contender's latest checkpoint (rank 0's file), if it wrote one."""
-    from hpc_ddp.rank.services import checkpoint
+    from hpc_ddp.rank.services import checkpoint  # deferred (start-up): rank.services.checkpoint
 
     trainer = getattr(runner, "trainer", None)
     path = checkpoint.latest_path(trainer.run.checkpoints) if trainer is not None else None
@@ -163,7 +167,7 @@ def _checkpoint_mb(runner: Any) -> float | None:
 
 def _window(runner: Any, steps: int, rank: Any) -> list[dict[str, Any]]:
     """Every rank's account of one timed window of ``steps`` steps."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     writer = getattr(getattr(runner, "trainer", None), "writer", None)
     saved = writer.saves if writer is not None else 0
@@ -183,6 +187,7 @@ def _plan(runners: list[Any], options: TrainOptions, device: Any) -> tuple[int, 
     """(steps per window, rounds): windows of about options.window_s of the baseline's steps;
     as many rounds as fit options.budget_s, each contender timed once on a short probe. The
     same on every rank (the slowest rank decides)."""
+    # deferred: torch
     import torch
     import torch.distributed as dist
 

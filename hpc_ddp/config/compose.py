@@ -77,6 +77,7 @@ def _folder() -> Path:
 @contextlib.contextmanager
 def _hydra(user: Path | None) -> Iterator[None]:
     """Hydra initialised on hpc_ddp's conf/, with ``user`` searched before it."""
+    # deferred: hydra
     from hydra import initialize_config_dir
 
     folder = _folder()
@@ -85,6 +86,7 @@ def _hydra(user: Path | None) -> Iterator[None]:
             yield
         return
     try:  # Hydra's own search-path type (internal in hydra-core 1.3, pinned in pyproject.toml)
+        # optional: hydra
         from hydra import version
         from hydra._internal.hydra import Hydra
         from hydra._internal.utils import create_config_search_path
@@ -112,6 +114,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
     ``$HPC_DDP_CONFIG_DIR``). Raises UserError (one line: key, value, fix) for a typo, a
     wrong type, an unknown group option or an impossible value.
     """
+    # deferred: hydra, omegaconf
     from hydra import compose as hydra_compose
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -131,6 +134,7 @@ def compose(overrides: Sequence[str] = (), config_dir: Path | str | None = None)
 
 def marks_in(node: Any) -> Marks:
     """secrets.secret / secrets.public of a composed node, before it is resolved."""
+    # deferred: omegaconf
     from omegaconf import OmegaConf
 
     found = OmegaConf.select(node, "secrets", default=None)
@@ -160,6 +164,7 @@ def _finish(node: Any, overrides: Sequence[str], whole: bool = True) -> Config:
     Keys no schema knows (a typo in a YAML file, a `+key=` override) are refused; ``whole=False``
     (sweep points built on a base already checked whole) checks only what `+` overrides add.
     """
+    # deferred: omegaconf
     from omegaconf import OmegaConf
 
     loose = OmegaConf.to_object(node)
@@ -192,14 +197,17 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     is parsed once (the grammar costs ~0.5 ms an override, the points share most of theirs).
     Any list this fast path cannot take goes through compose() (and raises its UserError).
     """
+    # deferred: hydra, omegaconf
     from hydra import compose as hydra_compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
     try:  # Hydra's own override logic (internal in hydra-core 1.3, pinned in pyproject.toml)
+        # optional: hydra
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
     except ImportError:
         return [compose(o, config_dir) for o in override_lists]
+    # deferred: hydra, omegaconf
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -275,6 +283,7 @@ _SECTIONS: dict[tuple[str, str], str] = {}
 
 
 def _section_yaml(name: str, value: Any) -> str:
+    # deferred: yaml
     import yaml
 
     key = (name, repr(value))
@@ -293,6 +302,7 @@ def _section_yaml(name: str, value: Any) -> str:
 
 def from_yaml(text: str) -> Config:
     """Read a config written by :func:`to_yaml` back, checked against the schema."""
+    # deferred: omegaconf
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 

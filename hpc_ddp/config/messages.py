@@ -100,6 +100,7 @@ def all_keys() -> tuple[str, ...]:
 def user_error(exc: Exception, overrides: Sequence[str],
                 folders: Sequence[Path] = ()) -> UserError:
     """Turn Hydra/OmegaConf's multi-line errors into one line naming key, value and fix."""
+    # deferred: hydra, omegaconf
     from hydra.errors import MissingConfigException, OverrideParseException
     from omegaconf import errors
 
@@ -110,7 +111,7 @@ def user_error(exc: Exception, overrides: Sequence[str],
         options = ", ".join(group_options(group, folders))
         return UserError(group, option, f"no such {group}.", f"use one of {options}.")
     if isinstance(exc, OverrideParseException):
-        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.core.override_parser.overrides_parser import OverridesParser  # deferred: hydra
 
         return parse_error(unparsable(overrides), exc, OverridesParser.create())
     named = re.search(r"(append to|delete from) config\. (?:An item is already at )?'([^']+)'"

@@ -47,6 +47,7 @@ def hint_has(hint: Any, kind: type) -> bool:
 def check_overrides(overrides: Sequence[str]) -> None:
     """What Hydra would misread or refuse with a long message: parse errors, a sweep without
     -m, ``~`` on a schema key, a number for a boolean. UserError names the override."""
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -96,7 +97,7 @@ def check_override(override: Any) -> None:
 
 def parse_error(item: str, exc: Exception, parser: Any) -> UserError:
     """The fix for an override Hydra's grammar refuses: its key, its value or the missing =."""
-    from hydra.errors import OverrideParseException
+    from hydra.errors import OverrideParseException  # deferred: hydra
 
     prefix = item[:len(item) - len(item.lstrip("+~"))]
     key, eq, value = item[len(prefix):].partition("=")
@@ -141,6 +142,7 @@ def shell_quoted(key: str, value: str) -> str:
 
 def unparsable(overrides: Sequence[str]) -> str:
     """The first override Hydra's grammar refuses."""
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 

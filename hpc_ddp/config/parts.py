@@ -86,7 +86,7 @@ def to_plain(part: str, value: Any) -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=4096)
 def _typed_cached(part: str, frozen: str) -> Any:
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # deferred: omegaconf
 
     holder = _holder(part)
     node = OmegaConf.merge(OmegaConf.structured(holder), {part: json.loads(frozen)})

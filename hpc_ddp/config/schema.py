@@ -382,7 +382,7 @@ def register_schemas() -> None:
     It is :class:`Config` with the parts and ``app`` left untyped, so a `_target_` node may
     carry any keyword argument; config/parts.py checks and types them right after.
     """
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # deferred: hydra
 
     ConfigStore.instance().store(name="hpc_ddp_schema", node=compose_schema())
 

@@ -64,6 +64,7 @@ def marks_of(cfg: Any) -> Marks:
 def references_kept(marks: Marks = NO_MARKS) -> Iterator[None]:
     """OmegaConf's ``oc.env`` leaves secret names as ``${oc.env:NAME}`` meanwhile; any
     other name resolves as ever."""
+    # deferred: omegaconf
     from omegaconf import OmegaConf
     from omegaconf._utils import _DEFAULT_MARKER_
     from omegaconf.resolvers import oc
@@ -142,6 +143,7 @@ def extract(cfg: Any) -> tuple[Any, dict[str, str]]:
 
 @functools.cache
 def _parser() -> Any:
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create()
@@ -149,6 +151,7 @@ def _parser() -> Any:
 
 def _render(value: Any) -> str:
     """``value`` in Hydra's override grammar."""
+    # deferred: the typed schemas
     from hpc_ddp.config.overrides import quoted
 
     if isinstance(value, Mapping):
@@ -176,6 +179,7 @@ def scrub_override(override: str, found: Found) -> str:
     key, eq, value = override.partition("=")
     if not eq or not _may_hold(key, value, found.marks):
         return override
+    # deferred: hydra
     from hydra.errors import HydraException
 
     bare = key.lstrip("+~")

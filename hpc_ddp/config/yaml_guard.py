@@ -25,6 +25,7 @@ _checked: dict[tuple[str, int, int], None] = {}
 
 
 def _loader() -> Any:
+    # deferred: yaml
     import yaml
 
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -34,6 +35,7 @@ def expanded_size(node: Any) -> tuple[int, int, int]:
     """(values as written, values once every alias is copied, depth) of a composed node
     graph: one visit per distinct node (iterative: no recursion limit); -1 values for an
     alias inside its own anchor."""
+    # deferred: yaml
     import yaml
 
     def children(of: Any) -> list[Any]:
@@ -65,6 +67,7 @@ def expanded_size(node: Any) -> tuple[int, int, int]:
 
 def check_text(text: str, where: str) -> None:
     """UserError when ``text`` (from ``where``) would expand beyond the limits."""
+    # deferred: yaml
     import yaml
 
     try:
@@ -90,6 +93,7 @@ def check_text(text: str, where: str) -> None:
 
 def load(text: str, where: str) -> Any:
     """``yaml.safe_load`` of ``text`` once :func:`check_text` passed."""
+    # deferred: yaml
     import yaml
 
     check_text(text, where)

@@ -22,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import urllib.error
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,7 @@ def _pack_option(key: str, value: str) -> Any:
 
 
 def _literal(value: str) -> Any:
-    import yaml
+    import yaml  # deferred: yaml
 
     try:
         return yaml.safe_load(value)
@@ -168,7 +169,7 @@ def _literal(value: str) -> Any:
 
 
 def _pack(args: Sequence[str]) -> int:
-    from hpc_ddp.data import pack
+    from hpc_ddp.data import pack  # deferred: concurrent, tarfile
 
     replace = REPLACE in args
     try:
@@ -199,9 +200,7 @@ def _pack(args: Sequence[str]) -> int:
 
 
 def _download(path: Path) -> int:
-    import urllib.error
-
-    from hpc_ddp.data.cifar10 import download
+    from hpc_ddp.data.cifar10 import download  # deferred (start-up): data.cifar10
 
     try:
         download(str(path))

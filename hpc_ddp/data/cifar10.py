@@ -27,7 +27,7 @@ def check_root(root: str) -> Path:
 
 
 def _reader(verify_checksum: bool) -> type:
-    from torchvision.datasets import CIFAR10
+    from torchvision.datasets import CIFAR10  # deferred: torchvision
 
     if verify_checksum:
         return CIFAR10
@@ -50,7 +50,7 @@ def _reader(verify_checksum: bool) -> type:
 
 def load_split(root: str, train: bool, verify_checksum: bool = True) -> ImageTensorDataset:
     """The train (50000) or test (10000) split as uint8 NCHW tensors."""
-    import torch
+    import torch  # deferred: torch
 
     path = check_root(root)
     try:
@@ -68,7 +68,7 @@ def load_split(root: str, train: bool, verify_checksum: bool = True) -> ImageTen
 
 def download(root: str) -> Path:
     """Fetch CIFAR-10 into ``root`` (for a login node with internet)."""
-    from torchvision.datasets import CIFAR10
+    from torchvision.datasets import CIFAR10  # deferred: torchvision
 
     path = Path(root).expanduser()
     path.mkdir(parents=True, exist_ok=True)

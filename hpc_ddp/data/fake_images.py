@@ -17,6 +17,7 @@ from pathlib import Path
 def jpeg(width: int, height: int, seed: int, tint: tuple[int, int, int] = (0, 0, 0),
          quality: int = 90) -> bytes:
     """One generated JPEG."""
+    # deferred: PIL, numpy
     import numpy as np
     from PIL import Image
 

@@ -36,6 +36,7 @@ class GpuDecoded:
 def decode_batch(datas: list[Any], boxes: list[tuple[int, int, int, int, bool]],
                  size: int, device: Any) -> Any:
     """Encoded JPEGs (uint8 CPU tensors) -> uint8 [N, 3, size, size] on ``device``."""
+    # deferred: torch, torchvision
     import torch
     import torch.nn.functional as F
     from torchvision.io import ImageReadMode, decode_jpeg

@@ -57,6 +57,7 @@ class ImageFiles:
     (through shared memory, so loader workers that persist between epochs see it too)."""
 
     def __init__(self, folder: str, size: int, train: bool, seed: int, decoder: str) -> None:
+        # deferred: torch, torchvision
         import torch
         from torchvision.datasets import ImageFolder
 

@@ -35,6 +35,7 @@ _JPEG_MAGIC = b"\xff\xd8"
 
 def has_simplejpeg() -> bool:
     try:
+        # optional: simplejpeg
         import simplejpeg  # noqa: F401
     except ImportError:
         return False
@@ -46,7 +47,7 @@ def resolve_decoder(name: str) -> str:
     if name == "auto":
         return "simplejpeg" if has_simplejpeg() else "pil"
     if name == "simplejpeg" and not has_simplejpeg():
-        from hpc_ddp.errors import UserError
+        from hpc_ddp.errors import UserError  # deferred (start-up): errors
 
         raise UserError("data.decoder", name, "is not installed in this environment.",
                         "pip install simplejpeg (it is in hpc_ddp's dependencies), or "
@@ -57,9 +58,10 @@ def resolve_decoder(name: str) -> str:
 @functools.cache
 def decoder(name: str) -> Callable[[bytes], Any]:
     """bytes -> uint8 [3, H, W] tensor (RGB; a view of the decoder's HWC array)."""
-    import torch
+    import torch  # deferred: torch
 
     def pil(data: bytes) -> Any:
+        # deferred: PIL, numpy
         import numpy as np
         from PIL import Image
 
@@ -69,7 +71,7 @@ def decoder(name: str) -> Callable[[bytes], Any]:
 
     if resolve_decoder(name) != "simplejpeg":
         return pil
-    import simplejpeg
+    import simplejpeg  # deferred: simplejpeg
 
     def fast(data: bytes) -> Any:
         if data[:2] != _JPEG_MAGIC:
@@ -82,11 +84,11 @@ def decoder(name: str) -> Callable[[bytes], Any]:
 def image_size_of(data: bytes) -> tuple[int, int]:
     """(height, width) from the header alone (for crops decided before decoding)."""
     if data[:2] == _JPEG_MAGIC and has_simplejpeg():
-        import simplejpeg
+        import simplejpeg  # deferred: simplejpeg
 
         height, width, _, _ = simplejpeg.decode_jpeg_header(data)
         return int(height), int(width)
-    from PIL import Image
+    from PIL import Image  # deferred: PIL
 
     with Image.open(io.BytesIO(data)) as image:
         width, height = image.size
@@ -128,6 +130,7 @@ def crop_box(height: int, width: int, size: int, train: bool, rnd: random.Random
 def crop(image: Any, size: int, box: tuple[int, int, int, int, bool]) -> Any:
     """uint8 [3, H, W] -> uint8 [3, size, size]: the box, resized (bilinear, antialiased, on
     uint8: torch's vectorised uint8 kernel), flipped if the box says so."""
+    # deferred: torch
     import torch
     import torch.nn.functional as F
 

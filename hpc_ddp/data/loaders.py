@@ -14,7 +14,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.utils.data import DataLoader, Subset
+
 from hpc_ddp.config.schema import DataConfig
+from hpc_ddp.data.gpu_decode import GpuDecoded
 from hpc_ddp.data.sampler import ResumableDistributedSampler, eval_shard
 from hpc_ddp.data.sets import DataSets, build_datasets
 from hpc_ddp.data.tensor_dataset import BatchedSampler, ImageTensorDataset
@@ -95,8 +99,6 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
                   device_type: str = "cpu", cpus_per_task: int = 1,
                   sets: DataSets | None = None) -> Loaders:
     """This rank's train and eval loaders (``sets``: the data sets, when already built)."""
-    import torch
-    from torch.utils.data import DataLoader, Subset
 
     sets = sets or build_datasets(cfg, seed, rank, world_size)
     settings = loader_settings(cfg, device_type, cpus_per_task, sets.decodes)
@@ -140,7 +142,6 @@ def _iterable_loaders(sets: DataSets, batch_size: int, settings: LoaderSettings,
                       loader_gen: Any, gpu_decode: bool = False) -> Loaders:
     """An IterableDataset shards itself per rank (and per worker, if it uses workers); shards
     make whole batches in the workers (``gpu_decode``: encoded, decoded on the GPU)."""
-    from torch.utils.data import DataLoader
 
     common: dict[str, Any] = dict(num_workers=settings.num_workers,
                                   pin_memory=settings.pin_memory,
@@ -155,7 +156,6 @@ def _iterable_loaders(sets: DataSets, batch_size: int, settings: LoaderSettings,
         made = DataLoader(dataset.batches(batch_size, raw=gpu_decode), batch_size=None,
                           **common, **extra)
         if gpu_decode:
-            from hpc_ddp.data.gpu_decode import GpuDecoded
 
             return GpuDecoded(made, dataset.image_size)
         return made

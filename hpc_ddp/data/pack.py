@@ -41,9 +41,10 @@ def pack_folder(src: str, dst: str, splits: Sequence[str] = ("train", "val"),
                 samples_per_shard: int = SAMPLES_PER_SHARD, seed: int = 0,
                 out: TextIO | None = None) -> dict[str, Any]:
     """An image folder (``src/<split>/<class>/<file>``) -> shards in ``dst``; the index."""
-    from hpc_ddp.data.image_folder import check_root
+    from hpc_ddp.data.image_folder import check_root  # deferred (start-up): data.image_folder
 
     classes = check_root(src, tuple(splits))[splits[0]]
+    # deferred: torchvision; start-up: data.image_folder
     from torchvision.datasets import ImageFolder
 
     from hpc_ddp.data.image_folder import is_image
@@ -69,6 +70,7 @@ def pack_factory(target: str, kwargs: dict[str, Any], dst: str,
                  samples_per_shard: int = SAMPLES_PER_SHARD, seed: int = 0,
                  quality: int | None = None, out: TextIO | None = None) -> dict[str, Any]:
     """A data factory's (train, eval) sets (the data._target_ contract) -> shards."""
+    # deferred: the typed schemas; start-up: targets
     from hpc_ddp.data.sets import num_classes_of
     from hpc_ddp.targets import build
 
@@ -107,6 +109,7 @@ def _train_and_eval(made: Any, target: str) -> list[tuple[str, Any]]:
 
 def encode_sample(sample: Any, quality: int | None, target: str) -> tuple[bytes, str, int]:
     """(image, label) -> (encoded bytes, extension, label)."""
+    # deferred: PIL, numpy
     import numpy as np
     from PIL import Image
 
@@ -231,7 +234,7 @@ class _ShardWriter:
         self.count += 1
 
     def close(self) -> dict[str, Any]:
-        import numpy as np
+        import numpy as np  # deferred: numpy
 
         self.tar.close()
         idx = self.path.with_suffix(".idx")

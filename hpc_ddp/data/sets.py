@@ -38,7 +38,7 @@ class DataSets:
 
     @property
     def iterable(self) -> bool:
-        from torch.utils.data import IterableDataset
+        from torch.utils.data import IterableDataset  # deferred: torch
 
         return isinstance(self.train, IterableDataset)
 
@@ -48,6 +48,7 @@ def build_datasets(cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 
     if cfg.target is not None:
         return _from_factory(cfg, seed, rank, world_size)
     if cfg.name == "synthetic":
+        # deferred (start-up): data.synthetic, data.tensor_dataset
         from hpc_ddp.data.synthetic import make_split
         from hpc_ddp.data.tensor_dataset import MEAN, STD
 
@@ -56,7 +57,7 @@ def build_datasets(cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 
                         10, (MEAN, STD), cfg.augment)
     assert cfg.root is not None  # validate() guarantees it
     if cfg.name == "image_folder":
-        from hpc_ddp.data import image_folder
+        from hpc_ddp.data import image_folder  # deferred (start-up): data.image_folder
 
         classes = image_folder.check_root(cfg.root, (cfg.train_split, cfg.eval_split))
         return DataSets(
@@ -67,6 +68,7 @@ def build_datasets(cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 
             len(classes[cfg.train_split]), (image_folder.MEAN, image_folder.STD),
             decodes=True)
     if cfg.name == "shards":
+        # deferred: torch; start-up: data.images
         from hpc_ddp.data import images
         from hpc_ddp.data.shards import ShardSet
 
@@ -77,6 +79,7 @@ def build_datasets(cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 
                              for split in (cfg.train_split, cfg.eval_split))
         return DataSets(train, evaluation, len(train.classes) or None,
                         (images.MEAN, images.STD), decodes=True)
+    # deferred (start-up): data.cifar10, data.tensor_dataset
     from hpc_ddp.data.cifar10 import load_split
     from hpc_ddp.data.tensor_dataset import MEAN, STD
 
@@ -86,7 +89,7 @@ def build_datasets(cfg: DataConfig, seed: int, rank: int = 0, world_size: int = 
 
 
 def _from_factory(cfg: DataConfig, seed: int, rank: int, world_size: int) -> DataSets:
-    from hpc_ddp.targets import TargetError, build
+    from hpc_ddp.targets import TargetError, build  # deferred (start-up): targets
 
     assert cfg.target is not None
     made = build("data", cfg.target, cfg.kwargs,
@@ -111,7 +114,7 @@ def _from_factory(cfg: DataConfig, seed: int, rank: int, world_size: int) -> Dat
 
 def check_dataset(dataset: Any, split: str, target: str) -> None:
     """A usable data set: map-style with items, or iterable with a length (TargetError)."""
-    from torch.utils.data import IterableDataset
+    from torch.utils.data import IterableDataset  # deferred: torch; start-up: targets
 
     from hpc_ddp.targets import TargetError
 
@@ -155,6 +158,7 @@ def describe(sets: DataSets) -> str:
 def first_batch(dataset: Any, batch_size: int) -> Any:
     """A batch of the first samples of ``dataset`` (for a warm-up step; not a training batch)."""
 
+    # deferred: torch; start-up: data.tensor_dataset
     from torch.utils.data import IterableDataset, default_collate
 
     from hpc_ddp.data.tensor_dataset import ImageTensorDataset

@@ -74,7 +74,7 @@ def rank_order(counts: tuple[int, ...], rank: int, world_size: int, seed: int, e
                shuffle_buffer: int, train: bool = True) -> Any:
     """This rank's samples of the epoch, in order, as numbers into the packed order (shard 0's
     samples first): an int64 tensor (the module docstring says how)."""
-    import torch
+    import torch  # deferred: torch
 
     starts = torch.tensor([0, *counts], dtype=torch.int64).cumsum(0)
     total = int(starts[-1])

@@ -36,7 +36,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torch.utils.data import IterableDataset
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
 
 from hpc_ddp.data import images
 from hpc_ddp.data.shard_index import per_rank, rank_order, read_index, split_of
@@ -51,7 +52,6 @@ class ShardSet(IterableDataset):  # type: ignore[type-arg]
     def __init__(self, root: str, split: str, rank: int, world_size: int, seed: int,
                  image_size: int, train: bool, augment: bool, decoder: str,
                  shuffle_buffer: int) -> None:
-        import torch
 
         self.root = str(Path(root).expanduser())
         index = read_index(root)
@@ -115,7 +115,7 @@ class ShardSet(IterableDataset):  # type: ignore[type-arg]
 
     def _open(self, shard: int) -> tuple[int, Any]:
         if shard not in self._files:
-            import numpy as np
+            import numpy as np  # deferred: numpy
 
             if len(self._files) >= _OPEN_SHARDS:
                 oldest = next(iter(self._files))
@@ -143,8 +143,6 @@ class ShardBatches(IterableDataset):  # type: ignore[type-arg]
         return -(-(len(self.shards) - int(self.shards._position[1])) // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        import torch
-        from torch.utils.data import get_worker_info
 
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -161,7 +159,6 @@ class ShardBatches(IterableDataset):  # type: ignore[type-arg]
                    torch.tensor([label for _, label in loaded], dtype=torch.int64))
 
     def _raw(self, samples: list[int], epoch: int) -> Any:
-        import torch
 
         s = self.shards
         datas, labels, boxes = [], [], []

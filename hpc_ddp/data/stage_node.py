@@ -281,11 +281,11 @@ def _flock(handle: IO[str], mode: int, base: str, host: str) -> None:
 
 def _agree(env: DistEnv, store: Any, prefix: str, failure: BaseException | None) -> None:
     """Every rank learns whether some node failed; all raise the first such node's message."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     if not (dist.is_available() and dist.is_initialized()) or env.world_size == 1:
         return
-    import torch
+    import torch  # deferred: torch
 
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend() == "nccl" else torch.device("cpu"))

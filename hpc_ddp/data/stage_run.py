@@ -57,7 +57,7 @@ def stage_data(cfg: Config, rank: Any, run_dir: RunDir, environ: Mapping[str, st
 def stage_path(root: str, cfg: Config, rank: Any, run_dir: RunDir,
                environ: Mapping[str, str], key: str = "data.root") -> Staged:
     """This node's copy of ``root`` (a folder or a tar) under ``data.stage_dir``."""
-    from hpc_ddp.data.stage_node import stage
+    from hpc_ddp.data.stage_node import stage  # deferred (start-up): data.stage_node
 
     report = _progress_writer(run_dir, rank.host) if rank.env.is_master else None
     staged = stage(root, cfg.data.stage_dir, rank.env, rank.host, rank.store, environ, report,
@@ -80,6 +80,7 @@ def _progress_writer(run_dir: RunDir, host: str) -> Any:
 def summarize(staged: Staged, env: Any) -> dict[str, Any]:
     """The job's staging in numbers: nodes that staged (the rank that made a copy counts it)
     and reused (local rank 0 counts it), a copy's size, the longest time. A collective."""
+    # deferred: torch
     import torch
     import torch.distributed as dist
 

@@ -13,6 +13,7 @@ from hpc_ddp.data.tensor_dataset import ImageTensorDataset
 def make_split(seed: int, size: int, noise: float, split: int, image_size: int = 32,
                num_classes: int = 10) -> ImageTensorDataset:
     """``size`` samples of split ``split`` (0 train, 1 eval); the same seed gives the same data."""
+    # deferred: torch
     import torch
     import torch.nn.functional as F
 

@@ -31,7 +31,7 @@ class ImageTensorDataset:
     def __getitem__(self, index: int | Sequence[int]) -> tuple[Any, Any]:
         if isinstance(index, int):
             return self.images[index], self.labels[index]
-        import torch
+        import torch  # deferred: torch
 
         rows = torch.as_tensor(index, dtype=torch.int64)
         # index_select writes one contiguous batch: the copy default_collate would make.

@@ -33,6 +33,7 @@ def run_doctor(cfg: Config, run: RunDir, options: DoctorOptions | None = None,
                out: TextIO = sys.stdout, timeout_s: float | None = None) -> dict[str, Any]:
     """Submit the doctor with ``cfg`` (resolved) into ``run``, wait, print the table and the
     verdict; returns the report (``ok``, ``bad_nodes``, ``problems``, ...)."""
+    # deferred (start-up): config.compose, doctor.job, doctor.render, rank.main.task
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.doctor import job, render
     from hpc_ddp.rank.main.task import RankProgram
@@ -77,6 +78,7 @@ def preflight(cfg: Config, run_dir: Path | str | RunDir, out: TextIO = sys.stdou
     ``run_dir``: the training run dir. The doctor runs as its own short job and keeps its
     files in ``<run_dir>/preflight/<date>_<time>/`` (a resumed run gets a new one each time).
     """
+    # deferred (start-up): doctor.job, inputs.run_dir
     from hpc_ddp.doctor.job import stamp
     from hpc_ddp.inputs.run_dir import check_run_dir
 

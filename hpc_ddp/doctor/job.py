@@ -64,6 +64,7 @@ def default_run_dir(cwd: Path, name: str, now: _dt.datetime | None = None) -> Pa
 def prepare(overrides: Sequence[str], name: str, environ: Mapping[str, str],
             cwd: Path) -> tuple[Config, RunDir]:
     """Compose, resolve and check the run dir exactly as submit does (UserError on bad input)."""
+    # deferred (start-up): config.compose, inputs.run_dir, launch.resolve
     from hpc_ddp.config.compose import compose
     from hpc_ddp.inputs import run_dir as run_inputs
     from hpc_ddp.launch import resolve as plan
@@ -114,7 +115,7 @@ def wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: fl
          on_poll: Callable[[], None] | None = None) -> bool:
     """True if the job ended by itself. After a rank reports a failure the others get a grace
     to report theirs, then the job is cancelled (they would wait in a collective otherwise)."""
-    from hpc_ddp.follow import FAILURE_GRACE_S, failed_ranks
+    from hpc_ddp.follow import FAILURE_GRACE_S, failed_ranks  # deferred (start-up): follow
 
     poll = on_poll or (lambda: None)
     try:
@@ -146,7 +147,7 @@ def _wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: f
 
 def rank_errors(run: RunDir) -> list[tuple[int, str, str, float]]:
     """(rank, host, message, time written) of every rank that recorded a failure."""
-    from hpc_ddp.follow import failed_ranks
+    from hpc_ddp.follow import failed_ranks  # deferred (start-up): follow
 
     found = []
     for rank in failed_ranks(run):

@@ -41,7 +41,7 @@ class DoctorOptions:
 def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         options: DoctorOptions) -> dict[str, Any] | None:
     """One rank of the doctor; rank 0 returns (and writes) the report, the others None."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch; start-up: doctor.checks, rank.join.joined
 
     from hpc_ddp.doctor.checks import analyse
     from hpc_ddp.rank.join.joined import joined
@@ -75,7 +75,7 @@ def context(cfg: Config, options: DoctorOptions) -> dict[str, Any]:
 
 
 def versions() -> dict[str, Any]:
-    import torch
+    import torch  # deferred: torch
 
     try:
         nccl_version: str | None = ".".join(map(str, torch.cuda.nccl.version()))
@@ -90,7 +90,7 @@ def versions() -> dict[str, Any]:
 def collect(rank: Any, environ: Mapping[str, str],
             pins: dict[str, str] | None = None) -> dict[str, Any]:
     """This rank's facts: versions, GPUs, IB ports, peer memory, effective NCCL environment."""
-    import torch
+    import torch  # deferred: torch
 
     node = nodeinfo.detect(nodeinfo.sysfs_root(environ, rank.host), with_gpus=True)
     device = rank.device
@@ -120,6 +120,7 @@ def timed_all_reduce(device: Any, nbytes: int, iters: int, warmup: int) -> dict[
     algbw * 2(n-1)/n (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md).
     The time is the slowest rank's.
     """
+    # deferred: torch
     import torch
     import torch.distributed as dist
 
@@ -149,6 +150,6 @@ def timed_all_reduce(device: Any, nbytes: int, iters: int, warmup: int) -> dict[
 
 def _sync(device: Any) -> None:
     if device.type == "cuda":
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.synchronize(device)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import hostlist
+
 from hpc_ddp.rank.join.nccl import FAIL
 
 
 def exclude_override(bad: list[str], already: str | None) -> str:
     """``cluster.exclude='<hostlist>'`` covering ``bad`` and what was excluded already,
     quoted for Hydra (brackets and commas need the quotes)."""
-    import hostlist
 
     hosts = [h.split("#", 1)[0] for h in bad]  # simulated nodes share their host
     if already:

@@ -27,6 +27,7 @@ def take_config_dir(args: Sequence[str]) -> list[str]:
     """``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` (Hydra's spelling) as the
     override ``config_dir=<absolute DIR>``, which the run saves (a resume finds it again)."""
 
+    # deferred: the typed schemas
     from hpc_ddp.config.compose import quoted
 
     kept: list[str] = []
@@ -57,9 +58,11 @@ def absolute_script(script: str | None, cwd: Path) -> str | None:
 def with_script_args(cfg: Config, script_args: Sequence[str] | None) -> Config:
     """The script's arguments: those given, else on a resume the run's own (they are not
     overrides, so overrides.yaml does not hold them)."""
+    # deferred: the typed schemas
     from hpc_ddp.config.validate import validate_entry
 
     if script_args is None and cfg.resume and cfg.run_dir:
+        # deferred (start-up): config.yaml_guard, inputs.run_dir
         from hpc_ddp.config import yaml_guard
         from hpc_ddp.inputs.run_dir import read_saved
 

@@ -77,6 +77,7 @@ def _check_against(cfg: Config, run: RunDir, latest: Path, opened: IO[bytes] | N
 def saved_config(run: RunDir) -> Config | None:
     """The run's config.yaml, read once it passed the ownership checks (its `_target_`
     parts are imported when the network is built); None when it is missing or unreadable."""
+    # deferred (start-up): config.compose, inputs.run_dir
     from hpc_ddp.config.compose import from_yaml
     from hpc_ddp.inputs.run_dir import read_saved
 
@@ -125,6 +126,7 @@ def _step_of(path: Path | None) -> int | None:
 def _shapes(cfg: Config) -> dict[str, tuple[int, ...]] | None:
     """Parameter and buffer shapes of cfg's network, built on the meta device (no memory);
     None when it cannot be built there (a `_target_` model that needs real tensors)."""
+    # deferred: torch; start-up: trainer.models
     import torch
 
     from hpc_ddp.trainer.models import build_model

@@ -24,7 +24,7 @@ def saved_overrides(overrides: Sequence[str], cfg: Config | None = None) -> list
     """What overrides.yaml keeps: everything but the per-command switches, and of overrides
     of the same key only the last (a run resumed ten times keeps one ``optim.lr=``); paths
     as ``cfg`` resolved them (absolute), so a resume from another folder finds them."""
-    from hpc_ddp.config.compose import quoted
+    from hpc_ddp.config.compose import quoted  # deferred: the typed schemas
 
     kept = [o for o in overrides if o.partition("=")[0].lstrip("+~") not in TRANSIENT]
     last = {o.partition("=")[0]: i for i, o in enumerate(kept)}
@@ -40,7 +40,7 @@ def saved_overrides(overrides: Sequence[str], cfg: Config | None = None) -> list
 def check_inputs(cfg: Config) -> None:
     """File-system checks of the inputs (before launch, so a rank never finds them broken)."""
     if cfg.data.name == "cifar10" and cfg.data.root:
-        from hpc_ddp.data.cifar10 import check_root
+        from hpc_ddp.data.cifar10 import check_root  # deferred (start-up): data.cifar10
 
         check_root(cfg.data.root)
 
@@ -73,6 +73,7 @@ def check_owned_folder(folder: Path, key: str, shown: str) -> None:
     """An existing run dir (or sweep dir) must be this user's and writable by no one else:
     every code-bearing file in it is loaded only then (hpc_ddp/owned.py), so a run that could
     not be resumed is refused before it starts."""
+    # deferred (start-up): owned
     from hpc_ddp.owned import Untrusted, check_folder
 
     try:
@@ -114,6 +115,7 @@ def read_saved(root: Path, name: str, shown: str) -> str | None:
     run dir and the file passed the ownership checks (hpc_ddp/owned.py: a `_target_` planted
     there would be code run here and on every rank); None when it is missing or unreadable;
     UserError naming ``shown`` (the run_dir as given) when someone else could have written it."""
+    # deferred (start-up): owned
     from hpc_ddp.owned import Untrusted, read_owned
 
     try:
@@ -127,7 +129,7 @@ def read_saved(root: Path, name: str, shown: str) -> str | None:
 def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> str:
     """config.yaml (resolved) and overrides.yaml (what a later resume=true starts from);
     returns config.yaml's text (what the ranks are handed, made once)."""
-    import yaml
+    import yaml  # deferred: the typed schemas, yaml
 
     from hpc_ddp.config.compose import to_yaml
 

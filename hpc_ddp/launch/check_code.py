@@ -37,7 +37,7 @@ def check_code(cfg: Config, cwd: Path) -> None:
 
 def _check(cfg: Config) -> None:
     if cfg.entry is not None:
-        from hpc_ddp.rank.main.entry import resolve
+        from hpc_ddp.rank.main.entry import resolve  # deferred: hostlist
 
         resolve(cfg.entry)
         return  # the entry builds what it needs itself
@@ -51,7 +51,7 @@ def _check(cfg: Config) -> None:
 def check_script(script: str) -> None:
     """The script file exists, or the module is importable."""
     if script.startswith("-m"):
-        from hpc_ddp.targets import has_module
+        from hpc_ddp.targets import has_module  # deferred (start-up): targets
 
         module = script[2:].strip()
         if not has_module(module):
@@ -68,13 +68,14 @@ def check_script(script: str) -> None:
 
 def check_parts(cfg: Config) -> None:
     """Build the `_target_` parts as a rank would, and check the classes agree."""
-    from hpc_ddp.trainer.models import check_classes
+    from hpc_ddp.trainer.models import check_classes  # deferred (start-up): trainer.models
 
     classes = _data_classes(cfg)
     check_classes(cfg, classes)
     if any(getattr(cfg, p).target is not None for p in ("model", "optim", "scheduler")):
         _model_and_optimizer(cfg, classes)
     if cfg.loss.target is not None or cfg.metrics.target is not None:
+        # deferred (start-up): trainer.objectives
         from hpc_ddp.trainer.objectives import build_loss, build_metrics
 
         build_loss(cfg.loss)
@@ -88,15 +89,15 @@ def _data_classes(cfg: Config) -> int | None:
         key = json.dumps({"target": d.target, "kwargs": d.kwargs, "seed": cfg.trainer.seed},
                          sort_keys=True, default=str)
         if key not in _FACTORY_CLASSES:  # a sweep's points mostly share their data
-            from hpc_ddp.data.sets import build_datasets
+            from hpc_ddp.data.sets import build_datasets  # deferred (start-up): data.sets
 
             _FACTORY_CLASSES[key] = build_datasets(d, cfg.trainer.seed).num_classes
         return _FACTORY_CLASSES[key]
     if d.name == "image_folder" and d.root:
-        from hpc_ddp.data import image_folder
+        from hpc_ddp.data import image_folder  # deferred (start-up): data.image_folder
 
         if Path(d.root).expanduser().is_file():  # a tar: its classes are known once extracted
-            from hpc_ddp.data.staging import source_of
+            from hpc_ddp.data.staging import source_of  # deferred: concurrent, tarfile
 
             source_of(d.root)
             if not d.stage:
@@ -106,6 +107,7 @@ def _data_classes(cfg: Config) -> int | None:
             return None
         return len(image_folder.check_root(d.root, (d.train_split, d.eval_split))[d.train_split])
     if d.name == "shards" and d.root:
+        # deferred (start-up): data.shard_index
         from hpc_ddp.data.shard_index import read_index, split_of
 
         index = read_index(d.root)  # before launch: a folder pack never wrote fails here
@@ -118,7 +120,7 @@ def _data_classes(cfg: Config) -> int | None:
 def _model_and_optimizer(cfg: Config, classes: int | None) -> None:
     """The model on the meta device (no memory), then the optimizer and the scheduler over
     its parameters."""
-    import torch
+    import torch  # deferred: torch; start-up: targets, trainer.models, trainer.optim
 
     from hpc_ddp.targets import TargetError
     from hpc_ddp.trainer.models import build_model

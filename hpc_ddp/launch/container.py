@@ -106,7 +106,7 @@ def mounts(cfg: Config, run_root: Path | None) -> list[Mount]:
 
 
 def _conf_env() -> str | None:
-    from hpc_ddp.config.folders import CONF_ENV
+    from hpc_ddp.config.folders import CONF_ENV  # deferred (start-up): config.folders
 
     return os.environ.get(CONF_ENV) or None
 
@@ -213,7 +213,7 @@ def shown(cmd: TaskCommand) -> str:
 def setup_lines(cfg: Config, run_root: Path | None) -> list[str]:
     """Batch-script lines before srun, outside the container: the NAME=value environment,
     and Slurm's relay for the ranks inside (slurm/relay.py)."""
-    from hpc_ddp.slurm import relay as slurm_relay
+    from hpc_ddp.slurm import relay as slurm_relay  # deferred (start-up): slurm.relay
 
     lines = []
     for name, value in exports(cfg).items():

@@ -49,7 +49,7 @@ def executor_parameters(cfg: Config, environ: Mapping[str, str]) -> dict[str, An
 
 def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> Any:
     """Start ``task`` (default: training) on every rank; returns submitit's LocalJob."""
-    import submitit
+    import submitit  # deferred: submitit
 
     # Each task loads its pickle only once it passed the ownership checks (rank/main/submitted.py).
     executor = submitit.LocalExecutor(
@@ -120,7 +120,7 @@ def _terminal_interrupt_ignored() -> Iterator[None]:
 def stop(pid: int, started: int | None, grace_s: float) -> None:
     """Stop a local job: SIGTERM to its controller, which forwards it to every rank (they
     agree on a step, checkpoint and exit); whatever still runs after ``grace_s`` is killed."""
-    import psutil
+    import psutil  # deferred: psutil
 
     if not pid_alive(pid, started):
         return
@@ -141,7 +141,7 @@ def stop(pid: int, started: int | None, grace_s: float) -> None:
 
 
 def _is_controller(proc: Any) -> bool:
-    import psutil
+    import psutil  # deferred: psutil
 
     try:
         return "submitit.local._local" in " ".join(proc.cmdline())

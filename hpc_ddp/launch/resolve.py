@@ -90,6 +90,7 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
                         device_count: Callable[[], int] | None = None
                         ) -> tuple[Config, Layout]:
     """:func:`resolve`, and why the run gets the ranks and devices it gets."""
+    # deferred (start-up): launch.step
     from hpc_ddp.launch import step
 
     cluster = cfg.cluster
@@ -158,6 +159,7 @@ def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
 def saved_overrides(root: Path, shown: str) -> list[str]:
     """The run's overrides.yaml, read once it passed the ownership checks
     (inputs/run_dir.read_saved) and with its YAML aliases counted (config/yaml_guard.py)."""
+    # deferred (start-up): config.yaml_guard, inputs.run_dir
     from hpc_ddp.config import yaml_guard
     from hpc_ddp.inputs.run_dir import read_saved
 
@@ -174,6 +176,7 @@ def saved_overrides(root: Path, shown: str) -> list[str]:
 
 def _as_bool(value: object) -> bool:
     """The boolean the typed config will see (OmegaConf also reads on/yes/1 as true)."""
+    # deferred: omegaconf
     from omegaconf import BooleanNode
     from omegaconf.errors import ValidationError
 
@@ -185,6 +188,7 @@ def _as_bool(value: object) -> bool:
 
 def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
     """key -> value as Hydra parses it (so resume=on and resume=True mean the same)."""
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
@@ -198,6 +202,7 @@ def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
 @functools.cache
 def cuda_device_count() -> int:
     """The CUDA devices torch can use from this process (0 without CUDA); asked once."""
+    # deferred: torch
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

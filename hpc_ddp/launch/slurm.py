@@ -134,7 +134,7 @@ def _bare_signal(signal: str) -> str:
 
 @functools.cache
 def _executor_class() -> Any:
-    import submitit
+    import submitit  # deferred: submitit
 
     class Executor(submitit.SlurmExecutor):  # type: ignore[misc]
         """submitit's Slurm executor without its "srun on PATH" test at construction: a dry
@@ -215,7 +215,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
            environ: Mapping[str, str] | None = None) -> Any:
     """Submit ``task`` (default: training) on every rank; returns submitit's SlurmJob.
     A job that could never start is refused first (one sinfo call, slurm_fit)."""
-    from hpc_ddp.slurm import fit as slurm_fit
+    from hpc_ddp.slurm import fit as slurm_fit  # deferred (start-up): slurm.fit
 
     environ = os.environ if environ is None else environ
     check_shell_safety(cfg)

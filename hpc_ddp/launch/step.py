@@ -114,7 +114,7 @@ def command(cfg: Config, alloc: Allocation, python: str,
     config; partition, account, time and the like belong to the allocation. ``python``: the
     default interpreter; a container or an environment to activate (launch/container.py,
     mounting ``run_root``) comes between srun's options and it."""
-    from hpc_ddp.launch import container
+    from hpc_ddp.launch import container  # deferred (start-up): launch.container
 
     c = cfg.cluster
     tasks = c.tasks_per_node or 1
@@ -164,6 +164,7 @@ def current(environ: Mapping[str, str] | None = None) -> Allocation:
 def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> StepHandle:
     """Start the step (srun in its own session: the terminal's Ctrl-C reaches this process,
     which stops the step properly); returns its handle at once."""
+    # deferred: hostlist; start-up: config.compose
     from hpc_ddp.config.compose import to_yaml
     from hpc_ddp.rank.main.task import training_task
 
@@ -173,7 +174,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
     task_file = run.submitit / f"step-{uuid.uuid4().hex[:12]}.pkl"
     with open(task_file, "wb") as handle:
         pickle.dump(task or training_task(to_yaml(cfg), str(run.root)), handle)
-    from hpc_ddp.launch import container
+    from hpc_ddp.launch import container  # deferred (start-up): launch.container
 
     argv = command(cfg, alloc, sys.executable, run.root)
     # The lines an sbatch script runs before its srun: the user's, then the container's
@@ -221,7 +222,7 @@ def stop(run: RunDir, pid: int, started: int | None, grace_s: float, since: floa
     which agree on a step, checkpoint and exit; srun itself would answer a SIGTERM by killing
     them ("forcing job termination"). Whatever still runs after ``grace_s`` is ended by
     ending srun. The step's id is what rank 0 recorded (once it joined)."""
-    from hpc_ddp.launch.local import stop as end_process
+    from hpc_ddp.launch.local import stop as end_process  # deferred: hostlist
 
     record = _rank0_record(run, since)
     step = str(record.get("job_id", "")) if record else ""

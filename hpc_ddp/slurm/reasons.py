@@ -157,7 +157,7 @@ def _never(code: str, reason: str, request: Request | None,
 def _with_facts(code: str, reason: str, asks: Request,
                 parts: Mapping[str, Partition]) -> tuple[str, str] | None:
     if code == "ReqNodeNotAvail":
-        from hpc_ddp import hostlist
+        from hpc_ddp import hostlist  # deferred (start-up): hostlist
 
         names = reason.partition("UnavailableNodes:")[2].strip()
         known = {n for p in parts.values() for g in p.groups if g.names
@@ -213,7 +213,8 @@ def pending_of(state: JobState, run_dir: Path,
 def _request(run_dir: Path) -> Request | None:
     """The run's request from its config.yaml, read as plain YAML (a millisecond; composing
     the Config would take ~50 ms, a minute for a 1,000-point sweep)."""
-    import yaml
+    # deferred: yaml; start-up: config.yaml_guard
+    import yaml  # deferred: yaml
 
     from hpc_ddp.config import yaml_guard
 

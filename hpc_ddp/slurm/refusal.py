@@ -77,7 +77,7 @@ def refusal(cfg: Config, exc: BaseException,
 
     When no controller answers ``scontrol ping`` that is the reason, whatever sbatch said;
     otherwise the message names the key behind sbatch's words and carries those words."""
-    from submitit.core.utils import FailedJobError
+    from submitit.core.utils import FailedJobError  # deferred: submitit; start-up: slurm.controller
 
     from hpc_ddp.slurm.controller import slurm_available
 
@@ -132,7 +132,7 @@ def blamed(cfg: Config, said: str, environ: Mapping[str, str]
 
 
 def _diagnosed(cfg: Config, environ: Mapping[str, str]) -> UserError | None:
-    from hpc_ddp.slurm.fit import Request, partitions, problem
+    from hpc_ddp.slurm.fit import Request, partitions, problem  # deferred (start-up): slurm.fit
 
     parts = partitions(environ)
     return problem(Request.of(cfg, environ), parts) if parts else None

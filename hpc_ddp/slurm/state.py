@@ -187,7 +187,7 @@ class SlurmJobView:
     def cancel(self, check: bool = False) -> None:
         """scancel the job; with ``check``, a refusal is a UserError carrying scancel's reason.
         Without scancel on PATH the job cannot be cancelled from here, which is always said."""
-        from hpc_ddp.errors import UserError
+        from hpc_ddp.errors import UserError  # deferred (start-up): errors
 
         try:
             done = subprocess.run(["scancel", self.job_id], capture_output=True, text=True,

@@ -46,6 +46,7 @@ def max_array_size(environ: Mapping[str, str]) -> int:
 
 def groups(plans: list[api.Plan]) -> list[list[int]]:
     """Point indices grouped by identical Slurm parameters (one array, or more, each)."""
+    # deferred: hostlist
     from hpc_ddp.launch import slurm
 
     found: dict[str, list[int]] = {}
@@ -60,6 +61,7 @@ def arrays(plans: list[api.Plan], folder: Path,
     """Each job array as it would be submitted: its points (grouped by Slurm parameters,
     split to fit MaxArraySize) and submitit's executor for it, after the shell-safety checks.
     submitit keeps the array's files in <sweep dir>/submitit/<array>_<task>/."""
+    # deferred: hostlist
     from hpc_ddp.launch import slurm
 
     size = plans[0].cfg.sweep.max_array_size or max_array_size(environ)
@@ -77,6 +79,7 @@ def arrays(plans: list[api.Plan], folder: Path,
 def submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
                   environ: Mapping[str, str], phases: Phases) -> None:
     """One sbatch per array: points grouped by identical Slurm parameters, then chunked."""
+    # deferred (start-up): inputs.run_dir
     from hpc_ddp.inputs.run_dir import write_run_config
 
     for indices, executor in arrays(plans, folder, environ):
@@ -92,6 +95,7 @@ def submit_arrays(manifest: dict[str, Any], plans: list[api.Plan], folder: Path,
 def _submit_array(manifest: dict[str, Any], plans: list[api.Plan], indices: list[int],
                   executor: Any, texts: dict[int, str], hidden: dict[str, str], folder: Path,
                   environ: Mapping[str, str], phases: Phases) -> None:
+    # deferred: hostlist
     from hpc_ddp.launch import slurm
     from hpc_ddp.rank.main.task import training_task
 

@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import decimal
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,7 @@ class Point:
 
 def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     """The cartesian product of the swept values, in the order the keys were given."""
+    # deferred: hydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -80,8 +83,6 @@ def _shown(key: str, value: str, marks: Marks) -> str:
 def range_count(start: Any, stop: Any, step: Any) -> int:
     """How many values range(start, stop, step) gives (Hydra's, floats included), counted
     without making them; ValueError for a step of 0 or a bound that is not a number."""
-    import decimal
-    import math
 
     try:
         first, last, by = (decimal.Decimal(str(v)) for v in (start, stop, step))
@@ -97,6 +98,7 @@ def range_count(start: Any, stop: Any, step: Any) -> int:
 def _swept_values(item: Any, key: str, overrides: Sequence[str], limit: int) -> list[str]:
     """The grid values of one swept override, glob() over the group's options included; a
     range is counted before it is made (at most ``limit`` values)."""
+    # deferred: hydra
     from hydra.core.override_parser.types import Glob, RangeSweep, ValueType
 
     typed = (item.input_line or "").partition("=")[2]
@@ -115,6 +117,7 @@ def _swept_values(item: Any, key: str, overrides: Sequence[str], limit: int) -> 
         raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
                         "cannot enumerate.", "list the values, or use range(start,stop,step).")
     if item.value_type == ValueType.GLOB_CHOICE_SWEEP:
+        # deferred (start-up): config.compose
         from hpc_ddp.config.compose import search_folders, user_config_dir
 
         options = group_options(key, search_folders(user_config_dir(overrides)))

@@ -59,6 +59,7 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
         raise UserError("sweep.dir", str(folder), "already holds files; nothing is touched.",
                         "choose a new sweep.dir.")
     if folder.exists():
+        # deferred (start-up): inputs.run_dir
         from hpc_ddp.inputs.run_dir import check_owned_folder
 
         check_owned_folder(folder, "sweep.dir", str(folder))
@@ -128,6 +129,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
         return 0
     kind = plans[0].cfg.cluster.kind
     if kind == "slurm":
+        # deferred: hostlist; start-up: slurm.fit
         from hpc_ddp.launch.slurm import check_client
         from hpc_ddp.slurm.fit import check
 
@@ -196,6 +198,7 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
         lines += [f"  point {p.index}: {p.label()} -> {plan.run_dir.root}"
                   for p, plan in zip(points, plans, strict=True)]
         return "\n".join(lines)
+    # deferred: hostlist
     from hpc_ddp.launch.slurm import submission_text
 
     scripts = []
@@ -214,6 +217,7 @@ def _dry_run(points: list[Point], plans: list[api.Plan], folder: Path,
 
 def _preflight(plans: list[api.Plan], folder: Path, out: TextIO) -> bool:
     """The doctor once per job shape (the first point of each group), before any submission."""
+    # deferred: hostlist
     from hpc_ddp.doctor import preflight
 
     firsts = [g[0] for g in arrays.groups(plans)] if plans[0].cfg.cluster.kind == "slurm" else [0]
@@ -239,6 +243,7 @@ def _interrupted(manifest: dict[str, Any], running: list[tuple[int, api.Run]],
                  waiting: list[int], out: TextIO) -> None:
     """Ctrl-C in a local sweep: the running points checkpoint and stop (all at once); the
     commands that continue them and run the others are printed."""
+    # deferred: concurrent
     from concurrent.futures import ThreadPoolExecutor
 
     print(f"\ninterrupted: {len(running)} running point(s) save a checkpoint and stop; "
@@ -277,6 +282,7 @@ def _run_points(manifest: dict[str, Any], plans: list[api.Plan], folder: Path, o
                 ok = run.state == "COMPLETED"
                 failed += not ok
                 summary = run.summary() or {}
+                # deferred: hostlist
                 from hpc_ddp.rank.supervise.outcome import summary_line
 
                 print(f"point {i}: {'done' if ok else 'FAILED'}"
@@ -300,6 +306,7 @@ def _show_progress(running: list[tuple[int, api.Run]], shown: dict[int, float], 
 def progress_line(progress: dict[str, Any]) -> str:
     """"step 40/64  loss 1.3086  16320 samples/s  epoch 1" (what is known of it: no total for a
     loop that gave none); a stop's: "stopped at step 520 of 100000, checkpoint saved"."""
+    # deferred (start-up): follow
     from hpc_ddp.follow import progress_text
 
     total = progress.get("total_steps")

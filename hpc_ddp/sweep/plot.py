@@ -57,7 +57,7 @@ def sweep_axis(params: Sequence[dict[str, Any]]) -> tuple[str, list[str]] | None
 def plot_runs(runs: Sequence[tuple[str, Path]], out: Path) -> None:
     """Draw ``runs`` (label, run dir) into ``out`` (.png, .pdf, .svg); UserError if it cannot
     be written."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib
 
     fig = figure(runs)
     try:
@@ -71,10 +71,10 @@ def plot_runs(runs: Sequence[tuple[str, Path]], out: Path) -> None:
 
 def figure(runs: Sequence[tuple[str, Path]]) -> Any:
     """The matplotlib figure of ``runs`` (see the module's docstring)."""
-    import matplotlib
+    import matplotlib  # deferred: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib, the typed schemas
 
     from hpc_ddp.api import JOB_FILE, Run
 

@@ -42,7 +42,7 @@ class Phases:
         target = environ.get(SPLIT_ENV)
         if not target:
             return
-        import psutil
+        import psutil  # deferred: psutil
 
         started = psutil.Process(os.getpid()).create_time()
         total = time.time() - started

@@ -18,7 +18,7 @@ Stats = tuple[tuple[float, ...], tuple[float, ...]]
 def _affine(device: Any, stats: Stats = (MEAN, STD)) -> tuple[Any, Any]:
     """(scale, shift) with (x / 255 - mean) / std == x * scale + shift, made once per device
     (a tensor built from a list on every step would be a blocking host-to-GPU copy)."""
-    import torch
+    import torch  # deferred: torch
 
     std = torch.tensor(stats[1], dtype=torch.float64).view(1, 3, 1, 1)
     mean = torch.tensor(stats[0], dtype=torch.float64).view(1, 3, 1, 1)
@@ -30,7 +30,7 @@ def _affine(device: Any, stats: Stats = (MEAN, STD)) -> tuple[Any, Any]:
 def prepare_inputs(inputs: Any, stats: Stats | None, channels_last: bool) -> Any:
     """A batch's inputs as the model takes them: uint8 images normalised with ``stats``
     (built-in image data), else as the data set gave them; NHWC for a conv net's 4-d input."""
-    import torch
+    import torch  # deferred: torch
 
     if stats is not None:
         return normalize(inputs, channels_last, stats)
@@ -41,7 +41,7 @@ def prepare_inputs(inputs: Any, stats: Stats | None, channels_last: bool) -> Any
 
 def normalize(images: Any, channels_last: bool = False, stats: Stats = (MEAN, STD)) -> Any:
     """uint8 [N,3,H,W] -> float32 normalised by ``stats`` (default: CIFAR-10's)."""
-    import torch
+    import torch  # deferred: torch
 
     if channels_last:  # reorder the uint8 batch (a quarter of the float's bytes)
         images = images.contiguous(memory_format=torch.channels_last)
@@ -57,6 +57,7 @@ def flip_and_crop(images: Any, gen: Any, pad: int = 4) -> Any:
     One gather for the whole batch: sample i is flipped if ``flips[i]``, zero-padded by
     ``pad`` and cut at (offsets[i, 0], offsets[i, 1]) of the padded image.
     """
+    # deferred: torch
     import torch
     import torch.nn.functional as F
 

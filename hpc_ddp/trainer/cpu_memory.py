@@ -27,6 +27,7 @@ def keep_freed_memory() -> bool:
     global _applied
     if _applied:
         return True
+    # deferred: ctypes
     import ctypes
     import ctypes.util
 

@@ -43,7 +43,7 @@ class Tuning:
 
 def cpu_has_native_bf16() -> bool:
     """AVX512-BF16 or AMX: bf16 matrix kernels in hardware, not emulated."""
-    import torch
+    import torch  # deferred: torch
 
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
@@ -61,7 +61,7 @@ def resolve_precision(precision: str, device: Any) -> str:
 
 def autocast_dtype(precision: str) -> Any:
     """The autocast dtype of a resolved precision (None: fp32, no autocast)."""
-    import torch
+    import torch  # deferred: torch
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
@@ -91,6 +91,7 @@ def apply_process_settings(deterministic: bool, cudnn_benchmark: bool,
     """The process-wide switches a rank trains under (rank.py sets determinism when it joins,
     :func:`wrap` the rest; a benchmark running several contenders in one process sets them
     before each). The defaults of the last two are torch's."""
+    # deferred: torch
     import torch
     import torch.utils.deterministic
 
@@ -104,6 +105,7 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
     """(the DDP module, the callable to run forward with: the same module, or compiled).
     Also sets the process-wide switches of ``tune`` (cuDNN autotuning, NaN-filling, the CPU
     allocator)."""
+    # deferred: torch
     import torch
     import torch.utils.deterministic
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -136,6 +138,7 @@ def _channels_last_gradients(model: Any) -> None:
     tiny CNN three copies and a fill, ~2.5 ms a step). Converting the gradient once at the
     flatten is one copy; the values are the same.
     """
+    # deferred: torch
     import torch
     import torch.nn as nn
 

@@ -38,6 +38,7 @@ class Evaluator:
     def run(self, forward: Callable[[Any], Any], loader: Any, stats: Stats | None,
             channels_last: bool, autocast_dtype: Any) -> dict[str, float]:
         """{"loss": mean, <metric>: mean, ...} over every rank's shard."""
+        # deferred: torch
         import torch
         import torch.distributed as dist
 

@@ -2,9 +2,11 @@
 
 ``Trainer.train`` reads like a table of contents; every counter that matters for an exact
 resume (step, epoch, position inside the epoch, log window) is in ``state_dict``, and each
-rank's RNG streams go in a file of its own (rank/services/ckpt_writer.py). The performance settings
-(precision, memory format, DDP options, compilation, optimizer kernel, allocator) are
-resolved in ``ddp_setup``. Nothing in a step waits for the GPU or for the other ranks
+rank's RNG streams go in a file of its own (rank/services/ckpt_writer.py). The trainer runs
+through the same :class:`~hpc_ddp.rank.context.context.Context` a user's loop gets: its
+checkpoints, resume, stop agreement, metrics and restart history are the Context's. The
+performance settings (precision, memory format, DDP options, compilation, optimizer kernel,
+allocator) are resolved in ``ddp_setup``. Nothing in a step waits for the GPU or for the other ranks
 beyond DDP's own all-reduce: the periodic log and stop-agreement collective is read a step
 later (``window_sync``); evaluations wait, checkpoints only for the copy to the CPU.
 """
@@ -18,14 +20,15 @@ import math
 import time
 from typing import Any
 
+import torch
+
 from hpc_ddp.config.schema import Config
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
+from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.rank.services import checkpoint, rng, stopping, window_sync
-from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
+from hpc_ddp.rank.services import rng, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
-from hpc_ddp.rank.services.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
@@ -35,7 +38,6 @@ from hpc_ddp.trainer.objectives import batch_size, build_loss, build_metrics, to
 from hpc_ddp.trainer.optim import build_optimizer, build_scheduler, load_optimizer_state
 
 log = logging.getLogger(__name__)
-# Seconds between rewrites of progress.json (the last step's is always written).
 
 
 class Trainer:
@@ -43,10 +45,10 @@ class Trainer:
                  stop: stopping.StopRequest | None = None, cpus: int | None = None) -> None:
         """``cpus``: the task's CPUs, for the loader's auto settings (default: the intra-op
         thread count rank.py set from them)."""
-        import torch
 
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         self.stop = stop
+        self.ctx = Context(cfg, run, env, device, stop=stop)
         t = cfg.trainer
         rng.seed_all(t.seed)
         self.data = build_datasets(cfg.data, t.seed, env.rank, env.world_size)
@@ -85,13 +87,8 @@ class Trainer:
         self.window: dict[str, Any] = {"loss_sum": 0.0, "count": 0, "samples": 0}
         self.last_train_loss = float("nan")
         self.last_eval: dict[str, float] = {}
-        self.restarts: list[dict[str, Any]] = []
-        self.resumed_from_step: int | None = None
         self.checkpoint_step: int | None = None
-        self._sync = window_sync.Periodic()  # see _start_reduction
         self._settled = False
-        self.writer = CheckpointWriter.from_config(t, run.checkpoints, env.rank,
-                                                   env.world_size, env.restart)
 
     # -- state ---------------------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:
@@ -99,7 +96,8 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume but the random streams, which each rank saves on its own
-        (save_checkpoint). References to the live tensors: copy them before they change."""
+        (save_checkpoint), and the restart history and world size, which the Context records
+        beside it. References to the live tensors: copy them before they change."""
         self._finish_reduction()  # samples_seen and the loss are counted in
         return {
             "model": self.model.module.state_dict(),
@@ -112,8 +110,6 @@ class Trainer:
                          "window": {**self.window, "loss_sum": float(self.window["loss_sum"])},
                          "last_train_loss": self.last_train_loss,
                          "last_eval": dict(self.last_eval)},
-            "restarts": list(self.restarts),
-            "world_size": self.env.world_size,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -126,34 +122,16 @@ class Trainer:
         self.micro_in_epoch, self.samples_seen = c["micro_in_epoch"], c["samples_seen"]
         self.window, self.last_train_loss = dict(c["window"]), c["last_train_loss"]
         self.last_eval = dict(c["last_eval"])
-        self.restarts = list(state["restarts"])
-        if state["world_size"] == self.env.world_size:
-            self._restore_streams(c["global_step"])
-        else:
-            log.warning("checkpoint was written with world_size %d, now %d: data order and "
-                        "RNG streams restart; the run is no longer bitwise reproducible",
-                        state["world_size"], self.env.world_size)
-
-    def _restore_streams(self, step: int) -> None:
-        """This rank's random streams of ``step``, from its own file (services/checkpoint)."""
-        streams = checkpoint.load_streams(self.run.checkpoints, self.env.rank, step)
-        if streams is None:
-            log.warning("rank %d restarts its random streams: the run is no longer bitwise "
-                        "reproducible", self.env.rank)
-            return
-        rng.restore(streams, self._generators())
 
     def resume_if_possible(self, cause: str) -> None:
-        # Onto the CPU: RNG states must stay CPU byte tensors, and load_state_dict moves the
-        # weights and optimizer state to the parameters' device itself (optimizer step
-        # counters stay on the CPU where torch wants them there).
-        state = checkpoint.load_for_resume(self.run, self.env.is_master, self.env.restart,
-                                           accept=self.load_state_dict,
-                                           step_of=lambda _: self.global_step)
-        if state is None:
+        """Continue from the newest usable checkpoint, if any (ctx.load: this rank's random
+        streams too). Loaded onto the CPU: RNG states must stay CPU byte tensors, and
+        load_state_dict moves the weights and optimizer state to the parameters' device
+        itself (optimizer step counters stay on the CPU where torch wants them there)."""
+        self.ctx.resume_cause = cause
+        if self.ctx.load(generators=self._generators(), check=self.load_state_dict) is None:
             return
-        self.resumed_from_step = self.checkpoint_step = self.global_step
-        self.restarts.append(checkpoint.restart_record(self.global_step, cause))
+        self.checkpoint_step = self.global_step
         log.info("resumed from step %d (epoch %d, batch %d of the epoch)", self.global_step,
                  self.epoch, self.micro_in_epoch)
 
@@ -168,17 +146,15 @@ class Trainer:
                 self.evaluate()
             if self.checkpoint_step != self.global_step:
                 self.save_checkpoint()
-            self.writer.wait()  # the last checkpoint is on disk before the run reports done
+            self.ctx.flush()  # the last checkpoint is on disk before the run reports done
             finished = True
             return self.summary()
         finally:
             self.close(finished)
 
     def begin(self) -> None:
-        """Open the metrics and start the clock (train() does this; benchmarks call it)."""
-        purge = self.global_step + 1 if self.resumed_from_step is not None else None
-        self.metrics = MetricsWriter(self.run.tb, self.run.progress, self.env.is_master,
-                                     purge, self.total_steps)
+        """Start the clock (train() does this; benchmarks call it)."""
+        self.ctx.total_steps = self.total_steps
         log.info("training %s on %s (%s): %d steps, world size %d, %d steps done",
                  describe_model(self.cfg.model), describe(self.data), self.device,
                  self.total_steps, self.env.world_size, self.global_step)
@@ -190,7 +166,6 @@ class Trainer:
     def _settle_buckets(self) -> None:
         """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
         a resumed run sums gradients exactly as the uninterrupted one."""
-        import torch
 
         if self._settled:
             return
@@ -205,20 +180,10 @@ class Trainer:
                            targets, self.criterion, self._generators())
 
     def close(self, finished: bool = True) -> None:
-        """Flush what is pending; ``finished`` false (the loop raised): the error in flight
-        is the cause, so neither the log reduction (a dead peer never joins it) nor the
-        checkpoint being written (only logged if it fails) replaces it."""
-        if not finished:
-            self._sync.drop()
-        try:
-            self.writer.wait()  # a checkpoint still being written is on disk before we go
-        except Exception as exc:
-            if finished:
-                raise
-            log.error("the checkpoint being written when training failed is not the latest: "
-                      "%s", exc)
-        self._finish_reduction()
-        self.metrics.close()
+        """Flush what is pending (Context.close); ``finished`` false (the loop raised): the
+        error in flight is the cause, so neither the log reduction (a dead peer never joins
+        it) nor the checkpoint being written (only logged if it fails) replaces it."""
+        self.ctx.close(finished)
 
     def train_steps(self, steps: int) -> None:
         """Train ``steps`` more optimizer steps (at most up to total_steps), then return.
@@ -254,7 +219,6 @@ class Trainer:
                     return
 
     def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
-        import torch
 
         images = to_device(images, self.device)
         labels = to_device(labels, self.device)
@@ -292,7 +256,7 @@ class Trainer:
         check_stop = (self.stop is not None and not last
                       and self.global_step % t.stop_check_interval == 0)
         if log_now or check_stop:
-            self._start_reduction(log_now, self.stop.code if check_stop and self.stop else None)
+            self._start_reduction(log_now, check_stop)
             if last:
                 self._finish_reduction()
         if (t.eval_interval and self.global_step % t.eval_interval == 0) or (
@@ -302,55 +266,49 @@ class Trainer:
         # finished run's checkpoint holds its final metrics too.
         if self.global_step % t.checkpoint_interval == 0 and not last:
             self.save_checkpoint()
-        if self._sync.agreed != stopping.NONE:
+        if self.ctx.stop_code != stopping.NONE:
             self._stop()
 
     def _stop(self) -> None:
         """The ranks agreed that one of them was signalled: all stop here, checkpointed."""
-        code = self._sync.agreed
+        code = self.ctx.stop_code
         log.warning("stop requested (%s): checkpointing at step %d", "SIGTERM" if code ==
                     stopping.TERM else "requeue signal", self.global_step)
         if self.checkpoint_step != self.global_step:
             self.save_checkpoint()
-        self.writer.wait()  # complete before the job is requeued or ends
+        self.ctx.flush()  # complete before the job is requeued or ends
         self._finish_reduction()  # every rank is here: this step's log window is read
         # progress.json says where the run stands: the stop step (its checkpoint), which may
         # lie after the last logged step.
-        self.metrics.write_progress(self.global_step, self.epoch,
-                                    {"loss": self.last_train_loss, "stopped": 1.0})
+        self.ctx.metrics.write_progress(self.global_step, self.epoch,
+                                        {"loss": self.last_train_loss, "stopped": 1.0})
         raise stopping.StopTraining(code, self.global_step)
 
-    def _start_reduction(self, log_now: bool, stop_code: int | None) -> None:
-        """Launch this step's collective (services/window_sync): the log window's sums and/or
-        the stop agreement; read at the next step or before anything that needs the result."""
+    def _start_reduction(self, log_now: bool, check_stop: bool) -> None:
+        """Launch this step's collective through the Context (services/window_sync): the log
+        window's sums and/or the stop agreement; read at the next step or before anything
+        that needs the result."""
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
-        w: dict[str, Any] = self.window if log_now else {"loss_sum": 0.0, "count": 0,
-                                                         "samples": 0}
-        self._sync.launch(window_sync.start(
-            w["loss_sum"], w["count"], w["samples"], stop_code, self.device,
-            step=self.global_step, epoch=self.epoch, lr=self.scheduler.get_last_lr()[0],
-            elapsed_s=elapsed, log=log_now))
+        w = self.window
+        self.ctx.launch_collective(
+            step=self.global_step, check_stop=check_stop,
+            window=(w["loss_sum"], w["count"], w["samples"]) if log_now else None,
+            on_sums=self._write_log if log_now else None, epoch=self.epoch,
+            lr=self.scheduler.get_last_lr()[0], elapsed_s=elapsed)
         if log_now:
             self._window_start = now
             self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
 
     def _finish_reduction(self) -> None:
-        done = self._sync.read()
-        if done is not None and done[0].log:
-            pending, sums = done
-            self._write_log(pending, sums.loss_sum, sums.batches, sums.samples)
+        self.ctx.finish_collective()
 
-    def _write_log(self, p: window_sync.Reduction, loss_sum: float, count: float,
-                   samples: float) -> None:
-        self.samples_seen += int(samples)
-        self.last_train_loss = loss_sum / max(count, 1)
+    def _write_log(self, p: window_sync.Reduction, sums: window_sync.Sums) -> None:
+        self.samples_seen += int(sums.samples)
+        self.last_train_loss = sums.loss_sum / max(sums.batches, 1)
         values = {"train/loss": self.last_train_loss, "train/lr": p.lr,
-                  "train/samples_per_s": samples / p.elapsed_s}
-        self.metrics.scalars(p.step, values)
-        self.metrics.write_progress(p.step, p.epoch,
-                                    {k.split("/")[1]: v for k, v in values.items()},
-                                    force=p.step >= self.total_steps)
+                  "train/samples_per_s": sums.samples / p.elapsed_s}
+        self.ctx.log(values, p.step, epoch=p.epoch, final=p.step >= self.total_steps)
         log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", p.step,
                  self.total_steps, p.epoch, self.last_train_loss, p.lr,
                  values["train/samples_per_s"])
@@ -365,7 +323,8 @@ class Trainer:
                                    self.tuning.channels_last, self.autocast_dtype)
         self.model.train()
         self.last_eval = {"step": self.global_step, **means}
-        self.metrics.scalars(self.global_step, {f"eval/{k}": v for k, v in means.items()})
+        self.ctx.log({f"eval/{k}": v for k, v in means.items()}, self.global_step,
+                     progress=False)
         log.info("eval at step %d: %s", self.global_step,
                  " ".join(f"{k} {v:.4f}" for k, v in means.items()))
         return self.last_eval
@@ -374,8 +333,7 @@ class Trainer:
         """Every rank, at the same step: rank 0's state and each rank's random streams are
         copied to the CPU here and written in the background (rank/services/ckpt_writer.py)."""
         self._finish_reduction()  # on every rank: its result is awaited by all
-        state = self.state_dict() if self.env.is_master else None
-        self.writer.save(self.global_step, state, rng.capture(self._generators()))
+        self.ctx.save(self.state_dict(), self.global_step, generators=self._generators())
         self.checkpoint_step = self.global_step
 
     def summary(self) -> dict[str, Any]:
@@ -394,9 +352,9 @@ class Trainer:
             "eval_metrics": {k: v for k, v in self.last_eval.items() if k != "step"},
             "samples_per_s": (self.samples_seen - self.samples_at_start) / max(elapsed, 1e-9),
             "train_time_s": elapsed,
-            "resumed_from_step": self.resumed_from_step,
-            "restarts": len(self.restarts),
-            "restart_history": self.restarts,
+            "resumed_from_step": self.ctx.resumed_from_step,
+            "restarts": len(self.ctx.restarts),
+            "restart_history": self.ctx.restarts,
             "device": str(self.device),
             "settings": self.tuning.as_dict(),
         }

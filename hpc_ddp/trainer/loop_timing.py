@@ -119,7 +119,7 @@ class StepTimer:
     def _mark(self) -> Any:
         if not self.cuda:
             return time.perf_counter()
-        import torch
+        import torch  # deferred: torch
 
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -130,7 +130,7 @@ class StepTimer:
 
     def _sync(self) -> None:
         if self.cuda:
-            import torch
+            import torch  # deferred: torch
 
             torch.cuda.synchronize(self.device)
 
@@ -200,7 +200,7 @@ _CLEAR_REFS = Path("/proc/self/clear_refs")
 def _reset_peak_memory(device: Any) -> float | None:
     """Reset the peak-memory counter; returns the memory in use now (MB)."""
     if getattr(device, "type", "cpu") == "cuda":
-        import torch
+        import torch  # deferred: torch
 
         torch.cuda.reset_peak_memory_stats(device)
         return float(torch.cuda.memory_allocated(device)) / 2**20
@@ -213,7 +213,7 @@ def _reset_peak_memory(device: Any) -> float | None:
 
 def _peak_memory(device: Any) -> tuple[float | None, str]:
     if getattr(device, "type", "cpu") == "cuda":
-        import torch
+        import torch  # deferred: torch
 
         return float(torch.cuda.max_memory_allocated(device)) / 2**20, "cuda_allocated"
     return _status_mb("VmHWM"), "cpu_rss"

@@ -24,7 +24,7 @@ def build_model(cfg: ModelConfig, image_size: int, num_classes: int | None = Non
 
 
 def _from_target(cfg: ModelConfig, num_classes: int | None) -> Any:
-    import torch.nn as nn
+    import torch.nn as nn  # deferred: torch; start-up: targets
 
     from hpc_ddp.targets import TargetError, build
 
@@ -39,7 +39,7 @@ def _from_target(cfg: ModelConfig, num_classes: int | None) -> Any:
 
 def builtin_model(name: str, num_classes: int, image_size: int) -> Any:
     """tiny_cnn, resnet18, resnet50 (and the benchmarks' null model)."""
-    import torch.nn as nn
+    import torch.nn as nn  # deferred: torch
 
     if name == "null":
         # Global average pool and a 3 -> classes linear layer: 40 parameters.
@@ -55,7 +55,7 @@ def builtin_model(name: str, num_classes: int, image_size: int) -> Any:
             nn.Flatten(),
             nn.Linear(16 * side * side, num_classes),
         )
-    from torchvision import models
+    from torchvision import models  # deferred: torchvision
 
     factory = {"resnet18": models.resnet18, "resnet50": models.resnet50}[name]
     # weights=None: nothing is downloaded at run time.
@@ -94,7 +94,7 @@ def describe_model(cfg: ModelConfig) -> str:
 
 def is_conv_net(model: Any) -> bool:
     """Whether channels_last (NHWC) applies: the model has 2-d convolutions."""
-    import torch.nn as nn
+    import torch.nn as nn  # deferred: torch
 
     return any(isinstance(m, nn.Conv2d) for m in model.modules())
 
@@ -102,7 +102,7 @@ def is_conv_net(model: Any) -> bool:
 def torchvision_model(arch: str, num_classes: int | None = None, **kwargs: Any) -> Any:
     """torchvision.models.get_model(arch), randomly initialised (nothing is downloaded)."""
 
-    from torchvision import models
+    from torchvision import models  # deferred: torchvision
 
 
     known = models.list_models()
@@ -119,7 +119,7 @@ def timm_model(arch: str, num_classes: int | None = None, **kwargs: Any) -> Any:
     """timm.create_model(arch), randomly initialised; timm is optional (pip install timm)."""
 
     try:
-        import timm
+        import timm  # optional: timm
     except ImportError:
         raise UserError("model", "timm", "needs the timm package, which is not installed.",
                         "pip install timm (on the nodes too), or use model=torchvision.") from None

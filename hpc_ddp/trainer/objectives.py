@@ -21,7 +21,7 @@ def build_loss(cfg: LossConfig) -> Callable[[Any, Any], Any]:
     """The criterion: cross-entropy (label smoothing from the config), or a `_target_`."""
     if cfg.target is not None:
         return _callable("loss", cfg.target, cfg.kwargs)
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # deferred: torch
 
     smoothing = cfg.label_smoothing
 
@@ -42,7 +42,7 @@ def _callable(part: str, target: str, kwargs: dict[str, Any]) -> Any:
     """A class is instantiated with its arguments (torch.nn.MSELoss()); a function is used as
     it is, bound to its arguments (`_partial_` implied: a loss is called with the batch)."""
 
-    from hpc_ddp.targets import TargetError, build, locate
+    from hpc_ddp.targets import TargetError, build, locate  # deferred (start-up): targets
 
     is_class = inspect.isclass(locate(target, f"{part}._target_"))
     made = build(part, target, kwargs, partial=not is_class)
@@ -72,7 +72,7 @@ def auto_accuracy(outputs: Any, targets: Any) -> dict[str, Any]:
 
 def batch_size(batch: Any) -> int:
     """The samples in a batch: the first dimension of its first tensor."""
-    import torch
+    import torch  # deferred: torch
 
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else 1
@@ -85,7 +85,7 @@ def batch_size(batch: Any) -> int:
 
 def to_device(batch: Any, device: Any) -> Any:
     """Tensors anywhere in a batch (tuple, list, dict) moved to ``device``, asynchronously."""
-    import torch
+    import torch  # deferred: torch
 
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)

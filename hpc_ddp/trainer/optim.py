@@ -13,10 +13,10 @@ def build_optimizer(params: Any, cfg: OptimConfig, fused: bool | None = False,
     """The optimizer; ``fused``: True fused, False torch's default implementation, None auto
     (fused where torch has a fused kernel for ``device_type``; built-in optimizers only: a
     `_target_` optimizer runs as its arguments say)."""
-    import torch
+    import torch  # deferred: torch
 
     if cfg.target is not None:
-        from hpc_ddp.targets import TargetError, build, call_safely
+        from hpc_ddp.targets import TargetError, build, call_safely  # deferred (start-up): targets
 
         make = build("optim", cfg.target, cfg.kwargs, partial=True)
         optimizer = call_safely(make, "optim._target_", cfg.target, params)
@@ -39,6 +39,7 @@ def use_fused(fused: bool | None, device_type: str) -> bool:
     if fused is not None:
         return fused
     try:  # torch's own list (internal; the GPU image's torch 2.11 has it too)
+        # optional: torch
         from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
     except ImportError:
         return device_type == "cuda"
@@ -79,10 +80,10 @@ def lr_factor(step: int, total_steps: int, cfg: SchedulerConfig) -> float:
 def build_scheduler(optimizer: Any, cfg: SchedulerConfig, total_steps: int) -> Any:
     """The LR scheduler, stepped once per optimizer step (a `_target_` one is called with the
     optimizer: torch.optim.lr_scheduler.StepLR with step_size in steps, or your own)."""
-    from torch.optim.lr_scheduler import LambdaLR
+    from torch.optim.lr_scheduler import LambdaLR  # deferred: torch
 
     if cfg.target is not None:
-        from hpc_ddp.targets import TargetError, build, call_safely
+        from hpc_ddp.targets import TargetError, build, call_safely  # deferred (start-up): targets
 
         make = build("scheduler", cfg.target, cfg.kwargs, partial=True)
         scheduler = call_safely(make, "scheduler._target_", cfg.target, optimizer)

@@ -153,12 +153,12 @@ def test_function_entry_stops_checkpoints_and_resumes_exactly(tmp_path: Path) ->
         time.sleep(0.05)
     assert run.cancel(grace_s=60)  # SIGTERM: should_stop() agrees, the loop saves, returns
     stopped = checkpoint.load_latest(run_dir / "checkpoints")
-    assert stopped is not None and 15 <= stopped["user"]["step"] < 60
+    assert stopped is not None and 15 <= stopped["step"] < 60
     again = api.submit([*args, f"run_dir={run_dir}", "resume=true"])
     summary = again.wait(progress=False)
     # The same RNG draws as the uninterrupted loop: the value is bitwise the same.
     assert summary["value"] == expected["value"] and summary["steps"] == 60
-    assert summary["resumed_from_step"] == stopped["user"]["step"]
+    assert summary["resumed_from_step"] == stopped["step"]
     assert summary["restarts"] == 1
 
 

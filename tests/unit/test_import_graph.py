@@ -45,10 +45,10 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 
-def modules() -> dict[str, Path]:
+def modules(root: Path = REPO) -> dict[str, Path]:
     found = {}
-    for path in sorted((REPO / "hpc_ddp").rglob("*.py")):
-        parts = list(path.relative_to(REPO).with_suffix("").parts)
+    for path in sorted((root / "hpc_ddp").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         found[".".join(parts)] = path

@@ -16,13 +16,18 @@ gets the same object from ``hpc_ddp.context()``. ::
         return {"final_loss": loss.item()}            # -> summary.json
 
 ``should_stop`` and ``save`` are collectives: every rank calls them at the same points.
+
+The built-in trainer (hpc_ddp/trainer/loop.py) runs through a Context too: its checkpoints,
+resume, stop agreement, metrics and restart history are these, so what the trainer's tests
+prove is what a user's loop gets.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+import socket
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +35,8 @@ from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.rank.services import checkpoint, rng, stopping, window_sync
+from hpc_ddp.rank.services import stopping, window_sync
+from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
 from hpc_ddp.rank.services.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir, write_json
 
@@ -38,16 +44,17 @@ if TYPE_CHECKING:  # the type only: a script's context never joins through join/
     from hpc_ddp.rank.join.joined import Rank
 
 log = logging.getLogger(__name__)
-_USER_KEY = "user"
-_OURS_KEY = "hpc_ddp"
+# What a launched collective's sums are handed to when it is read (the trainer's log window).
+OnSums = Callable[[window_sync.Reduction, window_sync.Sums], None]
 
 
 class Context:
     """One rank's view of the job and its services (see the module docstring)."""
 
-    def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any, host: str,
-                 stop: stopping.StopRequest | None, resume_cause: str | None = None, *,
-                 stop_file: Path | None = None, joined: Rank | None = None) -> None:
+    def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any,
+                 host: str | None = None, stop: stopping.StopRequest | None = None,
+                 resume_cause: str | None = None, *, stop_file: Path | None = None,
+                 joined: Rank | None = None) -> None:
         """``stop_file``: in a script hpc_ddp supervises, where rank 0 notes an agreed stop
         for the supervisor (supervise/script.py), and ``summary`` beside it. ``joined``: the
         joined rank (its store and host) for :meth:`stage`; None in a script (its supervisor
@@ -55,23 +62,23 @@ class Context:
         self.cfg = cfg
         self.env = env
         self.device = device
-        self.host = host
+        self.host = host or socket.gethostname()
         self.run = run
         # Steps of the whole run, if the loop knows them (progress bars show N/total).
         self.total_steps: int | None = None
         # Added to summary.json by rank 0 at the end (with what the entry returns).
         self.summary: dict[str, Any] = {}
-        self.restarts: list[dict[str, Any]] = []
-        self.resumed_from_step: int | None = None
+        # Why this start resumes (the restart history's cause), if it does.
+        self.resume_cause = resume_cause
+        self.checkpoints = LoopCheckpoints(cfg.trainer, run, env.rank, env.world_size,
+                                           env.restart, cfg.entry or cfg.script)
         self._stop = stop
-        self._cause = resume_cause
         self._calls = 0
-        self._sync = window_sync.Periodic()  # the stop agreement
+        self._sync = window_sync.Periodic()  # the stop agreement (and the trainer's window)
+        self._on_sums: OnSums | None = None
         self._stop_step: int | None = None
         self._last_step = 0
-        self._saved_step: int | None = None
         self._metrics: MetricsWriter | None = None
-        self._writer: Any = None  # ckpt_writer.CheckpointWriter, made at the first save
         self.stop_file = stop_file
         self._joined = joined
 
@@ -125,8 +132,6 @@ class Context:
     @property
     def data_root(self) -> Path | None:
         """``data.root``: with data.stage=true, this node's copy of it (stage_run.py)."""
-
-
         if os.environ.get(DATA_ROOT_ENV):  # a script: its supervisor staged it
             return Path(os.environ[DATA_ROOT_ENV])
         d = self.cfg.data  # staged: its root is already the copy
@@ -138,12 +143,12 @@ class Context:
         disk under data.stage_dir, once per node, and return the copy (a tar's one top
         folder, if it holds one). A collective: every rank calls it, with the same path. A
         requeue on the same node reuses the copy (docs/data.md)."""
-        from hpc_ddp.data.stage_run import stage_path
+        # deferred: concurrent, tarfile
+        from hpc_ddp.data.stage_run import stage_path  # deferred (start-up): data.stage_run
 
         if self._joined is None:
             raise RuntimeError("ctx.stage() works in a function entry; in a script, set "
                                "data.stage=true and read $HPC_DDP_DATA_ROOT")
-
         staged = stage_path(str(path), self.cfg, self._joined, self.run, os.environ,
                             key="ctx.stage")
         return staged.root
@@ -159,20 +164,18 @@ class Context:
         if self._sync.agreed != stopping.NONE:
             return True
         self._calls += 1
-        if self._sync.read() is not None:
-            code = self._sync.agreed
-            if code != stopping.NONE:
+        if self._sync.pending is not None:
+            self.finish_collective()
+            if self._sync.agreed != stopping.NONE:
                 self._stop_step = self._last_step
                 if self.stop_file is not None and self.is_master:
-                    self.stop_file.write_text(str(code))
+                    self.stop_file.write_text(str(self._sync.agreed))
                 log.warning("stop agreed by every rank (%s) at call %d of should_stop()",
-                            "SIGTERM" if code == stopping.TERM else "requeue signal",
-                            self._calls)
+                            "SIGTERM" if self._sync.agreed == stopping.TERM else
+                            "requeue signal", self._calls)
                 return True
         if self._calls % self.cfg.trainer.stop_check_interval == 0:
-            code = self._stop.code if self._stop is not None else stopping.NONE
-            self._sync.launch(window_sync.agree_to_stop(code, self._agree_device(),
-                                                        self._calls))
+            self.launch_collective(step=self._calls, check_stop=True)
         return False
 
     @property
@@ -180,45 +183,61 @@ class Context:
         """stopping.NONE, TERM or REQUEUE: what the ranks agreed."""
         return self._sync.agreed
 
-    def _agree_device(self) -> Any:
-        import torch
+    def launch_collective(self, *, step: int, check_stop: bool,
+                          window: tuple[Any, int, int] | None = None,
+                          on_sums: OnSums | None = None, epoch: int = 0, lr: float = 0.0,
+                          elapsed_s: float = 0.0) -> None:
+        """Launch the loop's periodic all-reduce without waiting for it (window_sync): this
+        rank's stop request when ``check_stop``, and a log window's sums ``(loss_sum,
+        batches, samples)`` when given, handed to ``on_sums`` when read. Every rank launches
+        it at the same step; :meth:`finish_collective` (or the next should_stop) reads it.
+        :meth:`should_stop` is this with no window; the built-in trainer adds its window."""
+        code = None
+        if check_stop:
+            code = self._stop.code if self._stop is not None else stopping.NONE
+        loss_sum, batches, samples = window if window is not None else (0.0, 0, 0)
+        self._sync.launch(window_sync.start(loss_sum, batches, samples, code,
+                                            self._collective_device(), step=step,
+                                            epoch=epoch, lr=lr, elapsed_s=elapsed_s,
+                                            log=window is not None))
+        self._on_sums = on_sums
+
+    def finish_collective(self) -> None:
+        """Read the launched all-reduce, if any (waiting if needed): an agreed stop is kept
+        (:attr:`stop_code`), its sums go to the ``on_sums`` it was launched with."""
+        done = self._sync.read()
+        on_sums, self._on_sums = self._on_sums, None
+        if done is not None and on_sums is not None:
+            on_sums(*done)
+
+    def _collective_device(self) -> Any:
+        import torch  # deferred: torch
         import torch.distributed as dist
 
         backend = dist.get_backend() if dist.is_initialized() else "gloo"
         return self.device if backend == "nccl" else torch.device("cpu")
 
     # -- checkpoints -----------------------------------------------------------------------
-    def save(self, state: Mapping[str, Any], step: int | None = None) -> Path | None:
+    def save(self, state: Mapping[str, Any], step: int | None = None, *,
+             generators: Mapping[str, Any] | None = None) -> Path | None:
         """Checkpoint ``state`` (your loop's dict) as the atomic checkpoint of ``step``
         (default: ``state["step"]``, else the last logged step): rank 0's copy of ``state``
-        and each rank's own random streams, so a resumed loop draws what an uninterrupted one
-        would. Every rank calls it at the same point. The copy to the CPU happens here, the
-        writing in the background (``trainer.checkpoint_background``); it is complete before
-        the next save, ``ctx.load()``, and the end of the program (or of a stop). What a
-        resume loads back is data only (tensors, numbers, strings, lists, dicts:
-        docs/security.md); a state holding anything else is refused when it is written.
-        Returns, on rank 0, the path the checkpoint gets; None on the others."""
+        and each rank's own random streams — Python's, NumPy's, torch's and those of the
+        torch Generators in ``generators`` (by name) — so a resumed loop draws what an
+        uninterrupted one would. Every rank calls it at the same point. The copy to the CPU
+        happens here, the writing in the background (``trainer.checkpoint_background``); it
+        is complete before the next save, ``ctx.load()``, and the end of the program (or of
+        a stop). What a resume loads back is data only (tensors, numbers, strings, lists,
+        dicts: docs/security.md); a state holding anything else is refused when it is
+        written. Returns, on rank 0, the path the checkpoint gets; None on the others."""
         step = self._step_of(state, step)
-        self._saved_step = self._last_step = step
-        ours = {"step": step, "world_size": self.world_size,
-                "restarts": list(self.restarts), "program": self.cfg.entry or self.cfg.script}
-        whole = {_USER_KEY: dict(state), _OURS_KEY: ours} if self.is_master else None
-        path = self._checkpoints().save(step, whole, rng.capture({}))
+        self._last_step = step
+        path = self.checkpoints.save(state if self.is_master else None, step, generators)
         return path if self.is_master else None
-
-    def _checkpoints(self) -> Any:
-        if self._writer is None:
-            from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
-
-            self._writer = CheckpointWriter.from_config(self.cfg.trainer, self.run.checkpoints,
-                                                        self.rank, self.world_size,
-                                                        self.restart)
-        return self._writer
 
     def flush(self) -> None:
         """Wait until the last ``save`` is on disk (raises if it failed)."""
-        if self._writer is not None:
-            self._writer.wait()
+        self.checkpoints.flush()
 
     def _step_of(self, state: Mapping[str, Any], step: int | None) -> int:
         if step is None:
@@ -229,40 +248,26 @@ class Context:
             raise ValueError(f"ctx.save(step={step}): a step is 0 or more")
         return step
 
-    def load(self) -> dict[str, Any] | None:
-        """The state of the latest checkpoint (None for a fresh run); this rank's RNG streams
-        are set back to where they were when it was saved."""
-        self.flush()
-        # As the built-in trainer resumes: an unusable latest (a truncated file) falls back
-        # to the one before, recorded in events.jsonl.
-        state = checkpoint.load_for_resume(
-            self.run, self.is_master, self.restart,
-            step_of=lambda s: (s.get(_OURS_KEY) or {}).get("step"))
-        if state is None:
-            return None
-        if _USER_KEY not in state or _OURS_KEY not in state:
-            raise RuntimeError(f"the latest checkpoint in {self.run.checkpoints} was not "
-                               "written by ctx.save (the built-in trainer's?): start a new "
-                               "run_dir for your own loop")
-        ours = state[_OURS_KEY]
-        self.restarts = list(ours.get("restarts", []))
-        self.resumed_from_step = self._last_step = int(ours["step"])
-        self.restarts.append(checkpoint.restart_record(self.resumed_from_step,
-                                                       self._cause or "resume"))
-        streams = None
-        if ours.get("world_size") == self.world_size:
-            streams = checkpoint.load_streams(self.run.checkpoints, self.rank,
-                                              self.resumed_from_step)
-        if streams is not None:
-            rng.restore(streams, {})
-        elif ours.get("world_size") == self.world_size:
-            log.warning("rank %d restarts its random streams", self.rank)
-        else:
-            log.warning("checkpoint was written with world_size %s, now %d: RNG streams "
-                        "restart", ours.get("world_size"), self.world_size)
-        log.info("resumed from step %d", self.resumed_from_step)
-        user: dict[str, Any] = state[_USER_KEY]
-        return user
+    def load(self, *, generators: Mapping[str, Any] | None = None,
+             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+        """The state of the latest checkpoint (None for a fresh run); this rank's random
+        streams (and those of ``generators``) are set back to where they were when it was
+        saved. ``check``: called with the state, raising if it does not fit (e.g. your
+        ``load_state_dict``): then the checkpoint before is tried, as for a truncated file,
+        and the skip is recorded in events.jsonl."""
+        state = self.checkpoints.load(self.resume_cause or "resume", generators, check)
+        if state is not None:
+            self._last_step = self.checkpoints.resumed_from_step or 0
+        return state
+
+    @property
+    def restarts(self) -> list[dict[str, Any]]:
+        """The restart history (from the checkpoint on): from which step, why, when."""
+        return self.checkpoints.restarts
+
+    @property
+    def resumed_from_step(self) -> int | None:
+        return self.checkpoints.resumed_from_step
 
     def settle_buckets(self, ddp_model: Any, inputs: Any, targets: Any = None,
                        loss_fn: Any = None) -> None:
@@ -271,51 +276,72 @@ class Context:
         from the first real step on, so a resumed run ends bitwise equal to an uninterrupted
         one with more than two ranks (hpc_ddp/rank/services/ddp_warmup.py says why). Nothing it
         touches is kept: gradients, buffers and random streams are put back."""
-        from hpc_ddp.rank.services.ddp_warmup import settle_buckets
+        # deferred (start-up): rank.services.ddp_warmup
+        from hpc_ddp.rank.services.ddp_warmup import settle_buckets  # deferred: torch
 
         settle_buckets(ddp_model, inputs, targets, loss_fn)
 
     # -- logging ---------------------------------------------------------------------------
-    def log(self, scalars: Mapping[str, float], step: int) -> None:
+    @property
+    def metrics(self) -> MetricsWriter:
+        """TensorBoard and progress.json (rank 0's; the others' calls do nothing)."""
+        if self._metrics is None:
+            self._metrics = MetricsWriter(self.run.tb, self.run.progress, self.is_master,
+                                          self.resumed_from_step, self.total_steps)
+        return self._metrics
+
+    def log(self, scalars: Mapping[str, float], step: int, *, epoch: int | None = None,
+            progress: bool = True, final: bool = False) -> None:
         """Scalars to TensorBoard (rank 0; the others' calls are free) and to the progress
-        that ``wait``/``status`` show."""
+        that ``wait``/``status`` show (``progress``; a tag's last part names it there, e.g.
+        ``train/loss`` as ``loss``, rewritten at most once a second unless ``final``)."""
         self._last_step = step
         if not self.is_master:
             return
-        if self._metrics is None:
-            # After a resume, TensorBoard drops the earlier attempt's events from the resumed
-            # step on (they were logged after the checkpoint): no step appears twice.
-            purge = self.resumed_from_step
-            self._metrics = MetricsWriter(self.run.tb, self.run.progress, True, purge,
-                                          self.total_steps or 0)
         values = {k: float(v) for k, v in scalars.items()}
-        self._metrics.scalars(step, values)
-        self._metrics.total_steps = self.total_steps
-        self._metrics.write_progress(step, None, values, force=False)
+        metrics = self.metrics
+        metrics.scalars(step, values)
+        if progress:
+            metrics.total_steps = self.total_steps
+            metrics.write_progress(step, epoch, _progress_names(values), force=final)
 
     def close(self, finished: bool = True) -> None:
-        """Flush what is pending; ``finished`` false (the loop raised): do not wait for the
-        last stop agreement, which a failed peer may never join."""
+        """Flush what is pending: the last launched collective (not if ``finished`` is
+        false: the loop raised, and a failed peer may never join it), the checkpoint being
+        written (its failure then only logged: the error in flight is the cause), metrics."""
         if finished:  # launched on every rank at one call: every rank reads it
-            self._sync.read()
+            self.finish_collective()
         self._sync.drop()
-        if finished:  # a requested stop's checkpoint is whole before the requeue or the exit
-            self.flush()
+        try:
+            self.flush()  # a checkpoint still being written is on disk before we go
+        except Exception as exc:
+            if finished:
+                raise
+            log.error("the checkpoint being written when training failed is not the latest: "
+                      "%s", exc)
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
         if self.stop_file is not None and self.is_master and self.summary:
-
             write_json(self.stop_file.with_suffix(".result.json"), self.summary)
 
     @property
     def step(self) -> int:
         """The last step logged or saved (what the summary reports)."""
-        return max(self._last_step, self._saved_step or 0)
+        return max(self._last_step, self.checkpoints.saved_step or 0)
 
     @property
     def stopped_at(self) -> int | None:
         """The step of the agreed stop (the last saved, else the last logged step)."""
         if self._sync.agreed == stopping.NONE:
             return None
-        return self._saved_step if self._saved_step is not None else self._stop_step
+        saved = self.checkpoints.saved_step
+        return saved if saved is not None else self._stop_step
+
+
+def _progress_names(values: dict[str, float]) -> dict[str, float]:
+    """progress.json's keys: a tag's last part (``train/loss`` → ``loss``) where no other
+    tag of the call ends the same, else the whole tag."""
+    last = [tag.rpartition("/")[2] for tag in values]
+    return {(short if last.count(short) == 1 else tag): v
+            for (tag, v), short in zip(values.items(), last, strict=True)}

@@ -25,7 +25,7 @@ from hpc_ddp.rundir import RunDir
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Context:
     """The Context of this script's rank; RuntimeError outside a run hpc_ddp started."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: hostlist, torch; start-up: config.compose
 
     from hpc_ddp.config.compose import from_yaml
     from hpc_ddp.rank.join.joined import choose_device

@@ -68,7 +68,7 @@ class Fingerprint:
 
 def versions() -> dict[str, str | None]:
     """Python's, torch's, CUDA's (torch's build), NCCL's and cuDNN's versions."""
-    import torch
+    import torch  # deferred: torch
 
     try:
         nccl: str | None = ".".join(map(str, torch.cuda.nccl.version()))
@@ -86,7 +86,7 @@ def installed(path: list[str] | None = None) -> dict[str, str]:
     (``name-version.dist-info``, PEP 427/491): one listing per path entry, no file opened,
     so 8,000 ranks do not read 8,000 x N METADATA files off a shared file system; a name
     without a version falls back to its metadata."""
-    import importlib.metadata
+    import importlib.metadata  # deferred: importlib.metadata
 
     found: dict[str, str] = {}
     for entry in sys.path if path is None else path:
@@ -221,7 +221,7 @@ def _wait(store: Any, key: str, timeout_s: float) -> bool:
 def read_pins(path: Any) -> dict[str, str]:
     """The versions an environment.yml pins: conda's ``python=3.11``, pip's ``torch==2.4.1``
     (names normalised; entries without a version are left out)."""
-    import yaml
+    import yaml  # deferred: yaml
 
     data = yaml.safe_load(path.read_text()) or {}
     pins: dict[str, str] = {}

@@ -90,7 +90,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     ``group`` false: stop at the store (a script's supervisor: the script makes the process
     group itself, and this process never touches the GPU).
     """
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
@@ -151,7 +151,7 @@ def choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
                    use: bool = True) -> tuple[Any, dict[str, Any]]:
     """The torch device and the record of the GPU this rank was given (rank -> node -> GPU).
     ``use`` false: choose and record, but leave CUDA alone (no context is made here)."""
-    import torch
+    import torch  # deferred: torch
 
     allocated = slurm_gpus(environ) or (
         f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']}" if gpu_allocated(environ)
@@ -198,7 +198,7 @@ def choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
 
 
 def _prepare_torch(cfg: Config, environ: MutableMapping[str, str]) -> None:
-    import torch
+    import torch  # deferred: torch
 
     torch.set_num_threads(threads_for(cfg, environ))
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
@@ -251,7 +251,7 @@ def _choose_gloo_interface(env: DistEnv, master: str, host: str,
 
 def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
                  environ: MutableMapping[str, str], changes: list[nccl.EnvChange]) -> None:
-    import torch
+    import torch  # deferred: torch
 
     write_json(run_dir.ranks / f"rank{env.rank}.json", {
         "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,

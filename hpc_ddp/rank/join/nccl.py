@@ -191,6 +191,7 @@ def _interface_towards_master(environ: Mapping[str, str]) -> str | None:
     """The interface the kernel routes rank 0's address through, when the environment names
     rank 0 (MASTER_ADDR, or the first host of the Slurm step: rank 0 runs there under Slurm's
     block distribution; the step's list, as a step may run on part of the job's nodes)."""
+    # deferred (start-up): hostlist, rank.join.netif
     from hpc_ddp import hostlist
     from hpc_ddp.rank.join import netif
 

@@ -30,7 +30,7 @@ def _same_ip(a: str, b: str) -> bool:
 
 
 def interface_with_address(ip: str) -> str | None:
-    import psutil
+    import psutil  # deferred: psutil
 
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family in _FAMILIES and _same_ip(a.address, ip) for a in addrs):
@@ -56,7 +56,7 @@ def interface_address(name: str, interfaces: Mapping[str, Sequence[tuple[int, st
 
 def interfaces() -> dict[str, list[tuple[int, str]]]:
     """name -> [(family, address)] of this machine's IPv4 and IPv6 addresses."""
-    import psutil
+    import psutil  # deferred: psutil
 
     return {name: [(int(a.family), str(a.address)) for a in addrs if a.family in _FAMILIES]
             for name, addrs in psutil.net_if_addrs().items()}

@@ -154,7 +154,7 @@ def sysfs_interfaces(root: Path) -> list[NetIf]:
 def live_interfaces() -> list[NetIf]:
     """This process's network namespace as the kernel reports it (psutil). /sys/class/net
     would show the namespace that mounted /sys, which differs inside `nsenter --net` nodes."""
-    import psutil
+    import psutil  # deferred: psutil
 
     stats = psutil.net_if_stats()
     addrs = psutil.net_if_addrs()
@@ -165,7 +165,7 @@ def live_interfaces() -> list[NetIf]:
 
 def gpu_names() -> tuple[str, ...]:
     """Names of the CUDA devices this process sees (empty without CUDA)."""
-    import torch
+    import torch  # deferred: torch
 
     if not torch.cuda.is_available():
         return ()

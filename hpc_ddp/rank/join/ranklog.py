@@ -15,6 +15,7 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS)
     """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress).
     stderr itself loses torch's one known meaningless line (quiet_stderr.py). Secrets are
     masked (``marks``: the config's secrets.secret / secrets.public)."""
+    # deferred (start-up): rank.join.quiet_stderr
     from hpc_ddp.rank.join.quiet_stderr import filter_stderr
 
     filter_stderr()

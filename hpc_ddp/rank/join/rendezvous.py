@@ -15,6 +15,7 @@ node) publishes why instead, and every rank stops at once with its reason.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import ipaddress
 import json
 import logging
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlparse
 
 from hpc_ddp.owned import Untrusted, read_owned
 from hpc_ddp.rank.contract import STORE_KEY_ENV
@@ -140,6 +142,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
     with a backoff. Raises RendezvousError naming the ranks (and their expected hosts) that
     never arrived, or rank 0's reason when it refused to serve.
     """
+    # deferred: torch
     import torch.distributed as dist
 
     mine = json.dumps(record or {"host": host})
@@ -177,6 +180,7 @@ def _serve(env: DistEnv, host: str, collective_timeout_s: float,
            master_interface: str | None, port: int = 0) -> tuple[Any, Endpoint]:
     """Rank 0's store, with a fresh key, on a port the kernel hands out (port 0: no formula
     can collide; else a MASTER_PORT the user set), listening on the published address."""
+    # deferred: torch
     from hpc_ddp.rank.join import authstore
 
     addr = _master_addr(env, host, master_interface)
@@ -200,6 +204,7 @@ def listen_addresses(env: DistEnv, addr: str) -> list[str]:
     of another host): the key still keeps everyone else out."""
     if env.source in ("local", "single"):
         return ["127.0.0.1"]
+    # deferred (start-up): rank.join.netif
     from hpc_ddp.rank.join import netif
 
     try:
@@ -247,6 +252,7 @@ def _join_published(env: DistEnv, path: Path, timeout_s: float,
 def _try_store(env: DistEnv, endpoint: Endpoint, deadline: float,
                collective_timeout_s: float) -> tuple[Any | None, str]:
     """(the store at ``endpoint`` if it is this attempt's, else None and why not)."""
+    # deferred: torch
     import torch.distributed as dist
 
     from hpc_ddp.rank.join import authstore
@@ -338,6 +344,7 @@ def _master_addr(env: DistEnv, host: str, master_interface: str | None = None) -
     if env.source in ("local", "single"):
         return "127.0.0.1"
     if master_interface:
+        # deferred (start-up): rank.join.netif
         from hpc_ddp.rank.join import netif
 
         found = netif.interfaces()
@@ -377,6 +384,7 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
 def client(endpoint: Endpoint, timeout_s: float) -> Any:
     """Another connection to the store at ``endpoint`` (a thread's own, e.g. the stack
     relay's: a store client serves one request at a time)."""
+    # deferred: torch
     from hpc_ddp.rank.join import authstore
 
     return authstore.AuthStore(endpoint.addr, endpoint.port, endpoint.key,
@@ -393,8 +401,6 @@ def use_job_store(environ: dict[str, str] | Any) -> bool:
     key = environ.get(STORE_KEY_ENV)
     if not key or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False
-    import importlib
-    from urllib.parse import parse_qs, urlparse
 
     # The module (torch.distributed's own name `rendezvous` is the function of it).
     torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 
 def main() -> int:
+    # deferred: hostlist, the typed schemas; start-up: rank.contract, rundir
     from hpc_ddp.config.compose import from_yaml
     from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV, PROGRAM_RUN_DIR_ENV
     from hpc_ddp.rank.main.task import run

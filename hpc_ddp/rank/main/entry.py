@@ -116,6 +116,7 @@ def load_pickled(run_dir: RunDir) -> Callable[[Context], Any]:
     """The callable the Python API pickled into the run dir (cloudpickle, as submitit), if
     the file and the run dir are this user's and writable by no one else, read from the
     descriptor that was checked (hpc_ddp/owned.py)."""
+    # deferred: cloudpickle
     import cloudpickle
 
     # Code by design: only if no one else could have written it.

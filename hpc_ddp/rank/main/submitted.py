@@ -44,6 +44,7 @@ def main(argv: Sequence[str]) -> int:
             reconfigure = getattr(stream, "reconfigure", None)
             if reconfigure is not None:
                 reconfigure(write_through=True)
+    # deferred: submitit
     from submitit.core import submission, utils
 
     # The one place submitit unpickles a task: ours checks the file first (see above).

@@ -82,21 +82,21 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
     cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))
     if cfg.script is not None:
-        from hpc_ddp.rank.supervise.script import supervise
+        from hpc_ddp.rank.supervise.script import supervise  # deferred: torch
 
         return supervise(cfg, run_dir, environ, cause, stop)
-    from hpc_ddp.rank.supervise import program as supervised
+    from hpc_ddp.rank.supervise import program as supervised  # deferred: torch
 
     if supervised.wanted(cfg, environ):
         return supervised.supervise(cfg, run_dir, environ, stop)
     with joined(cfg, run_dir, environ) as rank:
         try:
-            from hpc_ddp.data.stage_run import stage_data
+            from hpc_ddp.data.stage_run import stage_data  # deferred: concurrent, tarfile
 
             # data.stage: every node's copy first; the program reads it (stage_run.py).
             cfg, staged = stage_data(cfg, rank, run_dir, environ)
             if cfg.entry is not None:
-                from hpc_ddp.rank.main.entry import call
+                from hpc_ddp.rank.main.entry import call  # deferred (start-up): rank.main.entry
 
                 return call(cfg, rank, run_dir, cause, stop, environ, staged)
             return _train(cfg, rank, run_dir, cause, stop, staged)
@@ -109,7 +109,7 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
 
 def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
            stop: StopRequest, staged: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    from hpc_ddp.trainer.loop import Trainer
+    from hpc_ddp.trainer.loop import Trainer  # deferred: torch
 
     trainer = Trainer(cfg, rank.env, run_dir, rank.device, stop)
     if cause is not None:

@@ -62,7 +62,7 @@ def streams_path(folder: Path, rank: int, step: int) -> Path:
 def _write_torch(path: Path, state: Any, folder: Path) -> None:
     """torch.save to ``path`` atomically, refused (never made latest) if it would not load
     back as data: the check maps the file (mmap) and unpickles only its structure."""
-    import torch
+    import torch  # deferred: torch
 
     try:
         write_atomic(path, lambda handle: torch.save(state, handle),

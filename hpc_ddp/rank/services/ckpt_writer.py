@@ -45,7 +45,7 @@ POLL_S = 0.01
 def snapshot(value: Any, memo: dict[int, Any] | None = None) -> Any:
     """``value`` with every tensor copied to the CPU (tied tensors stay tied) and its dicts,
     lists and tuples rebuilt, so training may change the originals at once."""
-    import torch
+    import torch  # deferred: torch
 
     memo = {} if memo is None else memo
     if isinstance(value, torch.Tensor):
@@ -69,7 +69,7 @@ def snapshot(value: Any, memo: dict[int, Any] | None = None) -> Any:
 
 def group_store() -> Any | None:
     """The store of the default process group (None without one)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: torch
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
@@ -211,7 +211,7 @@ class CheckpointWriter:
         if self._barrier is not None:
             self._barrier()
         else:
-            import torch.distributed as dist
+            import torch.distributed as dist  # deferred: torch
 
             dist.barrier()
         if state is not None:

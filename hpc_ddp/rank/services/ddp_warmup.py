@@ -27,7 +27,7 @@ def settle_buckets(ddp_model: Any, inputs: Any, targets: Any | None = None,
     it), then put back everything it touched: gradients, buffers (batch-norm statistics),
     the random streams (and ``generators``). ``loss_fn(outputs, targets)`` makes the scalar
     to differentiate; without it, the sum of the outputs."""
-    import torch
+    import torch  # deferred: torch
 
     saved_rng = rng.capture(generators or {})
     buffers = {name: b.detach().clone() for name, b in ddp_model.module.named_buffers()}
@@ -46,7 +46,7 @@ def settle_buckets(ddp_model: Any, inputs: Any, targets: Any | None = None,
 
 
 def _tensors(value: Any) -> list[Any]:
-    import torch
+    import torch  # deferred: torch
 
     if isinstance(value, torch.Tensor):
         return [value] if value.is_floating_point() else []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +17,33 @@ PROGRESS_EVERY_S = 1.0
 class MetricsWriter:
     """TensorBoard + progress.json on rank 0; on other ranks every call does nothing."""
 
-    def __init__(self, tb_dir: Path, progress: Path, enabled: bool, purge_step: int | None,
-                 total_steps: int | None) -> None:
+    def __init__(self, tb_dir: Path, progress: Path, enabled: bool,
+                 resumed_from: int | None, total_steps: int | None) -> None:
+        """``resumed_from``: the checkpoint step this attempt resumed from (see scalars)."""
         self.enabled = enabled
         self.progress = progress
         self.total_steps = total_steps
+        self._tb_dir, self._resumed_from = tb_dir, resumed_from
         self._tb: Any = None
         self._progress_at = -float("inf")
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
 
-            # purge_step: after a resume, TensorBoard drops the earlier attempt's events from
-            # this step on, so no step appears twice.
-            self._tb = SummaryWriter(str(tb_dir), purge_step=purge_step)
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter  # deferred: torch
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        if self._tb is not None:
-            for tag, value in values.items():
-                self._tb.add_scalar(tag, value, step)
+            # After a resume, TensorBoard drops the earlier attempt's events logged after the
+            # checkpoint (from the step after it, or this first logged step if the loop
+            # numbers its steps from there), so no step appears twice.
+            purge = None
+            if self._resumed_from is not None:
+                purge = min(step, self._resumed_from + 1)
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
+        for tag, value in values.items():
+            self._tb.add_scalar(tag, value, step)
 
-    def write_progress(self, step: int, epoch: int | None, values: dict[str, float],
+    def write_progress(self, step: int, epoch: int | None, values: Mapping[str, float],
                        force: bool = True) -> None:
         """progress.json; ``force`` false: only if the last write is PROGRESS_EVERY_S old
         (a loop may call it at every log step)."""
@@ -58,7 +66,7 @@ class MetricsWriter:
 def write_hparams(tb_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
     """A sweep point's swept values and final metrics, so TensorBoard's HPARAMS tab compares
     the points of a sweep dir in one view."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # deferred: torch
 
     writer = SummaryWriter(str(tb_dir))
     try:

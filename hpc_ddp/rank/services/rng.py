@@ -16,6 +16,7 @@ from typing import Any
 def capture(extra: dict[str, Any]) -> dict[str, Any]:
     """States of python, numpy, torch (CPU and CUDA) and the given torch Generators (copies:
     the streams may go on at once)."""
+    # deferred: numpy, torch
     import numpy as np
     import torch
 
@@ -37,6 +38,7 @@ def capture(extra: dict[str, Any]) -> dict[str, Any]:
 def restore(state: dict[str, Any], extra: dict[str, Any]) -> None:
     """Set every stream back; the states may come loaded onto any device (torch wants CPU
     byte tensors, whatever map_location a checkpoint was read with)."""
+    # deferred: numpy, torch
     import numpy as np
     import torch
 
@@ -53,6 +55,7 @@ def restore(state: dict[str, Any], extra: dict[str, Any]) -> None:
 
 
 def seed_all(seed: int) -> None:
+    # deferred: numpy, torch
     import numpy as np
     import torch
 

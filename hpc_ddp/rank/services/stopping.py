@@ -93,6 +93,7 @@ def signal_number(name: str) -> int:
 
 def agree(code: int, device: Any) -> int:
     """The strongest stop request of any rank (a collective: every rank must call it)."""
+    # deferred: torch
     import torch
     import torch.distributed as dist
 

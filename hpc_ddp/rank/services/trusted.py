@@ -54,7 +54,7 @@ def load_data(path: Any, map_location: Any = "cpu", mmap: bool = False,
     """``torch.load(weights_only=True)`` of ``path`` (a file name or an open file); an
     object outside the allowlist is UntrustedCheckpoint naming its type and how to allow it."""
 
-    import torch
+    import torch  # deferred: torch
 
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)

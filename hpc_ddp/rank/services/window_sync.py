@@ -60,6 +60,7 @@ def start(loss_sum: Any, count: int, samples: int, stop_code: int | None, device
           step: int, epoch: int, lr: float, elapsed_s: float, log: bool) -> Reduction:
     """Launch the sum of this rank's window and stop code over all ranks (every rank calls
     it at the same step). ``loss_sum``: a float, or a float64 tensor on ``device``."""
+    # deferred: torch
     import torch
     import torch.distributed as dist
 

@@ -36,7 +36,7 @@ _HARDWARE = re.compile(r"CUDA error|ECC|uncorrectable|Xid|device-side|NVLink|cuD
 def is_comm_failure(error: BaseException) -> bool:
     """The collective or the store failed (a peer died, hung or lost its network)."""
     try:
-        from torch.distributed import DistError
+        from torch.distributed import DistError  # optional: torch
 
         if isinstance(error, DistError):
             return True
@@ -48,7 +48,7 @@ def is_comm_failure(error: BaseException) -> bool:
 def worth_requeue(error: BaseException) -> bool:
     """A requeue may get past it: a lost peer, a bad node, a file system hiccup. A bug, bad
     input or running out of memory fails the same way on every attempt."""
-    import torch
+    import torch  # deferred: torch
 
     if isinstance(error, torch.OutOfMemoryError | MemoryError):
         return False
@@ -59,7 +59,7 @@ def worth_requeue(error: BaseException) -> bool:
 def own_error(error: BaseException, max_lines: int = 8, max_chars: int = 1200) -> str:
     """The error as a user needs it: its type and its whole message, within bounds (a state
     dict mismatch lists the keys on the lines after the first)."""
-    from hpc_ddp.errors import UserError
+    from hpc_ddp.errors import UserError  # deferred (start-up): errors
 
     if isinstance(error, UserError):  # one line that names key, value and fix already
         return error.message

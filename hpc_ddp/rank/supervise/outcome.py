@@ -44,6 +44,7 @@ def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[
     write_json(run_dir.summary, summary)
     hparams = read_json(run_dir.hparams)  # written for sweep points
     if isinstance(hparams, dict) and hparams:
+        # deferred (start-up): rank.services.metrics
         from hpc_ddp.rank.services.metrics import hparam_metrics, write_hparams
 
         write_hparams(run_dir.tb, hparams, hparam_metrics(summary))

@@ -115,7 +115,7 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
     on_slurm = in_slurm_step(environ)
     stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
     with joined(cfg, run, environ, group=False) as rank:
-        from hpc_ddp.data.stage_run import stage_data
+        from hpc_ddp.data.stage_run import stage_data  # deferred: concurrent, tarfile
 
         _, staged = stage_data(cfg, rank, run, environ)  # data.stage: this node's copy
         env = child_environment(rank, environ,

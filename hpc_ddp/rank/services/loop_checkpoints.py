@@ -1,0 +1,137 @@
+"""A training loop's checkpoints, ours and a user's alike: save a state with this rank's
+random streams, resume from the newest usable one, and keep the restart history.
+
+What is written is the loop's own dict with one key of ours beside its keys::
+
+    {...the loop's state..., "hpc_ddp": {"step", "world_size", "restarts", "program"}}
+
+so the built-in trainer's checkpoint keeps its ``model``/``optimizer``/``counters`` at the
+top (docs/run-directory.md) and a user's loop gets back exactly the dict it saved. Writing
+goes through one :class:`~hpc_ddp.rank.services.ckpt_writer.CheckpointWriter` (atomic
+``latest``, every rank's streams in its own file); reading through
+:func:`~hpc_ddp.rank.services.checkpoint.load_for_resume` (data only, the fallback to an
+older checkpoint recorded in events.jsonl).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.config.schema import TrainerConfig
+from hpc_ddp.rank.services import checkpoint, rng
+from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
+from hpc_ddp.rundir import RunDir
+
+log = logging.getLogger(__name__)
+OURS = "hpc_ddp"
+# How ctx.save wrote a checkpoint before its keys moved to the top: {"user": ..., OURS: ...}.
+_OLD_USER = "user"
+
+
+class LoopCheckpoints:
+    """One rank's view of its loop's checkpoints (every rank makes one; saves are
+    collectives). ``program``: what the loop is (recorded; None for the built-in trainer)."""
+
+    def __init__(self, trainer: TrainerConfig, run: RunDir, rank: int, world_size: int,
+                 attempt: int, program: str | None) -> None:
+        self._trainer, self.run, self.program = trainer, run, program
+        self.rank, self.world_size, self.attempt = rank, world_size, attempt
+        self._writer: CheckpointWriter | None = None  # made at the first save
+        self.restarts: list[dict[str, Any]] = []  # the history, from the checkpoint on
+        self.resumed_from_step: int | None = None
+        self.saved_step: int | None = None  # the step of this attempt's last save
+
+    @property
+    def writer(self) -> CheckpointWriter:
+        if self._writer is None:
+            self._writer = CheckpointWriter.from_config(self._trainer, self.run.checkpoints,
+                                                        self.rank, self.world_size,
+                                                        self.attempt)
+        return self._writer
+
+    def save(self, state: Mapping[str, Any] | None, step: int,
+             generators: Mapping[str, Any] | None = None) -> Path:
+        """Checkpoint ``step``: ``state`` is rank 0's (None elsewhere: only rank 0's is
+        written), this rank's random streams (and ``generators``') everywhere. The copy to
+        the CPU happens here, the writing in the background; returns the path rank 0's file
+        gets."""
+        if state is not None and OURS in state:
+            raise ValueError(f"a checkpointed state may not use the key {OURS!r} (hpc_ddp "
+                             "keeps its own record there): rename that key")
+        whole = None
+        if state is not None:
+            ours = {"step": step, "world_size": self.world_size, "restarts": list(self.restarts),
+                    "program": self.program}
+            whole = {**state, OURS: ours}
+        self.saved_step = step
+        return self.writer.save(step, whole, rng.capture(dict(generators or {})))
+
+    def flush(self) -> None:
+        """Wait until the last save is on disk (raises if it failed)."""
+        if self._writer is not None:
+            self._writer.wait()
+
+    def load(self, cause: str, generators: Mapping[str, Any] | None = None,
+             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+        """The loop's state of the newest usable checkpoint (None for a fresh run), with this
+        rank's random streams set back to where they were when it was saved. ``check``: takes
+        the state and raises if it does not fit (then the checkpoint before is tried, and the
+        skip is recorded). ``cause``: why this start resumes (the restart history's)."""
+        self.flush()
+
+        def accept(whole: dict[str, Any]) -> None:
+            _ours_of(whole)  # raises for a file that is not a loop's checkpoint
+            if check is not None:
+                check(_loop_state(whole))
+
+        whole = checkpoint.load_for_resume(self.run, self.rank == 0, self.attempt,
+                                           accept=accept,
+                                           step_of=lambda w: _ours_of(w)["step"])
+        if whole is None:
+            return None
+        ours = _ours_of(whole)
+        step = int(ours["step"])
+        self.restarts = [*ours.get("restarts", []), checkpoint.restart_record(step, cause)]
+        self.resumed_from_step = step
+        self._restore_streams(ours.get("world_size"), step, generators or {})
+        log.info("resumed from step %d", step)
+        return _loop_state(whole)
+
+    def _restore_streams(self, saved_world: Any, step: int,
+                         generators: Mapping[str, Any]) -> None:
+        if saved_world != self.world_size:
+            log.warning("checkpoint was written with world_size %s, now %d: data order and "
+                        "RNG streams restart; the run is no longer bitwise reproducible",
+                        saved_world, self.world_size)
+            return
+        streams = checkpoint.load_streams(self.run.checkpoints, self.rank, step)
+        if streams is None:
+            log.warning("rank %d restarts its random streams: the run is no longer bitwise "
+                        "reproducible", self.rank)
+            return
+        rng.restore(streams, dict(generators))
+
+
+def _ours_of(whole: dict[str, Any]) -> dict[str, Any]:
+    """Our record in a checkpoint; one the built-in trainer wrote before the record existed
+    (its counters and restarts at the top) gives the same. ValueError for anything else."""
+    ours = whole.get(OURS)
+    if isinstance(ours, dict) and "step" in ours:
+        return ours
+    counters = whole.get("counters")
+    if isinstance(counters, dict) and "global_step" in counters:
+        return {"step": counters["global_step"], "world_size": whole.get("world_size"),
+                "restarts": whole.get("restarts", []), "program": None}
+    raise ValueError(f"not a checkpoint of an hpc_ddp loop (no {OURS!r} record)")
+
+
+def _loop_state(whole: dict[str, Any]) -> dict[str, Any]:
+    """The loop's own dict of a checkpoint (one of an older layout too)."""
+    if set(whole) == {_OLD_USER, OURS}:  # ctx.save's first layout
+        old: dict[str, Any] = whole[_OLD_USER]
+        return old
+    ours = (OURS,) if OURS in whole else ("restarts", "world_size")  # the trainer's first
+    return {k: v for k, v in whole.items() if k not in ours}
