@@ -95,7 +95,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
     ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
-                  marks=secrets.marks_of(cfg))
+                  marks=secrets.marks_of(cfg), env=env, environ=environ)
     if group:  # the training process (not a supervisor): its stacks on request
         stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
             cfg.cluster.signal))
