@@ -158,11 +158,14 @@ def failure_report(run: RunDir, job: Any) -> str:
     ranks = failed_ranks(run)
     state = getattr(job, "state", "?")
     lines = [f"job {job.job_id} failed (state {state})."]
-    for rank in ranks or [0]:
-        lines.append(error_message(run, rank))
-        if run.rank_log(rank).exists():  # a rank that never started python has none
-            lines += [f"last lines of {run.rank_log(rank)}:", tail(run.rank_log(rank), 15)]
-    if not ranks:
+    if ranks:
+        from hpc_ddp import failures  # deferred (start-up): failures
+
+        lines += failures.report(run, ranks)
+    else:
+        lines.append(error_message(run, 0))
+        if run.rank_log(0).exists():  # a rank that never started python has none
+            lines += [f"last lines of {run.rank_log(0)}:", tail(run.rank_log(0), 15)]
         lines += [f"no rank reported an error; the launcher's output (submitit's, or srun's "
                   f"step-*.out) is under {run.submitit}"]
     return "\n".join(lines)

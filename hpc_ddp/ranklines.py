@@ -78,3 +78,14 @@ def attempt_text(job: str, restart: int, generation: int) -> str:
 def attempt_of(text: str) -> dict[str, str]:
     """An ATTEMPT line's fields (``job``, ``restart``, ``generation``)."""
     return dict(part.split("=", 1) for part in text.split() if "=" in part)
+
+
+def ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 3, 7] -> "0-3,7" (what ``logs --ranks`` takes)."""
+    parts: list[str] = []
+    for rank in sorted(set(ranks)):
+        if parts and rank == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{rank}"
+        else:
+            parts.append(str(rank))
+    return ",".join(parts)

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.train",),
     # The submit side: what runs where `submit` is typed.
     ("hpc_ddp.launch",),
-    ("hpc_ddp.follow",),
+    ("hpc_ddp.follow", "hpc_ddp.failures"),
     ("hpc_ddp.api", "hpc_ddp.datacheck"),
     ("hpc_ddp.doctor",),
     ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs"),

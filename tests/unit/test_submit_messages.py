@@ -131,7 +131,7 @@ def test_a_failure_report_leaves_out_the_logs_a_rank_never_wrote(tmp_path: Path)
     run.rank_log(1).write_text("12:00:00 [rank 1 node2] INFO something it said\n")
     report = failure_report(run, type("Job", (), {"job_id": "7", "state": "FAILED"})())
     assert "no log at" not in report and f"last lines of {run.rank_log(0)}" not in report
-    assert "rank 0 on node1: cluster.venv=/x" in report
+    assert "ranks 0-1 on node[1-2]" in report and ": cluster.venv=/x" in report
     assert f"last lines of {run.rank_log(1)}:\n12:00:00 [rank 1 node2]" in report
 
 
