@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
+
 from hpc_ddp import hostlist
 from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 from hpc_ddp.ranklines import ranges
