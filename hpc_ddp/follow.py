@@ -64,6 +64,7 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
         reporter.update(read_json(run.progress))
     finally:
         reporter.close()
+    cost = _cost(run)
     summary = read_json(run.summary)
     state = getattr(job, "state", "")
     if getattr(job, "exit_code", ""):
@@ -72,7 +73,20 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
         print(results_table(summary), file=out)
         return 0
     print(failure_report(run, job), file=out)
+    if cost:
+        print(f"cost: {cost}", file=out)
     return 1
+
+
+def _cost(run: RunDir) -> str:
+    """The ended run's cost in words, recorded in summary.json (runcost.finish)."""
+    from hpc_ddp import runcost  # deferred (start-up): runcost, slurm.state
+
+    try:
+        cost = runcost.finish(run)
+    except OSError:
+        return ""
+    return runcost.line(cost) if cost is not None else ""
 
 
 def results_table(summary: dict[str, Any]) -> str:
@@ -96,10 +110,20 @@ def results_table(summary: dict[str, Any]) -> str:
             *returned_rows(summary.get("result") or {})[:12],
             ("samples/s", f"{speed:.1f}" if isinstance(speed, int | float) else None),
             ("resumed from step", summary.get("resumed_from_step")),
-            ("restarts", summary.get("restarts"))]
+            ("restarts", summary.get("restarts")), ("cost", _cost_cell(summary.get("cost")))]
     rows = [(name, v) for name, v in rows if v is not None and v != ""]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
+
+
+def _cost_cell(cost: Any) -> str | None:
+    from hpc_ddp import runcost  # deferred (start-up): runcost
+    from hpc_ddp.slurm.cost import Cost
+
+    try:
+        return runcost.line(Cost(**cost)) if isinstance(cost, dict) else None
+    except TypeError:  # another version's fields
+        return None
 
 
 def returned_rows(result: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

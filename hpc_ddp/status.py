@@ -102,20 +102,23 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
-    # deferred (start-up): slurm.state
-    from hpc_ddp.slurm.state import query_many
+    # deferred (start-up): runcost, slurm.state
+    from hpc_ddp.runcost import job_ids
+    from hpc_ddp.slurm.state import query_with_cost
 
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
-    states = query_many(str(j["job_id"]) for j in jobs.values()
-                        if j and j.get("kind") == "slurm")
+    states, costs = query_with_cost(i for j in jobs.values() if j and j.get("kind") == "slurm"
+                                    for i in job_ids(j))
     looks = looks or Lookups()
-    return [row(label, run_dir, jobs[run_dir], states, looks) for label, run_dir in runs]
+    return [row(label, run_dir, jobs[run_dir], states, looks, costs) for label, run_dir in runs]
 
 
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
-        states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
-    # deferred (start-up): events, slurm.reasons, slurm.state
+        states: dict[str, Any] | None = None, looks: Lookups | None = None,
+        costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    # deferred (start-up): events, runcost, slurm.reasons, slurm.state
     from hpc_ddp import events
+    from hpc_ddp.runcost import run_cost
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
 
@@ -144,7 +147,8 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "total_steps": summary.get("total_steps", progress.get("total_steps")),
             "loss": summary.get("final_train_loss", progress.get("loss")),
             "eval_accuracy": summary.get("eval_accuracy"),
-            "eval_loss": summary.get("eval_loss")}
+            "eval_loss": summary.get("eval_loss"),
+            "cost": run_cost(run_dir, job, found.state, costs or {})}
 
 
 def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -177,10 +181,16 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
             return "-"
         return format(value, spec) if spec and isinstance(value, int | float) else str(value)
 
-    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc")
+    # deferred (start-up): runcost, slurm.cost
+    from hpc_ddp.runcost import cost_cells, sweep_cost
+
+    gpus = any((r.get("cost") or {}).get("gpu_hours") for r in rows)
+    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "queued",
+              "running", "CPU-h", *(("GPU-h",) if gpus else ()))
     lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), fmt(r["restarts"]),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
-                         fmt(r["eval_accuracy"], ".4f")) for r in rows]
+                         fmt(r["eval_accuracy"], ".4f"), *cost_cells(r.get("cost"), gpus))
+                        for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     text = "\n".join("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(line))
                      for line in lines)
@@ -190,6 +200,8 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
                   if isinstance(top["eval_accuracy"], int | float)
                   else f"eval loss {top['eval_loss']:.4f}")
         text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
+    if is_sweep:
+        text += sweep_cost(rows)
     return "\n".join([text, *notes(rows, is_sweep)])
 
 

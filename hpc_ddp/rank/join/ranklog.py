@@ -22,8 +22,11 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
     With ``env``, this process's stdout and stderr go into ``path`` too (output.capture:
     the program's output, an ATTEMPT line first). Secrets are masked (``marks``: the
     config's secrets.secret / secrets.public)."""
-    if env is not None:
-        output.capture(path, env, host, os.environ if environ is None else environ, marks)
+    if env is not None and output.capture(path, env, host,
+                                          os.environ if environ is None else environ, marks):
+        # submitit prints its lines to stdout itself (its handler): they reach the log
+        # through the capture once, not a second time through the root logger.
+        logging.getLogger("submitit").propagate = False
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = LineFormatter(f"%(asctime)s.%(msecs)03d {prefix(rank, host)} %(levelname)s "
                         "%(message)s", "%Y-%m-%d %H:%M:%S")

@@ -1,0 +1,140 @@
+"""What a run cost (docs/observability.md#what-a-run-cost): wall time, time queued and
+running, CPU-hours and GPU-hours.
+
+A Slurm run: from accounting, summed over every start of every job the run was submitted as
+(requeues, resumes), in the one sacct call a status refresh makes (slurm/state.py's
+query_with_cost) or, at the end of a followed run, one sacct call for its jobs. A local run:
+the wall time from its submission, and the CPU time its rank processes used (each rank
+records its own at exit: ranks/rank<N>.usage.json). Once the run has ended, its cost is
+written into summary.json as ``cost``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.rundir import USAGE_SUFFIX, RunDir, read_json, write_json
+from hpc_ddp.slurm.cost import Cost, amount, hours, total
+
+
+def job_ids(job: dict[str, Any] | None) -> list[str]:
+    """Every job id a run was submitted as (job.json's history: a resume is a new job)."""
+    if not job:
+        return []
+    history = job.get("history") or [job]
+    return [str(h["job_id"]) for h in history if h.get("job_id")]
+
+
+def slurm_cost(job: dict[str, Any] | None, costs: dict[str, Cost]) -> Cost | None:
+    """A Slurm run's cost from its jobs' costs (None while accounting knows none of them)."""
+    found = [costs[i] for i in job_ids(job) if i in costs]
+    if not found:
+        return None
+    summed = total(found)
+    wall = sum(c.wall_s for c in found)  # one job after the other, not side by side
+    return Cost(wall, summed.queue_s, summed.running_s, summed.cpu_hours, summed.gpu_hours,
+                summed.starts)
+
+
+def local_cost(run: RunDir, job: dict[str, Any] | None, ended: float | None) -> Cost | None:
+    """A local run's wall time (submission to ``ended``, or now) and its ranks' CPU time."""
+    if not job or not job.get("submitted"):
+        return None
+    first = float((job.get("history") or [job])[0].get("submitted") or job["submitted"])
+    wall = max(0.0, (ended or time.time()) - first)
+    cpu_s, last = 0.0, 0.0
+    try:
+        names = [e.name for e in os.scandir(run.ranks) if e.name.endswith(USAGE_SUFFIX)]
+    except OSError:
+        names = []
+    for name in names:
+        usage = read_json(run.ranks / name)
+        if isinstance(usage, dict):
+            cpu_s += float(usage.get("cpu_s") or 0.0)
+            last = max(last, float(usage.get("time") or 0.0))
+    if ended is not None and last:  # the last rank's exit, not when a file was touched
+        wall = max(0.0, last - first)
+    return Cost(wall, 0.0, wall, cpu_s / 3600, 0.0, len(job.get("history") or [job]))
+
+
+def record(run: RunDir, cost: Cost) -> None:
+    """``cost`` into summary.json (an ended run's; nothing before the summary exists)."""
+    summary = read_json(run.summary)
+    if isinstance(summary, dict) and summary.get("cost") != cost.as_dict():
+        write_json(run.summary, {**summary, "cost": cost.as_dict()})
+
+
+def finish(run: RunDir) -> Cost | None:
+    """At the end of a followed run: its cost (one sacct call for a Slurm run), recorded in
+    summary.json."""
+    job = read_json(run.root / "job.json")
+    if not isinstance(job, dict):
+        return None
+    if job.get("kind") == "slurm":
+        from hpc_ddp.slurm.state import query_with_cost  # deferred (start-up): slurm.state
+
+        cost = slurm_cost(job, query_with_cost(job_ids(job))[1])
+    else:
+        ended = _mtime(run.summary)
+        cost = local_cost(run, job, ended)
+    if cost is not None:
+        record(run, cost)
+    return cost
+
+
+def run_cost(run_dir: Path, job: dict[str, Any] | None, state: str,
+          costs: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's cost so far (py); an ended run's is kept in its summary.json."""
+    from hpc_ddp.slurm.state import TERMINAL  # deferred (start-up): slurm.state
+
+    run = RunDir(run_dir)
+    ended = state in TERMINAL
+    if job and job.get("kind") == "slurm":
+        cost = slurm_cost(job, costs)
+    else:
+        cost = local_cost(run, job, _mtime(run.summary) if ended else None)
+    if cost is None:
+        return None
+    if ended:
+        record(run, cost)
+    return cost.as_dict()
+
+
+def cost_cells(cost: dict[str, Any] | None, gpus: bool) -> tuple[str, ...]:
+    """A row's queued, running, CPU-hours (and GPU-hours) cells."""
+    if not cost:
+        return ("-",) * (4 if gpus else 3)
+    cells = (hours(cost["queue_s"]), hours(cost["running_s"]), amount(cost["cpu_hours"]))
+    return (*cells, amount(cost["gpu_hours"])) if gpus else cells
+
+
+def sweep_cost(rows: list[dict[str, Any]]) -> str:
+    """"\ncost: 4 points, 1.20 GPU-hours (0.30 a point), ..." (nothing before any cost)."""
+    found = [Cost(**r["cost"]) for r in rows if r.get("cost")]
+    if not found:
+        return ""
+    whole = total(found)
+    points = len(found)
+    gpu = (f"{amount(whole.gpu_hours)} GPU-hours ({amount(whole.gpu_hours / points)} a "
+           "point), " if whole.gpu_hours else "")
+    return (f"\ncost: {points} points, {gpu}{amount(whole.cpu_hours)} CPU-hours "
+            f"({amount(whole.cpu_hours / points)} a point), queued {hours(whole.queue_s)} "
+            f"and running {hours(whole.running_s)} in all")
+
+
+def line(cost: Cost) -> str:
+    """"wall 12m05s (queued 2m01s, running 10m04s), 1.20 CPU-hours, 0.40 GPU-hours"."""
+    gpu = f", {amount(cost.gpu_hours)} GPU-hours" if cost.gpu_hours else ""
+    queued = f"queued {hours(cost.queue_s)}, " if cost.queue_s else ""
+    return (f"wall {hours(cost.wall_s)} ({queued}running {hours(cost.running_s)}), "
+            f"{amount(cost.cpu_hours)} CPU-hours{gpu}")
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
