@@ -70,7 +70,7 @@ def test_a_resumed_runs_jobs_add_up_and_a_sweep_totals() -> None:
     assert both is not None and both.running_s == 160 + 60 and both.starts == 3
     rows = [{"cost": costs["7"].as_dict()}, {"cost": costs["9_0"].as_dict()}]
     said = runcost.sweep_cost(rows)
-    assert "2 points" in said and "GPU-hours (0.022 a point)" in said
+    assert "2 points" in said and "0.089 GPU-hours (0.044 a point)" in said
 
 
 def test_a_local_run_counts_its_ranks_cpu_time(tmp_path: Path) -> None:
