@@ -196,7 +196,7 @@ def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: di
     assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
     out = done.stdout
     assert out.count("Traceback (most recent call last)") == 1, out
-    assert out.count("bad learning rate on rank") == 1, out
+    assert out.count("ValueError: bad learning rate on rank") == 1, out
     assert "ranks 0-3 of 4 on node[1-4] (first to fail: rank " in out, out
     assert "the script exited with code 1; its last lines:" in out
     failures = [e for e in events.read(run_dir) if e["kind"] == "failure"]
