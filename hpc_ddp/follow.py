@@ -197,18 +197,31 @@ def failure_report(run: RunDir, job: Any) -> str:
 
 # progress.json keys that are not a scalar to show.
 _PROGRESS_KEYS = ("step", "total_steps", "epoch", "time", "stopped")
+# The built-in trainer's figures, shown in their own words (trainer/throughput.py).
+_THROUGHPUT = ("loss", "samples_per_s", "lr", "samples_per_s_per_rank", "step_ms", "own_ms",
+               "mfu", "slowest_rank", "slowest_behind")
 
 
 def progress_text(progress: dict[str, Any]) -> str:
     """"loss 0.1234  5000 samples/s  epoch 1" for the built-in trainer; a user's own
     logged scalars (up to four) otherwise."""
     parts = []
-    if isinstance(progress.get("loss"), int | float):
-        parts.append(f"loss {progress['loss']:.4f}")
-    if isinstance(progress.get("samples_per_s"), int | float):
-        parts.append(f"{progress['samples_per_s']:.0f} samples/s")
-    others = [(k, v) for k, v in progress.items() if k not in _PROGRESS_KEYS
-              and k not in ("loss", "samples_per_s", "lr") and isinstance(v, int | float)]
+    number = {k: v for k, v in progress.items() if isinstance(v, int | float)}
+    if "loss" in number:
+        parts.append(f"loss {number['loss']:.4f}")
+    if "samples_per_s" in number:
+        per_rank = number.get("samples_per_s_per_rank")
+        parts.append(f"{number['samples_per_s']:.0f} samples/s" + (
+            f" ({per_rank:.0f}/rank)" if per_rank is not None else ""))
+    if "step_ms" in number:
+        parts.append(f"{number['step_ms']:.1f} ms/step")
+    if "mfu" in number:
+        parts.append(f"MFU {100 * number['mfu']:.1f}%")
+    if "slowest_rank" in number and "slowest_behind" in number:
+        parts.append(f"slowest: rank {number['slowest_rank']:.0f} "
+                     f"+{100 * number['slowest_behind']:.0f}%")
+    others = [(k, v) for k, v in number.items() if k not in _PROGRESS_KEYS
+              and k not in _THROUGHPUT]
     parts += [f"{k} {v:.4g}" for k, v in others[:4]]
     if progress.get("epoch") is not None:
         parts.append(f"epoch {progress['epoch']}")

@@ -148,6 +148,10 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "loss": summary.get("final_train_loss", progress.get("loss")),
             "eval_accuracy": summary.get("eval_accuracy"),
             "eval_loss": summary.get("eval_loss"),
+            # throughput (trainer/throughput.py): the latest logged window's
+            "samples_per_s": progress.get("samples_per_s"), "mfu": progress.get("mfu"),
+            "step_ms": progress.get("step_ms"), "slowest_rank": progress.get("slowest_rank"),
+            "slowest_behind": progress.get("slowest_behind"),
             "cost": run_cost(run_dir, job, found.state, costs or {})}
 
 
@@ -185,12 +189,12 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
     from hpc_ddp.runcost import cost_cells, sweep_cost
 
     gpus = any((r.get("cost") or {}).get("gpu_hours") for r in rows)
-    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "queued",
-              "running", "CPU-h", *(("GPU-h",) if gpus else ()))
+    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "samples/s",
+              "queued", "running", "CPU-h", *(("GPU-h",) if gpus else ()))
     lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), fmt(r["restarts"]),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
-                         fmt(r["eval_accuracy"], ".4f"), *cost_cells(r.get("cost"), gpus))
-                        for r in rows]
+                         fmt(r["eval_accuracy"], ".4f"), fmt(r.get("samples_per_s"), ".0f"),
+                         *cost_cells(r.get("cost"), gpus)) for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     text = "\n".join("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(line))
                      for line in lines)
@@ -218,7 +222,10 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
         if r.get("pending"):
             said.setdefault(r["pending"], []).append(str(r["label"] if is_sweep else
                                                          f"job {r['job_id']}"))
-    lines = []
+    lines = [f"{r['label'] if is_sweep else 'run'}: rank {r['slowest_rank']:.0f} is "
+             f"{100 * r['slowest_behind']:.0f}% behind the other ranks (data wait + forward)"
+             for r in rows if isinstance(r.get("slowest_behind"), int | float)
+             and r["state"] == "RUNNING"]
     for line, who in said.items():
         named = ", ".join(who) if len(who) <= 6 else \
             f"{', '.join(who[:3])}, ... {who[-1]} ({len(who)} points)"

@@ -186,12 +186,15 @@ class Context:
     def launch_collective(self, *, step: int, check_stop: bool,
                           window: tuple[Any, int, int] | None = None,
                           on_sums: OnSums | None = None, epoch: int = 0, lr: float = 0.0,
-                          elapsed_s: float = 0.0) -> None:
+                          elapsed_s: float = 0.0, own_s: float = 0.0,
+                          slow_above: float | None = None) -> None:
         """Launch the loop's periodic all-reduce without waiting for it (window_sync): this
         rank's stop request when ``check_stop``, and a log window's sums ``(loss_sum,
         batches, samples)`` when given, handed to ``on_sums`` when read. Every rank launches
         it at the same step; :meth:`finish_collective` (or the next should_stop) reads it.
-        :meth:`should_stop` is this with no window; the built-in trainer adds its window."""
+        :meth:`should_stop` is this with no window; the built-in trainer adds its window,
+        and this rank's own time in it (``own_s``, trainer/throughput.py), marked as behind
+        when above ``slow_above``."""
         code = None
         if check_stop:
             code = self._stop.code if self._stop is not None else stopping.NONE
@@ -199,7 +202,9 @@ class Context:
         self._sync.launch(window_sync.start(loss_sum, batches, samples, code,
                                             self._collective_device(), step=step,
                                             epoch=epoch, lr=lr, elapsed_s=elapsed_s,
-                                            log=window is not None))
+                                            log=window is not None, own_s=own_s,
+                                            slow=slow_above is not None and own_s > slow_above,
+                                            rank=self.rank))
         self._on_sums = on_sums
 
     def finish_collective(self) -> None:
