@@ -164,6 +164,27 @@ def last_stop(run: RunDir) -> dict[str, Any] | None:
     return found[-1] if found[-1].get("time", 0.0) >= submitted else None
 
 
+def stopped_how(files: Any, killed: bool) -> str:
+    """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
+    with the steps after its last checkpoint lost, counted from the last logged step."""
+    # deferred (start-up): rank.services.checkpoint
+    from hpc_ddp.rank.services.checkpoint import latest_step
+
+    saved = latest_step(files.checkpoints)
+    stop = last_stop(files)
+    if stop is not None and not killed:
+        return f"stopped at step {stop.get('step')} with a checkpoint; nothing is lost."
+    checkpoint = "no checkpoint yet" if saved is None else f"the latest checkpoint is step {saved}"
+    if not killed:  # the ranks ended without recording a stop (e.g. before the first step)
+        return f"stopped; {checkpoint}."
+    progress = read_json(files.progress) or {}
+    reached = progress.get("step")
+    if not isinstance(reached, int) or (saved or 0) >= reached:
+        return f"killed; {checkpoint}, and no logged step after it is lost."
+    return (f"killed at step {reached} (the last one logged) or a little later; {checkpoint}: "
+            f"{reached - (saved or 0)} step(s) are lost and will be trained again.")
+
+
 def stop_report(run: RunDir, job: Any) -> str | None:
     """A stop someone asked for (a signal, a cancel) is not a failure: where it stopped and
     how to go on; None when the run did not end with such a stop."""

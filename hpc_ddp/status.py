@@ -4,6 +4,7 @@
     python -m hpc_ddp.status multirun/2026-11-30_10-00-00 --watch    # refresh until all end
     python -m hpc_ddp.status multirun/2026-11-30_10-00-00 --plot curves.png
     python -m hpc_ddp.status outputs/try1 --cancel                   # cancel a run or a sweep
+    python -m hpc_ddp.status outputs/try1 --stop     # stop at an agreed step, checkpointed
     python -m hpc_ddp.status outputs/try1 --json
     python -m hpc_ddp.status outputs/try1 --watch --interval 30     # refresh every 30 s
 
@@ -279,6 +280,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
     parser.add_argument("--plot", type=Path, help="write a PNG comparing the runs' curves")
     parser.add_argument("--cancel", action="store_true", help="cancel the run or every point")
+    parser.add_argument("--stop", action="store_true",
+                        help="stop at a step the ranks agree on, with a checkpoint")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     try:
@@ -300,6 +303,10 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
           manifest: dict[str, Any] | None, out: TextIO) -> int:
     if args.cancel:
         return _cancel(runs, manifest, out)
+    if args.stop:
+        from hpc_ddp.stoprun import stop  # deferred (start-up): stoprun
+
+        return stop(runs, out)
     looks = Lookups()
     while True:
         rows = rows_of(runs, looks)

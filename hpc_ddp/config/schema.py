@@ -324,6 +324,9 @@ class Config:
     run_dir: str | None = None
     # Follow the job to its end (None: yes for local runs, no for Slurm).
     wait: bool | None = None
+    # A local run or a step that outlives the terminal: the ranks in their own session, the
+    # command returns at once with the commands to follow and stop it (docs/observability.md).
+    detach: bool = False
     # Continue run_dir from its latest checkpoint.
     resume: bool = False
     # Print what would be submitted and submit nothing.

@@ -11,10 +11,10 @@ import pytest
 
 from hpc_ddp import events
 from hpc_ddp.errors import UserError
-from hpc_ddp.follow import stop_report
+from hpc_ddp.follow import stop_report, stopped_how
 from hpc_ddp.rank.services.checkpoint import LATEST
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.submit import check_cfg_flag, next_steps, stopped_how
+from hpc_ddp.submit import check_cfg_flag, next_steps
 
 
 def test_a_slurm_submission_says_what_follows_it(tmp_path: Path) -> None:
