@@ -35,10 +35,10 @@ from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.rank.services import stopping, window_sync
+from hpc_ddp.rank.services import stopping, trackers, window_sync
 from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
 from hpc_ddp.rank.services.metrics import MetricsWriter
-from hpc_ddp.rundir import RunDir, write_json
+from hpc_ddp.rundir import RunDir, read_json, write_json
 
 if TYPE_CHECKING:  # the type only: a script's context never joins through join/
     from hpc_ddp.rank.join.joined import Rank
@@ -292,8 +292,17 @@ class Context:
         """TensorBoard and progress.json (rank 0's; the others' calls do nothing)."""
         if self._metrics is None:
             self._metrics = MetricsWriter(self.run.tb, self.run.progress, self.is_master,
-                                          self.resumed_from_step, self.total_steps)
+                                          self.resumed_from_step, self.total_steps,
+                                          self._trackers())
         return self._metrics
+
+    def _trackers(self) -> Any:
+        """Rank 0's W&B / MLflow runs when ``logger`` asks for them (services/trackers.py)."""
+        if not self.is_master or not trackers.wanted(self.cfg.logger):
+            return None
+        record = trackers.prepare(self.cfg, self.run, os.environ)
+        return trackers.Trackers(record, read_json(self.run.hparams) or {},
+                                 trackers.label_of(self.run), os.environ)
 
     def log(self, scalars: Mapping[str, float], step: int, *, epoch: int | None = None,
             progress: bool = True, final: bool = False) -> None:
@@ -325,7 +334,9 @@ class Context:
             log.error("the checkpoint being written when training failed is not the latest: "
                       "%s", exc)
         if self._metrics is not None:
-            self._metrics.close()
+            ended = finished and self._sync.agreed == stopping.NONE
+            for line in self._metrics.close(ended):
+                log.info("%s", line)
             self._metrics = None
         if self.stop_file is not None and self.is_master and self.summary:
             write_json(self.stop_file.with_suffix(".result.json"), self.summary)
