@@ -71,11 +71,22 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
         print(f"job {job.job_id} ended: {state} (exit code {job.exit_code})", file=out)
     if summary is not None and not failed_ranks(run) and state in ("", "COMPLETED", "FINISHED"):
         print(results_table(summary), file=out)
+        for line in tracker_lines(run):
+            print(line, file=out)
         return 0
     print(failure_report(run, job), file=out)
     if cost:
         print(f"cost: {cost}", file=out)
     return 1
+
+
+def tracker_lines(run: RunDir) -> list[str]:
+    """Where the run's W&B / MLflow runs are (trackers.json), with W&B's sync command."""
+    from hpc_ddp.rank.services import trackers  # deferred (start-up): rank.services.trackers
+
+    record = read_json(run.root / trackers.FILE) or {}
+    return ([trackers.where_wandb(record["wandb"])] if "wandb" in record else []) + (
+        [trackers.where_mlflow(record["mlflow"])] if "mlflow" in record else [])
 
 
 def _cost(run: RunDir) -> str:
