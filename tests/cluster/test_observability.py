@@ -5,6 +5,7 @@ said once; what the run cost, as sacct counts it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -23,16 +24,23 @@ from tests.cluster.test_fault_tolerance import (
 from tests.cluster.test_slurm_submit import job_id_of
 from tests.cluster.test_your_code import requeue_signal
 from tests.conftest import REPO, command_env
+from tests.wandb_records import history as wandb_history
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 # A torchrun-style script that prints a line on every rank each step, and on SIGUSR2 (the
 # requeue signal) saves its step and exits 75 (hpc_ddp requeues it), resuming from there.
+# Rank 0 logs each step to the W&B and MLflow runs hpc_ddp names in its environment.
 SCRIPT = '''\
 import os, signal, sys, time
 import torch, torch.distributed as dist
 stop = False
+tracked = os.environ.get("RANK") == "0" and "WANDB_RUN_ID" in os.environ
+if tracked:
+    import mlflow, wandb
+    wandb_run = wandb.init(settings=wandb.Settings(console="off", silent=True))
+    mlflow.start_run()  # MLFLOW_RUN_ID, MLFLOW_TRACKING_URI from the environment
 def on_signal(*_):
     global stop
     stop = True
@@ -48,13 +56,20 @@ for step in range(start, steps):
     flag = torch.tensor([float(stop)])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     print(f"step {step} on rank {rank}", flush=True)
+    if tracked:
+        wandb_run.log({"value": step}, step=step)
+        mlflow.log_metric("value", step, step=step)
     if rank == 0:
         with open(state + ".tmp", "w") as f:
             f.write(str(step + 1))
         os.replace(state + ".tmp", state)
     if flag.item():
+        if tracked:
+            wandb_run.finish(exit_code=1)
         dist.destroy_process_group()
         raise SystemExit(75)
+if tracked:
+    wandb_run.finish()
 print(f"warning: rank {rank} is done", file=sys.stderr, flush=True)
 dist.destroy_process_group()
 '''
@@ -103,7 +118,8 @@ def test_every_rank_through_a_requeue_followed_live_and_its_cost(
     script.write_text(SCRIPT)
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", ["cluster=slurm", "nodes=4", f"script={script}",
-                              f"run_dir={run_dir}", "--", str(tmp_path / "state"), "60"],
+                              f"run_dir={run_dir}", "logger=[wandb,mlflow]",
+                              "tracker.offline=true", "--", str(tmp_path / "state"), "60"],
                    env=slurm_env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     job = job_id_of(done.stdout)
@@ -149,6 +165,18 @@ def test_every_rank_through_a_requeue_followed_live_and_its_cost(
     delays = sorted(follower.delays())
     print(f"logs --follow: {len(delays)} step lines, median delay "
           f"{delays[len(delays) // 2]:.2f} s, max {delays[-1]:.2f} s")
+
+    # The script's tracker runs, one each across the requeue, with every step.
+    record = json.loads((run_dir / "trackers.json").read_text())
+    ids, steps, _ = wandb_history(run_dir / "wandb")
+    assert ids == {record["wandb"]["id"]} and sorted(steps) == list(range(60))
+    assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 2
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(tracking_uri=record["mlflow"]["tracking_uri"])
+    assert sorted(m.step for m in client.get_metric_history(
+        record["mlflow"]["run_id"], "value")) == list(range(60))
 
     # The cost, in status and in summary.json, as sacct counts it.
     status = hpc_ddp("status", [str(run_dir), "--json"], env=slurm_env)
