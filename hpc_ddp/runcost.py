@@ -74,9 +74,9 @@ def finish(run: RunDir) -> Cost | None:
     if not isinstance(job, dict):
         return None
     if job.get("kind") == "slurm":
-        from hpc_ddp.slurm.state import query_with_cost  # deferred (start-up): slurm.state
+        from hpc_ddp.slurm.state import costs  # deferred (start-up): slurm.state
 
-        cost = slurm_cost(job, query_with_cost(job_ids(job))[1])
+        cost = slurm_cost(job, costs(job_ids(job)))
     else:
         ended = _mtime(run.summary)
         cost = local_cost(run, job, ended)

@@ -171,6 +171,15 @@ def parse_costs(text: str, now: float | None = None) -> dict[str, Cost]:
     return {job_id: cost_of(found, now) for job_id, found in records.items()}
 
 
+def costs(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
+          ) -> dict[str, Cost]:
+    """What these jobs cost (every start of each): one sacct call."""
+    env = dict(os.environ if environ is None else environ)
+    ids = list(dict.fromkeys(str(i) for i in job_ids))
+    found = parse_costs(_run(accounted_command(_asked(ids)), env)) if ids else {}
+    return {i: found[i] for i in ids if i in found}
+
+
 def query_with_cost(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
                     ) -> tuple[dict[str, JobState], dict[str, Cost]]:
     """:func:`query_many`, and what each job cost so far: one squeue call and one sacct
