@@ -12,7 +12,8 @@
 Each line: its time, rank and host, then OUT or ERR (the program's stdout and stderr) or a
 level (hpc_ddp's own lines). A line ``--- attempt ...`` marks where a start of the ranks
 begins (a requeue, a restart in place, a resume). Only the ranks asked for are read
-(``logs/rank<N>.log``, docs/observability.md).
+(``logs/rank<N>.log``, docs/observability.md); following every rank of a large run reads
+256 files a look in turn, so each one every few seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from hpc_ddp.rundir import RunDir, read_json
 # Seconds between two looks at the files when following, and at the job's state.
 POLL_S = 0.5
 STATE_EVERY_S = 2.0
+# Rank files read at most per look when following (see show()).
+FOLLOW_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -284,15 +287,22 @@ def show(run: RunDir, ranks: list[int] | None, since: str | None,
         return 0
     ended = _Ended(run.root)
     known = {f.path for f in files}
+    turn, listed = 0, time.monotonic()
     while True:
         time.sleep(POLL_S)
         finished = ended()
-        if ranks is None:  # ranks that started since
-            for path in rank_files(run.logs, None):
+        if ranks is None and (finished or time.monotonic() - listed > STATE_EVERY_S):
+            listed = time.monotonic()
+            for path in rank_files(run.logs, None):  # ranks that started since
                 if path not in known:
                     known.add(path)
                     files.append(RankFile(path))
-        printer.show(merged(files, since, grep))
+        # At most FOLLOW_BATCH files a look, in turn (thousands of ranks: each one every few
+        # seconds, never every file twice a second); all of them once more at the end.
+        batch = files if finished or len(files) <= FOLLOW_BATCH else \
+            (files + files)[turn:turn + FOLLOW_BATCH]
+        turn = (turn + FOLLOW_BATCH) % max(len(files), 1)
+        printer.show(merged(batch, since, grep))
         if finished:
             return 0
 

@@ -98,3 +98,47 @@ def test_parse_ranks_and_since() -> None:
     now = dt.datetime(2026, 11, 30, 14, 0, 0)
     assert logs.parse_since("10m", now) == "2026-11-30 13:50:00.000"
     assert logs.parse_since("09:30", now) == "2026-11-30 09:30:00.000"
+
+
+def test_follow_reads_a_large_run_in_turn_and_misses_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Following 600 ranks reads FOLLOW_BATCH files a look (not all 600 twice a second); a
+    line any rank writes meanwhile is printed, and the follow ends with the run."""
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    for rank in range(600):
+        (run / "logs" / f"rank{rank}.log").write_text(
+            ranklines.line(rank, "n", ranklines.ATTEMPT, ranklines.attempt_text("7", 0, 0)))
+    looks = {"n": 0}
+    opened: list[int] = []
+    real_read = logs.RankFile.read_new
+
+    def counted(self: logs.RankFile) -> list[logs.Shown]:
+        opened.append(looks["n"])
+        return real_read(self)
+
+    def ended(root: Path) -> bool:
+        looks["n"] += 1
+        return looks["n"] > 8
+
+    monkeypatch.setattr(logs, "POLL_S", 0.01)
+    monkeypatch.setattr(logs, "STATE_EVERY_S", 0.0)
+    monkeypatch.setattr(logs, "ended", ended)
+    monkeypatch.setattr(logs.RankFile, "read_new", counted)
+
+    def write() -> None:
+        time.sleep(0.03)
+        with open(run / "logs" / "rank599.log", "a") as handle:
+            handle.write(ranklines.line(599, "n", ranklines.OUT, "late news"))
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    out = io.StringIO()
+    assert logs.show(logs.RunDir(run), None, None, None, follow=True, out=out) == 0
+    writer.join()
+    assert "[rank 599 n] OUT late news" in out.getvalue()
+    per_look = [opened.count(n) for n in range(1, 8)]
+    assert max(per_look) <= logs.FOLLOW_BATCH
