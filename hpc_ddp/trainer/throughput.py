@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.rundir import read_json
+from hpc_ddp.trainer.loop_timing import mark
 
 # A rank this much slower than the others' mean own time per step is named.
 BEHIND = 0.10
@@ -81,13 +82,7 @@ class RankClock:
         return own
 
     def _mark(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        import torch  # deferred: torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return mark(self.cuda)
 
 
 @dataclass(frozen=True)
