@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from dataclasses import dataclass
 
 from hpc_ddp import hostlist
@@ -54,17 +55,15 @@ class Group:
     def ranks(self) -> list[int]:
         return sorted(f.rank for f in self.failures)
 
-    def head(self, world_size: int | None, first_overall: bool) -> str:
+    def head(self, world_size: int | None) -> str:
         """"ranks 0-3 of 4 on node[1-4]: <message>" (a single rank: "rank 2 on node3")."""
         ranks = self.ranks
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
         of = f" of {world_size}" if world_size and len(ranks) > 1 else ""
         hosts = _hosts([f.host for f in self.failures])
-        first = (f" (first to fail: rank {self.first.rank})" if first_overall and
-                 (len(ranks) > 1) else " (first to fail)" if first_overall else "")
         lines = self.first.message.splitlines()
         lines = lines[:MAX_LINES] + (["..."] if len(lines) > MAX_LINES else [])
-        return f"{who}{of} on {hosts}{first}: " + "\n".join(lines)
+        return f"{who}{of} on {hosts}: " + "\n".join(lines)
 
 
 def read(run: RunDir, ranks: list[int]) -> list[Failure]:
@@ -101,9 +100,12 @@ def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
     groups = grouped(read(run, ranks))
     world = world_size(run)
     lines: list[str] = []
-    for number, group in enumerate(groups):
-        marked = number == 0 and (len(groups) > 1 or len(group.ranks) > 1)
-        lines.append(group.head(world, marked))
+    if len(groups) > 1 or (groups and len(groups[0].ranks) > 1):
+        first = groups[0].first
+        lines.append(f"first to fail: rank {first.rank} on {first.host} (at "
+                     f"{time.strftime('%H:%M:%S', time.localtime(first.when))})")
+    for group in groups:
+        lines.append(group.head(world))
         shown = next((f.rank for f in group.failures if run.rank_log(f.rank).exists()), None)
         if shown is None:  # a rank that never started Python has no log
             continue

@@ -225,7 +225,8 @@ def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: di
     out = done.stdout
     assert out.count("Traceback (most recent call last)") == 1, out
     assert out.count("ValueError: bad learning rate on rank") == 1, out
-    assert "ranks 0-3 of 4 on node[1-4] (first to fail: rank " in out, out
+    assert "ranks 0-3 of 4 on node[1-4]: the script exited with code 1" in out, out
+    assert "first to fail: rank " in out
     assert "the script exited with code 1; its last lines:" in out
     failures = [e for e in events.read(run_dir) if e["kind"] == "failure"]
     assert failures and all("\n" not in e["cause"] for e in failures), failures

@@ -35,7 +35,8 @@ def test_a_thousand_ranks_failing_alike_are_one_entry(tmp_path: Path) -> None:
     assert report.count("CUDA out of memory") == 1
     lines = report.splitlines()
     # the out-of-memory came first: its entry first, marked
-    assert lines[1] == "rank 998 on n125 (first to fail): CUDA out of memory on rank 998"
+    assert lines[1].startswith("first to fail: rank 998 on n125 (at ")
+    assert lines[2] == "rank 998 on n125: CUDA out of memory on rank 998"
     script = next(ln for ln in lines if "exited" in ln)
     assert script.startswith("ranks 0-997,999 of 1000 on n[001-125]: the script exited")
     # the message shown is the first of them to fail's (rank 997, at time 1000.0)
@@ -49,8 +50,9 @@ def test_the_first_to_fail_among_alike(tmp_path: Path) -> None:
         _failed(run, rank, f"node{rank}", "lost its peers", when)
     group, = failures.grouped(failures.read(run, [0, 1, 2]))
     assert group.ranks == [0, 1, 2] and group.first.rank == 1
-    assert group.head(None, True) == "ranks 0-2 on node[0-2] (first to fail: rank 1): " \
-        "lost its peers"
+    assert group.head(None) == "ranks 0-2 on node[0-2]: lost its peers"
+    report = failures.report(run, [0, 1, 2])
+    assert report[0].startswith("first to fail: rank 1 on node1 (at ")
 
 
 def test_an_event_keeps_one_line_and_points_to_the_rest(tmp_path: Path) -> None:
