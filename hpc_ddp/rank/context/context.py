@@ -306,7 +306,8 @@ class Context:
 
     def log(self, scalars: Mapping[str, float], step: int, *, epoch: int | None = None,
             progress: bool = True, final: bool = False) -> None:
-        """Scalars to TensorBoard (rank 0; the others' calls are free) and to the progress
+        """Scalars to TensorBoard and the trackers ``logger`` names (rank 0; the others'
+        calls are free: services/trackers.py) and to the progress
         that ``wait``/``status`` show (``progress``; a tag's last part names it there, e.g.
         ``train/loss`` as ``loss``, rewritten at most once a second unless ``final``)."""
         self._last_step = step
