@@ -300,9 +300,14 @@ class Context:
         """Rank 0's W&B / MLflow runs when ``logger`` asks for them (services/trackers.py)."""
         if not self.is_master or not trackers.wanted(self.cfg.logger):
             return None
-        record = trackers.prepare(self.cfg, self.run, os.environ)
-        return trackers.Trackers(record, read_json(self.run.hparams) or {},
-                                 trackers.label_of(self.run), os.environ)
+        try:
+            record = trackers.prepare(self.cfg, self.run, os.environ)
+            return trackers.Trackers(record, read_json(self.run.hparams) or {},
+                                     trackers.label_of(self.run), os.environ)
+        except Exception as exc:  # a tracker's service that does not answer: train on
+            log.warning("logger=%s: the tracker could not be opened (%s); training goes on "
+                        "with TensorBoard alone", self.cfg.logger, exc)
+            return None
 
     def log(self, scalars: Mapping[str, float], step: int, *, epoch: int | None = None,
             progress: bool = True, final: bool = False) -> None:

@@ -129,6 +129,16 @@ class Trackers:
             self._mlflow = MlflowClient(tracking_uri=uri)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
+        """``values`` at ``step`` to every open tracker; one that fails is said once and
+        closed (training goes on: TensorBoard has the values)."""
+        try:
+            self._log(step, values)
+        except Exception as exc:
+            log.warning("a tracker failed to log step %d (%s); it is closed, TensorBoard "
+                        "goes on", step, exc)
+            self._wandb = self._mlflow = None
+
+    def _log(self, step: int, values: Mapping[str, float]) -> None:
         if self._wandb is not None:
             self._wandb.log(dict(values), step=step)
         if self._mlflow is not None:
