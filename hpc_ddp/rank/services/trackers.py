@@ -121,8 +121,7 @@ class Trackers:
         if "wandb" in record:
             self._wandb = _open_wandb(record["wandb"], params, label)
         if "mlflow" in record:
-            if record["mlflow"]["tracking_uri"].startswith("file:"):
-                environ.setdefault(ALLOW_FILE_STORE, "true")
+            _allow_file_store(record["mlflow"]["tracking_uri"], environ)
             from mlflow.tracking import MlflowClient  # deferred: mlflow
 
             uri = environ.get("MLFLOW_TRACKING_URI", record["mlflow"]["tracking_uri"])
@@ -194,9 +193,7 @@ def _mlflow_run(uri: str, experiment: str, run: RunDir, group: str | None,
                 environ: MutableMapping[str, str]) -> str:
     """A new MLflow run (its id): in ``experiment`` (made if missing), named after the run
     dir, tagged with its sweep, its swept values as params."""
-    if uri.startswith("file:"):
-        environ.setdefault(ALLOW_FILE_STORE, "true")
-        os.environ.setdefault(ALLOW_FILE_STORE, "true")  # MLflow reads it from os.environ
+    _allow_file_store(uri, environ)
     from mlflow.entities import Param  # deferred: mlflow
     from mlflow.tracking import MlflowClient
 
@@ -218,6 +215,14 @@ def _mlflow_run(uri: str, experiment: str, run: RunDir, group: str | None,
         client.log_batch(made.info.run_id, params=[Param(str(k), str(v)[:500])
                                                    for k, v in params.items()])
     return str(made.info.run_id)
+
+
+def _allow_file_store(uri: str, environ: MutableMapping[str, str]) -> None:
+    """MLflow 3's file store, which it keeps behind a variable it reads from os.environ (in
+    the rank, ``environ`` is os.environ; a test passes its own)."""
+    if uri.startswith("file:"):
+        environ.setdefault(ALLOW_FILE_STORE, "true")
+        os.environ.setdefault(ALLOW_FILE_STORE, "true")
 
 
 def label_of(run: RunDir) -> str:
