@@ -39,6 +39,11 @@ POLL_S = 0.5
 STATE_EVERY_S = 2.0
 # Rank files read at most per look when following (see show()).
 FOLLOW_BATCH = 256
+# With --tail N (and --follow's first lines): about this much of each file's end is read, or
+# N KiB if more (a line of more than 1 KiB on average may then be left out).
+TAIL_BYTES = 64 * 1024
+# The attempt of lines read from a file's end, whose ATTEMPT line lies before them.
+EARLIER = "(earlier)"
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,17 @@ class RankFile:
     attempt: str = ""
     last: ranklines.Line | None = None
     partial: bytes = field(default=b"", repr=False)
+    _cut: bool = field(default=False, repr=False)
+
+    def skip_to_tail(self, size: int) -> None:
+        """Read only about the last ``size`` bytes (from the first whole line in them): for
+        the last lines of thousands of files, not every byte of each."""
+        try:
+            length = self.path.stat().st_size
+        except OSError:
+            return
+        if length > size:
+            self.offset, self.attempt, self._cut = length - size, EARLIER, True
 
     def read_new(self) -> list[Shown]:
         """The complete lines written since the last call (all of them the first time)."""
@@ -69,6 +85,9 @@ class RankFile:
         except OSError:
             return []
         self.offset += len(data)
+        if self._cut:  # began mid-line (skip_to_tail): from the next whole line
+            self._cut = False
+            data = data[data.find(b"\n") + 1:]
         data = self.partial + data
         cut = data.rfind(b"\n") + 1
         self.partial, data = data[cut:], data[:cut]
@@ -172,6 +191,8 @@ class Printer:
 def attempt_marker(attempt: str, when: str) -> str:
     """"--- attempt: job 42.0, restart 1, generation 0 (2026-11-30 10:00:01) ---": the
     attempt the next lines belong to, and the first one's time."""
+    if attempt == EARLIER:
+        return f"--- the attempt that began before these lines ({when[:19]}) ---"
     if not attempt:
         return f"--- before the first attempt line ({when[:19]}) ---"
     fields = ranklines.attempt_of(attempt)
@@ -274,9 +295,12 @@ def show(run: RunDir, ranks: list[int] | None, since: str | None,
     has ended."""
     files = [RankFile(p) for p in rank_files(run.logs, ranks)]
     printer = Printer(out)
-    lines = merged(files, since, grep)
     if follow and tail is None:
         tail = 10
+    if tail is not None and since is None and grep is None:
+        for f in files:  # the last lines of all lie in the last lines of each
+            f.skip_to_tail(max(TAIL_BYTES, tail * 1024))
+    lines = merged(files, since, grep)
     printer.show(lines[-tail:] if tail else [] if tail == 0 else lines)
     if ranks is not None:
         missing = [f.path.name for f in files if not f.path.exists()]

@@ -142,3 +142,17 @@ def test_follow_reads_a_large_run_in_turn_and_misses_nothing(
     assert "[rank 599 n] OUT late news" in out.getvalue()
     per_look = [opened.count(n) for n in range(1, 8)]
     assert max(per_look) <= logs.FOLLOW_BATCH
+
+
+def test_the_last_lines_of_a_long_log_read_from_its_end(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    text = [ranklines.line(0, "n1", ranklines.ATTEMPT, ranklines.attempt_text("7", 0, 0), T0)]
+    text += [ranklines.line(0, "n1", ranklines.OUT, f"line {i} " + "x" * 200, T0 + i)
+             for i in range(2000)]
+    (run / "logs" / "rank0.log").write_text("".join(text))
+    code, lines = _show(str(run), "--tail", "3")
+    assert code == 0
+    assert lines[0].startswith("--- the attempt that began before these lines")
+    assert [ln.split(" OUT ")[1].split(" ")[0:2] for ln in lines[1:]] == [
+        ["line", "1997"], ["line", "1998"], ["line", "1999"]]
