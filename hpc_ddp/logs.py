@@ -65,10 +65,12 @@ class RankFile:
     last: ranklines.Line | None = None
     partial: bytes = field(default=b"", repr=False)
     _cut: bool = field(default=False, repr=False)
+    _keep: int | None = field(default=None, repr=False)
 
-    def skip_to_tail(self, size: int) -> None:
-        """Read only about the last ``size`` bytes (from the first whole line in them): for
-        the last lines of thousands of files, not every byte of each."""
+    def skip_to_tail(self, lines: int, size: int) -> None:
+        """The first read takes only the last ``lines`` lines, from about the last ``size``
+        bytes: the last lines of thousands of files, not every line of each."""
+        self._keep = lines
         try:
             length = self.path.stat().st_size
         except OSError:
@@ -92,7 +94,11 @@ class RankFile:
         cut = data.rfind(b"\n") + 1
         self.partial, data = data[cut:], data[:cut]
         found = []
-        for raw in data.decode(errors="replace").splitlines():
+        raws = data.decode(errors="replace").splitlines()
+        if self._keep is not None:
+            raws = self._last_lines(raws, self._keep)
+            self._keep = None
+        for raw in raws:
             parsed = ranklines.parse(raw)
             if parsed is None:  # a message's continuation, with the line before it
                 if self.last is None:
@@ -104,6 +110,22 @@ class RankFile:
                 continue
             found.append(Shown(parsed, self.attempt))
         return found
+
+
+    def _last_lines(self, raws: list[str], keep: int) -> list[str]:
+        """The last ``keep`` lines of ``raws``; the attempt they belong to from the last
+        ATTEMPT line before them (found as text: only that one is parsed)."""
+        start = max(len(raws) - keep, 0)
+        while start > 0 and ranklines.parse(raws[start]) is None:
+            start -= 1  # a message's continuation: from the line it continues
+        marker = f" {ranklines.ATTEMPT} "
+        for raw in reversed(raws[:start]):
+            if marker in raw:
+                parsed = ranklines.parse(raw)
+                if parsed is not None and parsed.kind == ranklines.ATTEMPT:
+                    self.attempt = parsed.text
+                    break
+        return raws[start:]
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -299,7 +321,7 @@ def show(run: RunDir, ranks: list[int] | None, since: str | None,
         tail = 10
     if tail is not None and since is None and grep is None:
         for f in files:  # the last lines of all lie in the last lines of each
-            f.skip_to_tail(max(TAIL_BYTES, tail * 1024))
+            f.skip_to_tail(tail, max(TAIL_BYTES, tail * 1024))
     lines = merged(files, since, grep)
     printer.show(lines[-tail:] if tail else [] if tail == 0 else lines)
     if ranks is not None:
