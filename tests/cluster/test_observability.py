@@ -218,10 +218,13 @@ def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: di
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
     run_dir = tmp_path / "run"
+    # A GPU per node (the test cluster's stand-ins, computing on the CPU): GPU-hours to count.
     done = hpc_ddp("submit", ["cluster=slurm", "nodes=4", f"script={script}", "wait=true",
+                              "cluster.gpus_per_node=1", "trainer.device=cpu",
                               f"run_dir={run_dir}"], env=slurm_env, cwd=tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
+    job = job_id_of(done.stdout)
+    assert_ended(job, slurm_env, "FAILED", done.stdout)
     out = done.stdout
     assert out.count("Traceback (most recent call last)") == 1, out
     assert out.count("ValueError: bad learning rate on rank") == 1, out
@@ -236,3 +239,16 @@ def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: di
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert "OUT about to fail" in log and "ERR ValueError: bad learning rate" in log
         assert all(ranklines.parse(raw) for raw in log.splitlines())
+    # GPU-hours as sacct counts them: the allocation's GPUs x its running time.
+    status = hpc_ddp("status", [str(run_dir), "--json"], env=slurm_env)
+    cost = json.loads(status.stdout)["runs"][0]["cost"]
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", job, "-o",
+                          "ElapsedRaw,AllocTRES"], env=slurm_env, capture_output=True,
+                         text=True, check=True).stdout
+    gpu_s = 0
+    for line in out.splitlines():
+        elapsed, tres = line.split("|")
+        gpus = dict(p.split("=", 1) for p in tres.split(",") if "=" in p).get("gres/gpu", "0")
+        gpu_s += int(elapsed) * int(gpus)
+    assert gpu_s > 0 and cost["gpu_hours"] == pytest.approx(gpu_s / 3600, abs=1e-4), out
+    assert "GPU-h" in hpc_ddp("status", [str(run_dir)], env=slurm_env).stdout
