@@ -28,15 +28,40 @@ def job_ids(job: dict[str, Any] | None) -> list[str]:
     return [str(h["job_id"]) for h in history if h.get("job_id")]
 
 
-def slurm_cost(job: dict[str, Any] | None, costs: dict[str, Cost]) -> Cost | None:
-    """A Slurm run's cost from its jobs' costs (None while accounting knows none of them)."""
+def slurm_cost(job: dict[str, Any] | None, costs: dict[str, Cost],
+               gpus_per_node: int = 0) -> Cost | None:
+    """A Slurm run's cost from its jobs' costs (None while accounting knows none of them).
+    Where accounting counts no GPUs (a site whose AccountingStorageTRES leaves gres/gpu
+    out), its GPU-hours are its node-hours times the ``gpus_per_node`` it asked for."""
     found = [costs[i] for i in job_ids(job) if i in costs]
     if not found:
         return None
     summed = total(found)
     wall = sum(c.wall_s for c in found)  # one job after the other, not side by side
-    return Cost(wall, summed.queue_s, summed.running_s, summed.cpu_hours, summed.gpu_hours,
-                summed.starts)
+    gpu = summed.gpu_hours or summed.node_hours * gpus_per_node
+    return Cost(wall, summed.queue_s, summed.running_s, summed.cpu_hours, gpu, summed.starts,
+                summed.node_hours)
+
+
+def _with_gpus(run: RunDir, cost: Cost | None, job: dict[str, Any],
+               costs: dict[str, Cost]) -> Cost | None:
+    """``cost``, with GPU-hours from the config's GPUs per node where accounting has none
+    (config.yaml is read only then)."""
+    if cost is None or cost.gpu_hours or not cost.node_hours:
+        return cost
+    return slurm_cost(job, costs, gpus_per_node(run))
+
+
+def gpus_per_node(run: RunDir) -> int:
+    """The GPUs per node the run's config asks for (config.yaml; 0 when it cannot say)."""
+    import yaml  # deferred (start-up): yaml
+
+    try:
+        cfg = yaml.safe_load(run.config.read_text())
+        found = cfg["cluster"]["gpus_per_node"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return 0
+    return found if isinstance(found, int) and not isinstance(found, bool) else 0
 
 
 def local_cost(run: RunDir, job: dict[str, Any] | None, ended: float | None) -> Cost | None:
@@ -76,7 +101,8 @@ def finish(run: RunDir) -> Cost | None:
     if job.get("kind") == "slurm":
         from hpc_ddp.slurm.state import costs  # deferred (start-up): slurm.state
 
-        cost = slurm_cost(job, costs(job_ids(job)))
+        found = costs(job_ids(job))
+        cost = _with_gpus(run, slurm_cost(job, found), job, found)
     else:
         ended = _mtime(run.summary)
         cost = local_cost(run, job, ended)
@@ -87,13 +113,14 @@ def finish(run: RunDir) -> Cost | None:
 
 def run_cost(run_dir: Path, job: dict[str, Any] | None, state: str,
           costs: dict[str, Any]) -> dict[str, Any] | None:
-    """The run's cost so far (py); an ended run's is kept in its summary.json."""
+    """A status row's cost so far (``costs``: the refresh's, by job id); an ended run's is
+    kept in its summary.json."""
     from hpc_ddp.slurm.state import TERMINAL  # deferred (start-up): slurm.state
 
     run = RunDir(run_dir)
     ended = state in TERMINAL
     if job and job.get("kind") == "slurm":
-        cost = slurm_cost(job, costs)
+        cost = _with_gpus(run, slurm_cost(job, costs), job, costs)
     else:
         cost = local_cost(run, job, _mtime(run.summary) if ended else None)
     if cost is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 # The fields after JobID,State,ExitCode,Reason (state.SACCT_FIELDS): when each start was
 # submitted (a requeue resubmits), started and ended; its seconds running; what it held.
-FIELDS = ("Submit", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRES")
+FIELDS = ("Submit", "Start", "End", "ElapsedRaw", "AllocCPUS", "AllocTRES", "NNodes")
 
 
 @dataclass(frozen=True)
@@ -29,13 +29,14 @@ class Record:
     elapsed_s: float
     cpus: int
     gpus: int
+    nodes: int = 0
 
     @classmethod
     def parse(cls, fields: list[str]) -> Record:
         """``fields``: the values of FIELDS, in order ("Unknown", "None", "" where unset)."""
-        submit, start, end, elapsed, cpus, tres = (fields + [""] * 6)[:6]
+        submit, start, end, elapsed, cpus, tres, nodes = (fields + [""] * 7)[:7]
         return cls(when(submit), when(start), when(end), float(_int(elapsed)), _int(cpus),
-                   gpus_of(tres))
+                   gpus_of(tres), _int(nodes))
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Cost:
     cpu_hours: float
     gpu_hours: float
     starts: int
+    # Allocated nodes x running time: GPU-hours where accounting does not track GPUs
+    # (AccountingStorageTRES without gres/gpu), with the GPUs per node the run asked for.
+    node_hours: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
@@ -78,19 +82,20 @@ def cost_of(records: Iterable[Record], now: float | None = None) -> Cost:
     """The cost of one job's starts (a running start counts up to ``now``)."""
     now = time.time() if now is None else now
     found = list(records)
-    queue = running = cpu = gpu = 0.0
+    queue = running = cpu = gpu = node = 0.0
     for r in found:
         if r.submit is not None:
             queue += max(0.0, (r.start or r.end or now) - r.submit)
         running += r.elapsed_s
         cpu += r.elapsed_s * r.cpus / 3600
         gpu += r.elapsed_s * r.gpus / 3600
+        node += r.elapsed_s * r.nodes / 3600
     submits = [r.submit for r in found if r.submit is not None]
     ends = [r.end for r in found if r.end is not None]
     ongoing = any(r.end is None for r in found)
     last = now if ongoing or not ends else max(ends)
     wall = max(0.0, last - min(submits)) if submits else 0.0
-    return Cost(wall, queue, running, cpu, gpu, len(found))
+    return Cost(wall, queue, running, cpu, gpu, len(found), node)
 
 
 def total(costs: Iterable[Cost]) -> Cost:
@@ -98,7 +103,8 @@ def total(costs: Iterable[Cost]) -> Cost:
     found = list(costs)
     return Cost(max((c.wall_s for c in found), default=0.0), sum(c.queue_s for c in found),
                 sum(c.running_s for c in found), sum(c.cpu_hours for c in found),
-                sum(c.gpu_hours for c in found), sum(c.starts for c in found))
+                sum(c.gpu_hours for c in found), sum(c.starts for c in found),
+                sum(c.node_hours for c in found))
 
 
 def hours(seconds: float) -> str:

@@ -239,16 +239,18 @@ def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: di
         log = (run_dir / "logs" / f"rank{rank}.log").read_text()
         assert "OUT about to fail" in log and "ERR ValueError: bad learning rate" in log
         assert all(ranklines.parse(raw) for raw in log.splitlines())
-    # GPU-hours as sacct counts them: the allocation's GPUs x its running time.
+    # GPU-hours as sacct counts them: the allocation's GPUs (AllocTRES) x its running time;
+    # the test cluster's accounting tracks no GPUs (AccountingStorageTRES has no gres/gpu,
+    # as at some sites): then its nodes x the 1 GPU per node asked for.
     status = hpc_ddp("status", [str(run_dir), "--json"], env=slurm_env)
     cost = json.loads(status.stdout)["runs"][0]["cost"]
     out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", job, "-o",
-                          "ElapsedRaw,AllocTRES"], env=slurm_env, capture_output=True,
+                          "ElapsedRaw,AllocTRES,NNodes"], env=slurm_env, capture_output=True,
                          text=True, check=True).stdout
     gpu_s = 0
     for line in out.splitlines():
-        elapsed, tres = line.split("|")
-        gpus = dict(p.split("=", 1) for p in tres.split(",") if "=" in p).get("gres/gpu", "0")
-        gpu_s += int(elapsed) * int(gpus)
+        elapsed, tres, nodes = line.split("|")
+        tracked = dict(p.split("=", 1) for p in tres.split(",") if "=" in p).get("gres/gpu")
+        gpu_s += int(elapsed) * int(tracked if tracked is not None else nodes)
     assert gpu_s > 0 and cost["gpu_hours"] == pytest.approx(gpu_s / 3600, abs=1e-4), out
     assert "GPU-h" in hpc_ddp("status", [str(run_dir)], env=slurm_env).stdout

@@ -28,11 +28,11 @@ T0 = dt.datetime(2026, 12, 3, 8, 0, 0).timestamp()
 # done, tasks 1-2 still pending since 0.
 SACCT = "\n".join([
     f"7|REQUEUED|0:0|None|{_t(0)}|{_t(30)}|{_t(130)}|100|4|billing=4,cpu=4,gres/gpu=2,"
-    "gres/gpu:h100=2,mem=8G,node=2",
+    "gres/gpu:h100=2,mem=8G,node=2|2",
     f"7|COMPLETED|0:0|None|{_t(130)}|{_t(250)}|{_t(310)}|60|4|billing=4,cpu=4,gres/gpu=2,"
-    "mem=8G,node=2",
-    f"9_0|COMPLETED|0:0|None|{_t(0)}|{_t(5)}|{_t(65)}|60|2|cpu=2,mem=1G,node=1",
-    f"9_[1-2]|PENDING|0:0|Priority|{_t(0)}|Unknown|Unknown|0|0|",
+    "mem=8G,node=2|2",
+    f"9_0|COMPLETED|0:0|None|{_t(0)}|{_t(5)}|{_t(65)}|60|2|cpu=2,mem=1G,node=1|1",
+    f"9_[1-2]|PENDING|0:0|Priority|{_t(0)}|Unknown|Unknown|0|0||1",
 ])
 
 
@@ -85,3 +85,14 @@ def test_a_local_run_counts_its_ranks_cpu_time(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("{}")
     runcost.record(run, cost)
     assert Cost(**json.loads((tmp_path / "summary.json").read_text())["cost"]).cpu_hours == 1.0
+
+
+def test_gpu_hours_where_accounting_tracks_no_gpus(tmp_path: Path) -> None:
+    """A site whose accounting leaves gres/gpu out of AllocTRES: node-hours times the GPUs
+    per node the run asked for (its config.yaml)."""
+    costs = parse_costs(SACCT, now=T0 + 400)
+    job = {"kind": "slurm", "job_id": "9_0"}
+    assert costs["9_0"].gpu_hours == 0 and costs["9_0"].node_hours == pytest.approx(60 / 3600)
+    (tmp_path / "config.yaml").write_text("cluster:\n  gpus_per_node: 8\n")
+    row = runcost.run_cost(tmp_path, job, "COMPLETED", costs)
+    assert row is not None and row["gpu_hours"] == pytest.approx(8 * 60 / 3600, abs=1e-4)
