@@ -11,6 +11,7 @@ written into summary.json as ``cost``.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -53,11 +54,17 @@ def _with_gpus(run: RunDir, cost: Cost | None, job: dict[str, Any],
 
 
 def gpus_per_node(run: RunDir) -> int:
-    """The GPUs per node the run's config asks for (config.yaml; 0 when it cannot say)."""
+    """The GPUs per node the run's config asks for (config.yaml; 0 when it cannot say), read
+    once per run dir by a command (a status --watch of a large sweep refreshes often)."""
+    return _gpus_per_node(str(run.config))
+
+
+@functools.lru_cache(maxsize=8192)
+def _gpus_per_node(config: str) -> int:
     import yaml  # deferred (start-up): yaml
 
     try:
-        cfg = yaml.safe_load(run.config.read_text())
+        cfg = yaml.safe_load(Path(config).read_text())
         found = cfg["cluster"]["gpus_per_node"]
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         return 0
