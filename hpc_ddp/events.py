@@ -25,6 +25,24 @@ def append(run_root: Path, event: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def cause_fields(run_root: Path, message: str, attempt: int, rank: int) -> dict[str, str]:
+    """An event's ``cause`` in one line (the message's first line, and its last where it has
+    more: a script's last words), and with more lines, ``lines``: the run-dir path of a file
+    that holds them all (logs/failure-attempt<A>-rank<R>.txt), so the history stays one short
+    line per event however many lines a failure printed (docs/observability.md)."""
+    lines = [ln for ln in message.strip().splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return {"cause": message.strip()}
+    name = f"logs/failure-attempt{attempt}-rank{rank}.txt"
+    try:
+        (run_root / "logs").mkdir(exist_ok=True)
+        with open(run_root / name, "w") as handle:
+            handle.write(message.strip() + "\n")
+    except OSError:  # the history keeps the cause at least
+        return {"cause": f"{lines[0]} ... {lines[-1].strip()}"}
+    return {"cause": f"{lines[0]} ... {lines[-1].strip()}", "lines": name}
+
+
 def read(run_root: Path) -> list[dict[str, Any]]:
     try:
         lines = (run_root / FILE).read_text().splitlines()

@@ -64,15 +64,40 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
         reporter.update(read_json(run.progress))
     finally:
         reporter.close()
+    cost = _cost(run)
     summary = read_json(run.summary)
     state = getattr(job, "state", "")
     if getattr(job, "exit_code", ""):
         print(f"job {job.job_id} ended: {state} (exit code {job.exit_code})", file=out)
     if summary is not None and not failed_ranks(run) and state in ("", "COMPLETED", "FINISHED"):
         print(results_table(summary), file=out)
+        for line in tracker_lines(run):
+            print(line, file=out)
         return 0
     print(failure_report(run, job), file=out)
+    if cost:
+        print(f"cost: {cost}", file=out)
     return 1
+
+
+def tracker_lines(run: RunDir) -> list[str]:
+    """Where the run's W&B / MLflow runs are (trackers.json), with W&B's sync command."""
+    from hpc_ddp.rank.services import trackers  # deferred (start-up): rank.services.trackers
+
+    record = read_json(run.root / trackers.FILE) or {}
+    return ([trackers.where_wandb(record["wandb"])] if "wandb" in record else []) + (
+        [trackers.where_mlflow(record["mlflow"])] if "mlflow" in record else [])
+
+
+def _cost(run: RunDir) -> str:
+    """The ended run's cost in words, recorded in summary.json (runcost.finish)."""
+    from hpc_ddp import runcost  # deferred (start-up): runcost, slurm.state
+
+    try:
+        cost = runcost.finish(run)
+    except OSError:
+        return ""
+    return runcost.line(cost) if cost is not None else ""
 
 
 def results_table(summary: dict[str, Any]) -> str:
@@ -96,10 +121,20 @@ def results_table(summary: dict[str, Any]) -> str:
             *returned_rows(summary.get("result") or {})[:12],
             ("samples/s", f"{speed:.1f}" if isinstance(speed, int | float) else None),
             ("resumed from step", summary.get("resumed_from_step")),
-            ("restarts", summary.get("restarts"))]
+            ("restarts", summary.get("restarts")), ("cost", _cost_cell(summary.get("cost")))]
     rows = [(name, v) for name, v in rows if v is not None and v != ""]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["results:"] + [f"  {name:<{width}}  {fmt(v)}" for name, v in rows])
+
+
+def _cost_cell(cost: Any) -> str | None:
+    from hpc_ddp import runcost  # deferred (start-up): runcost
+    from hpc_ddp.slurm.cost import Cost
+
+    try:
+        return runcost.line(Cost(**cost)) if isinstance(cost, dict) else None
+    except TypeError:  # another version's fields
+        return None
 
 
 def returned_rows(result: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -140,6 +175,27 @@ def last_stop(run: RunDir) -> dict[str, Any] | None:
     return found[-1] if found[-1].get("time", 0.0) >= submitted else None
 
 
+def stopped_how(files: Any, killed: bool) -> str:
+    """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
+    with the steps after its last checkpoint lost, counted from the last logged step."""
+    # deferred (start-up): rank.services.checkpoint
+    from hpc_ddp.rank.services.checkpoint import latest_step
+
+    saved = latest_step(files.checkpoints)
+    stop = last_stop(files)
+    if stop is not None and not killed:
+        return f"stopped at step {stop.get('step')} with a checkpoint; nothing is lost."
+    checkpoint = "no checkpoint yet" if saved is None else f"the latest checkpoint is step {saved}"
+    if not killed:  # the ranks ended without recording a stop (e.g. before the first step)
+        return f"stopped; {checkpoint}."
+    progress = read_json(files.progress) or {}
+    reached = progress.get("step")
+    if not isinstance(reached, int) or (saved or 0) >= reached:
+        return f"killed; {checkpoint}, and no logged step after it is lost."
+    return (f"killed at step {reached} (the last one logged) or a little later; {checkpoint}: "
+            f"{reached - (saved or 0)} step(s) are lost and will be trained again.")
+
+
 def stop_report(run: RunDir, job: Any) -> str | None:
     """A stop someone asked for (a signal, a cancel) is not a failure: where it stopped and
     how to go on; None when the run did not end with such a stop."""
@@ -158,11 +214,14 @@ def failure_report(run: RunDir, job: Any) -> str:
     ranks = failed_ranks(run)
     state = getattr(job, "state", "?")
     lines = [f"job {job.job_id} failed (state {state})."]
-    for rank in ranks or [0]:
-        lines.append(error_message(run, rank))
-        if run.rank_log(rank).exists():  # a rank that never started python has none
-            lines += [f"last lines of {run.rank_log(rank)}:", tail(run.rank_log(rank), 15)]
-    if not ranks:
+    if ranks:
+        from hpc_ddp import failures  # deferred (start-up): failures
+
+        lines += failures.report(run, ranks)
+    else:
+        lines.append(error_message(run, 0))
+        if run.rank_log(0).exists():  # a rank that never started python has none
+            lines += [f"last lines of {run.rank_log(0)}:", tail(run.rank_log(0), 15)]
         lines += [f"no rank reported an error; the launcher's output (submitit's, or srun's "
                   f"step-*.out) is under {run.submitit}"]
     return "\n".join(lines)
@@ -170,18 +229,31 @@ def failure_report(run: RunDir, job: Any) -> str:
 
 # progress.json keys that are not a scalar to show.
 _PROGRESS_KEYS = ("step", "total_steps", "epoch", "time", "stopped")
+# The built-in trainer's figures, shown in their own words (trainer/throughput.py).
+_THROUGHPUT = ("loss", "samples_per_s", "lr", "samples_per_s_per_rank", "step_ms", "own_ms",
+               "mfu", "slowest_rank", "slowest_behind")
 
 
 def progress_text(progress: dict[str, Any]) -> str:
     """"loss 0.1234  5000 samples/s  epoch 1" for the built-in trainer; a user's own
     logged scalars (up to four) otherwise."""
     parts = []
-    if isinstance(progress.get("loss"), int | float):
-        parts.append(f"loss {progress['loss']:.4f}")
-    if isinstance(progress.get("samples_per_s"), int | float):
-        parts.append(f"{progress['samples_per_s']:.0f} samples/s")
-    others = [(k, v) for k, v in progress.items() if k not in _PROGRESS_KEYS
-              and k not in ("loss", "samples_per_s", "lr") and isinstance(v, int | float)]
+    number = {k: v for k, v in progress.items() if isinstance(v, int | float)}
+    if "loss" in number:
+        parts.append(f"loss {number['loss']:.4f}")
+    if "samples_per_s" in number:
+        per_rank = number.get("samples_per_s_per_rank")
+        parts.append(f"{number['samples_per_s']:.0f} samples/s" + (
+            f" ({per_rank:.0f}/rank)" if per_rank is not None else ""))
+    if "step_ms" in number:
+        parts.append(f"{number['step_ms']:.1f} ms/step")
+    if "mfu" in number:
+        parts.append(f"MFU {100 * number['mfu']:.1f}%")
+    if "slowest_rank" in number and "slowest_behind" in number:
+        parts.append(f"slowest: rank {number['slowest_rank']:.0f} "
+                     f"+{100 * number['slowest_behind']:.0f}%")
+    others = [(k, v) for k, v in number.items() if k not in _PROGRESS_KEYS
+              and k not in _THROUGHPUT]
     parts += [f"{k} {v:.4g}" for k, v in others[:4]]
     if progress.get("epoch") is not None:
         parts.append(f"epoch {progress['epoch']}")

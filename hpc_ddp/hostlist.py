@@ -21,6 +21,13 @@ def expand(nodelist: str) -> list[str]:
     return hosts
 
 
+def collect(hosts: list[str]) -> str:
+    """``hosts`` as one Slurm hostlist ("node[1-2,4]"): the inverse of :func:`expand`."""
+    import hostlist as _hostlist  # deferred: hostlist
+
+    return str(_hostlist.collect_hostlist(sorted(set(hosts))))
+
+
 def first_host(nodelist: str) -> str:
     """The first host of ``nodelist``: where Slurm places rank 0, our rendezvous master."""
     return expand(nodelist)[0]

@@ -22,7 +22,7 @@ any config exists.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 MASK = "****"
@@ -113,3 +113,11 @@ def mask(text: str, values: Iterable[str]) -> str:
         if len(value) >= MASK_MIN and value in text:
             text = text.replace(value, MASK)
     return mask_shapes(text)
+
+
+def values_to_mask(environ: Mapping[str, str], extra: Iterable[str] = (),
+                   marks: Marks = NO_MARKS) -> list[str]:
+    """The texts :func:`mask` hides: the values of secret-named or secret-shaped variables
+    and ``extra``, longest first (a value inside another is masked with it)."""
+    values = {v for k, v in environ.items() if secret_name(k, marks) or secret_value(v)}
+    return sorted(values | set(extra), key=len, reverse=True)

@@ -84,6 +84,13 @@ class RunDir:
     def rank_error(self, rank: int) -> Path:
         return self.logs / f"rank{rank}.error"
 
+    def rank_usage(self, rank: int) -> Path:
+        """The CPU time a rank used, written at its exit (hpc_ddp/runcost.py reads it)."""
+        return self.ranks / f"rank{rank}{USAGE_SUFFIX}"
+
+
+USAGE_SUFFIX = ".usage.json"
+
 
 def resume_command(root: Path | str) -> str:
     """The command that continues the run in ``root``, quoted for a shell."""

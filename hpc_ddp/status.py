@@ -4,6 +4,7 @@
     python -m hpc_ddp.status multirun/2026-11-30_10-00-00 --watch    # refresh until all end
     python -m hpc_ddp.status multirun/2026-11-30_10-00-00 --plot curves.png
     python -m hpc_ddp.status outputs/try1 --cancel                   # cancel a run or a sweep
+    python -m hpc_ddp.status outputs/try1 --stop     # stop at an agreed step, checkpointed
     python -m hpc_ddp.status outputs/try1 --json
     python -m hpc_ddp.status outputs/try1 --watch --interval 30     # refresh every 30 s
 
@@ -102,20 +103,23 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
-    # deferred (start-up): slurm.state
-    from hpc_ddp.slurm.state import query_many
+    # deferred (start-up): runcost, slurm.state
+    from hpc_ddp.runcost import job_ids
+    from hpc_ddp.slurm.state import query_with_cost
 
     jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
-    states = query_many(str(j["job_id"]) for j in jobs.values()
-                        if j and j.get("kind") == "slurm")
+    states, costs = query_with_cost(i for j in jobs.values() if j and j.get("kind") == "slurm"
+                                    for i in job_ids(j))
     looks = looks or Lookups()
-    return [row(label, run_dir, jobs[run_dir], states, looks) for label, run_dir in runs]
+    return [row(label, run_dir, jobs[run_dir], states, looks, costs) for label, run_dir in runs]
 
 
 def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
-        states: dict[str, Any] | None = None, looks: Lookups | None = None) -> dict[str, Any]:
-    # deferred (start-up): events, slurm.reasons, slurm.state
+        states: dict[str, Any] | None = None, looks: Lookups | None = None,
+        costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    # deferred (start-up): events, runcost, slurm.reasons, slurm.state
     from hpc_ddp import events
+    from hpc_ddp.runcost import run_cost
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
 
@@ -144,7 +148,12 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "total_steps": summary.get("total_steps", progress.get("total_steps")),
             "loss": summary.get("final_train_loss", progress.get("loss")),
             "eval_accuracy": summary.get("eval_accuracy"),
-            "eval_loss": summary.get("eval_loss")}
+            "eval_loss": summary.get("eval_loss"),
+            # throughput (trainer/throughput.py): the latest logged window's
+            "samples_per_s": progress.get("samples_per_s"), "mfu": progress.get("mfu"),
+            "step_ms": progress.get("step_ms"), "slowest_rank": progress.get("slowest_rank"),
+            "slowest_behind": progress.get("slowest_behind"),
+            "cost": run_cost(run_dir, job, found.state, costs or {})}
 
 
 def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -177,10 +186,16 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
             return "-"
         return format(value, spec) if spec and isinstance(value, int | float) else str(value)
 
-    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc")
+    # deferred (start-up): runcost, slurm.cost
+    from hpc_ddp.runcost import cost_cells, sweep_cost
+
+    gpus = any((r.get("cost") or {}).get("gpu_hours") for r in rows)
+    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "samples/s",
+              "queued", "running", "CPU-h", *(("GPU-h",) if gpus else ()))
     lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), fmt(r["restarts"]),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
-                         fmt(r["eval_accuracy"], ".4f")) for r in rows]
+                         fmt(r["eval_accuracy"], ".4f"), fmt(r.get("samples_per_s"), ".0f"),
+                         *cost_cells(r.get("cost"), gpus)) for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     text = "\n".join("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(line))
                      for line in lines)
@@ -190,6 +205,8 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
                   if isinstance(top["eval_accuracy"], int | float)
                   else f"eval loss {top['eval_loss']:.4f}")
         text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
+    if is_sweep:
+        text += sweep_cost(rows)
     return "\n".join([text, *notes(rows, is_sweep)])
 
 
@@ -206,7 +223,10 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
         if r.get("pending"):
             said.setdefault(r["pending"], []).append(str(r["label"] if is_sweep else
                                                          f"job {r['job_id']}"))
-    lines = []
+    lines = [f"{r['label'] if is_sweep else 'run'}: rank {r['slowest_rank']:.0f} is "
+             f"{100 * r['slowest_behind']:.0f}% behind the other ranks (data wait + forward)"
+             for r in rows if isinstance(r.get("slowest_behind"), int | float)
+             and r["state"] == "RUNNING"]
     for line, who in said.items():
         named = ", ".join(who) if len(who) <= 6 else \
             f"{', '.join(who[:3])}, ... {who[-1]} ({len(who)} points)"
@@ -260,6 +280,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
     parser.add_argument("--plot", type=Path, help="write a PNG comparing the runs' curves")
     parser.add_argument("--cancel", action="store_true", help="cancel the run or every point")
+    parser.add_argument("--stop", action="store_true",
+                        help="stop at a step the ranks agree on, with a checkpoint")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     try:
@@ -281,6 +303,10 @@ def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
           manifest: dict[str, Any] | None, out: TextIO) -> int:
     if args.cancel:
         return _cancel(runs, manifest, out)
+    if args.stop:
+        from hpc_ddp.stoprun import stop  # deferred (start-up): stoprun
+
+        return stop(runs, out)
     looks = Lookups()
     while True:
         rows = rows_of(runs, looks)

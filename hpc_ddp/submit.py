@@ -158,7 +158,7 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
                   f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}",
                   file=out, flush=True)
         if not cfg.wait:
-            for line in next_steps(cfg.cluster.kind, run_dir.root, run.job_id):
+            for line in next_steps(cfg.cluster.kind, run_dir.root, run.job_id, cfg.detach):
                 print(line, file=out, flush=True)
             return 0
         run.wait(out=out)
@@ -171,9 +171,16 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
     return 0
 
 
-def next_steps(kind: str, root: Any, job_id: str) -> list[str]:
+def next_steps(kind: str, root: Any, job_id: str, detach: bool = False) -> list[str]:
     """What follows a run that was submitted without wait=true (with it, the command does)."""
     where = shlex.quote(str(root))
+    if detach:
+        return ["  detached:    the ranks run in a session of their own; closing this "
+                "terminal or logging out does not stop them",
+                f"  follow:      python -m hpc_ddp.logs {where} --follow",
+                f"  status:      python -m hpc_ddp.status {where} --watch",
+                f"  stop:        python -m hpc_ddp.status {where} --stop   (a checkpoint, "
+                "then the resume line)"]
     if kind != "slurm":
         return [f"  status:      python -m hpc_ddp.status {where}"]
     return [f"  follow:      python -m hpc_ddp.status {where} --watch",
@@ -203,34 +210,12 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
     if killed:  # outside the block: nothing interrupts the kill
         run.cancel(grace_s=0.0)
     # deferred (start-up): rundir
+    from hpc_ddp.follow import stopped_how  # deferred (start-up): follow
     from hpc_ddp.rundir import resume_command
 
     print(f"{stopped_how(run.files, killed)} Continue with: {resume_command(run.run_dir)}",
           file=out, flush=True)
     return code
-
-
-def stopped_how(files: Any, killed: bool) -> str:
-    """Where a local run stopped: at a checkpoint (nothing lost), or killed (a second Ctrl-C)
-    with the steps after its last checkpoint lost, counted from the last logged step."""
-    # deferred (start-up): follow, rank.services.checkpoint, rundir
-    from hpc_ddp.follow import last_stop
-    from hpc_ddp.rank.services.checkpoint import latest_step
-    from hpc_ddp.rundir import read_json
-
-    saved = latest_step(files.checkpoints)
-    stop = last_stop(files)
-    if stop is not None and not killed:
-        return f"stopped at step {stop.get('step')} with a checkpoint; nothing is lost."
-    checkpoint = "no checkpoint yet" if saved is None else f"the latest checkpoint is step {saved}"
-    if not killed:  # the ranks ended without recording a stop (e.g. before the first step)
-        return f"stopped; {checkpoint}."
-    progress = read_json(files.progress) or {}
-    reached = progress.get("step")
-    if not isinstance(reached, int) or (saved or 0) >= reached:
-        return f"killed; {checkpoint}, and no logged step after it is lost."
-    return (f"killed at step {reached} (the last one logged) or a little later; {checkpoint}: "
-            f"{reached - (saved or 0)} step(s) are lost and will be trained again.")
 
 
 class _SubmitModule(types.ModuleType):

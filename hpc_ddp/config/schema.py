@@ -318,12 +318,24 @@ class SecretsConfig:
 
 
 @dataclass
+class TrackerConfig:
+    # The W&B project and the MLflow experiment the runs go to.
+    project: str = "hpc_ddp"
+    # W&B offline (sync later) or online; null: online only where the job has WANDB_API_KEY
+    # or WANDB_MODE=online (compute nodes often have no internet).
+    offline: bool | None = None
+
+
+@dataclass
 class Config:
     # Shortcuts a user types on the command line.
     nodes: int = 1
     run_dir: str | None = None
     # Follow the job to its end (None: yes for local runs, no for Slurm).
     wait: bool | None = None
+    # A local run or a step that outlives the terminal: the ranks in their own session, the
+    # command returns at once with the commands to follow and stop it (docs/observability.md).
+    detach: bool = False
     # Continue run_dir from its latest checkpoint.
     resume: bool = False
     # Print what would be submitted and submit nothing.
@@ -357,6 +369,10 @@ class Config:
     nccl: NcclConfig = field(default_factory=NcclConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     secrets: SecretsConfig = field(default_factory=SecretsConfig)
+    # Experiment trackers beside TensorBoard (always on): wandb, mlflow, or a list of them
+    # (logger=[wandb,mlflow]); rank 0 logs to them (docs/observability.md).
+    logger: Any = "tensorboard"
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
     # Your own keys (conf/app/<option>.yaml, or app.<key>=... on the command line), free-form;
     # a function entry reads them as ctx.app.
     app: dict[str, Any] = field(default_factory=dict)

@@ -50,6 +50,7 @@ from hpc_ddp.config.secret_channels import (
 from hpc_ddp.errors import UserError
 from hpc_ddp.redact import MASK, NO_MARKS, Marks, secret_name, secret_value
 from hpc_ddp.redact import mask as mask
+from hpc_ddp.redact import values_to_mask as values_to_mask
 
 
 def looks_secret(name: str, marks: Marks = NO_MARKS) -> bool:
@@ -288,14 +289,6 @@ def _texts(value: Any) -> Iterator[str]:
             yield from _texts(item)
     elif isinstance(value, str):
         yield value
-
-
-def values_to_mask(environ: Mapping[str, str], extra: Iterable[str] = (),
-                   marks: Marks = NO_MARKS) -> list[str]:
-    """The texts :func:`mask` hides: the values of secret-named or secret-shaped variables
-    and ``extra``, longest first (a value inside another is masked with it)."""
-    values = {v for k, v in environ.items() if secret_name(k, marks) or secret_value(v)}
-    return sorted(values | set(extra), key=len, reverse=True)
 
 
 @contextlib.contextmanager

@@ -1,8 +1,6 @@
-"""Ranges and cross-field rules the types alone cannot express.
-
-Each rule raises :class:`UserError` naming the key, the value and the fix. Rules that need the
-file system (a data root, a writable run dir) live with the code that uses those paths.
-"""
+"""Ranges and cross-field rules the types alone cannot express: each raises :class:`UserError`
+naming the key, the value and the fix. Rules that need the file system (a data root, a
+writable run dir) live with the code that uses those paths."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ import signal
 from typing import Any
 
 from hpc_ddp.config.container_schema import validate_container
+from hpc_ddp.config.loggers import validate_logger
 from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.errors import UserError, shown
@@ -125,6 +124,7 @@ def validate(cfg: Config) -> Config:
     validate_entry(cfg)
     validate_nccl(cfg.nccl)
     validate_container(cfg.cluster)
+    validate_logger(cfg.logger)
     return cfg
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the type only: the schema's dataclasses take ~0.1 s to buil
     from hpc_ddp.config.schema import Config
 
 # Command switches that belong to one invocation, not to the run.
-TRANSIENT = ("resume", "wait", "dry_run", "preflight")
+TRANSIENT = ("resume", "wait", "detach", "dry_run", "preflight")
 
 
 def saved_overrides(overrides: Sequence[str], cfg: Config | None = None) -> list[str]:

@@ -15,6 +15,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
@@ -57,9 +58,41 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
     executor.update_parameters(**executor_parameters(cfg, os.environ))
 
     ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12]}
-    with _terminal_interrupt_ignored(), _environ(ranks_env):
+    session = _own_session(run.logs / "launcher.log") if cfg.detach else \
+        contextlib.nullcontext()
+    with _terminal_interrupt_ignored(), _environ(ranks_env), session:
         return LocalJobHandle(executor.submit(task or training_task(to_yaml(cfg),
                                                                     str(run.root))))
+
+
+@contextlib.contextmanager
+def _own_session(log: Path) -> Iterator[None]:
+    """detach=true: submitit's controller, and so every rank under it, starts in a session
+    of its own with no terminal (stdin /dev/null, its output into ``log``): a logout's SIGHUP
+    and a closed terminal never reach it (https://man7.org/linux/man-pages/man2/setsid.2.html).
+    submitit starts the controller with a plain ``subprocess.Popen`` (local.start_controller);
+    its module sees this Popen meanwhile. The command is single-threaded here."""
+    import submitit.local.local as submitit_local  # deferred: submitit
+
+    real = submitit_local.subprocess
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+
+        class _Detached:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+            @staticmethod
+            def Popen(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 (subprocess's name)
+                kwargs.update(start_new_session=True, stdin=real.DEVNULL, stdout=out,
+                              stderr=real.STDOUT)
+                return real.Popen(*args, **kwargs)
+
+        setattr(submitit_local, "subprocess", _Detached())  # noqa: B010 (a module's name)
+        try:
+            yield
+        finally:
+            setattr(submitit_local, "subprocess", real)  # noqa: B010
 
 
 def outside_slurm(environ: Mapping[str, str]) -> dict[str, str]:

@@ -119,7 +119,15 @@ def resolve_with_layout(cfg: Config, environ: Mapping[str, str], cwd: Path,
     cluster = dataclasses.replace(cluster, kind=kind, tasks_per_node=layout.tasks_per_node,
                                   gpus_per_node=layout.gpus_per_node, container=container)
     run_dir = cfg.run_dir or str(default_root(cwd / "outputs"))
-    wait = cfg.wait if cfg.wait is not None else kind in ("local", "step")
+    if cfg.detach and kind == "slurm":
+        raise UserError("detach", "true", "is for local runs and steps; a Slurm job runs "
+                        "without this command already.", "leave detach out (wait=false is "
+                        "the default on Slurm).")
+    if cfg.detach and cfg.wait:
+        raise UserError("detach", "true", "and wait=true contradict each other.",
+                        "give one of them; follow a detached run with python -m hpc_ddp.logs "
+                        "RUN_DIR --follow.")
+    wait = cfg.wait if cfg.wait is not None else kind in ("local", "step") and not cfg.detach
     return dataclasses.replace(cfg, cluster=cluster, run_dir=str(Path(run_dir).absolute()),
                                wait=wait, script=absolute_script(cfg.script, cwd)), layout
 

@@ -9,6 +9,13 @@ from __future__ import annotations
 # -- set by a launcher for the tasks it starts ----------------------------------------------
 # The local launcher's ranks: unique per launch (a uuid), the rendezvous file's name.
 LAUNCH_ID_ENV = "HPC_DDP_LAUNCH_ID"
+# Which start of the ranks within one Slurm attempt this is: 0 for the first, one more for
+# each restart in place (the supervisors set it when they start a rank's program again); the
+# rank's log marks every start (DistEnv.generation, docs/observability.md).
+GENERATION_ENV = "HPC_DDP_GENERATION"
+# Set in a process whose output is already written into its rank's log (the path of that
+# log): a supervised child inherits it and does not capture its output a second time.
+CAPTURED_ENV = "HPC_DDP_CAPTURED"
 # The tasks of a step that `submit` ran inside an allocation (launch/step.py): the
 # allocation's id. Such a run is not requeued (an interactive allocation cannot be, and a
 # batch script's `submit` would start anew): it stops with the resume command.

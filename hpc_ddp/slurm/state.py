@@ -19,6 +19,8 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from hpc_ddp.slurm.cost import FIELDS, Cost, Record, cost_of
+
 # States after which the job will not run again (REQUEUED, PENDING, RUNNING, PREEMPTED and
 # SUSPENDED are not: a requeued or preempted job comes back). https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -121,18 +123,80 @@ def parse_squeue(text: str) -> dict[str, JobState]:
 
 
 def parse_sacct(text: str) -> dict[str, JobState]:
-    """``sacct -X -P -o JobID,State,ExitCode,Reason`` lines -> {job id: state}. An array
-    task that never started (still pending, or cancelled while pending) has no record of
-    its own: accounting lists it in a range such as ``123_[4-9]`` or ``123_[4-9%2]``."""
+    """``sacct -X -P -o JobID,State,ExitCode,Reason[,Submit,...]`` lines -> {job id: state}.
+    An array task that never started (still pending, or cancelled while pending) has no
+    record of its own: accounting lists it in a range such as ``123_[4-9]`` or
+    ``123_[4-9%2]``. With ``-D`` (every start of a requeued job), the latest start's."""
     ranged: dict[str, JobState] = {}
     own: dict[str, JobState] = {}
+    latest: dict[str, str] = {}
     for line in text.splitlines():
-        ids, state, code, reason = (line.split("|", 3) + ["", "", ""])[:4]
+        ids, state, code, reason, *more = (line.split("|") + ["", "", ""])[:4 + len(FIELDS)]
+        submit = more[0] if more else ""
         for job_id in _members(ids.strip()):
+            if "[" not in ids and submit < latest.get(job_id, ""):
+                continue  # an earlier start of a requeued job (ISO times sort as text)
             # A task's own record wins over a range that still lists it (seen in 22.05: a
             # task released from a held array keeps its place in the range's record).
             (ranged if "[" in ids else own)[job_id] = JobState.of(state, code, reason)
+            if "[" not in ids:
+                latest[job_id] = submit
     return {**ranged, **own}
+
+
+def accounted_command(asked: Sequence[str]) -> list[str]:
+    """sacct for states and cost: -D lists every start of a requeued job (its cost is the
+    sum); the cost fields (slurm/cost.py) after the state's."""
+    return ["sacct", "-X", "-D", "-n", "-P", "-o", f"{SACCT_FIELDS},{','.join(FIELDS)}",
+            "-j", ",".join(asked)]
+
+
+def parse_costs(text: str, now: float | None = None) -> dict[str, Cost]:
+    """accounted_command's lines -> {job id: its cost over all its starts}. An array task
+    still pending (listed in a range) has waited since the array's submission."""
+    records: dict[str, list[Record]] = {}
+    ranged: dict[str, Record] = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 4 + len(FIELDS):
+            continue
+        ids, record = fields[0].strip(), Record.parse(fields[4:4 + len(FIELDS)])
+        for job_id in _members(ids):
+            if "[" in ids:
+                ranged[job_id] = record
+            else:
+                records.setdefault(job_id, []).append(record)
+    for job_id, record in ranged.items():
+        records.setdefault(job_id, [record])
+    return {job_id: cost_of(found, now) for job_id, found in records.items()}
+
+
+def costs(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
+          ) -> dict[str, Cost]:
+    """What these jobs cost (every start of each): one sacct call."""
+    env = dict(os.environ if environ is None else environ)
+    ids = list(dict.fromkeys(str(i) for i in job_ids))
+    found = parse_costs(_run(accounted_command(_asked(ids)), env)) if ids else {}
+    return {i: found[i] for i in ids if i in found}
+
+
+def query_with_cost(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
+                    ) -> tuple[dict[str, JobState], dict[str, Cost]]:
+    """:func:`query_many`, and what each job cost so far: one squeue call and one sacct
+    call, whatever the number of jobs (a status refresh)."""
+    env = dict(os.environ if environ is None else environ)
+    ids = list(dict.fromkeys(str(i) for i in job_ids))
+    if not ids:
+        return {}, {}
+    live = parse_squeue(_run(squeue_command(_asked(ids)), env))
+    text = _run(accounted_command(_asked(ids)), env)
+    accounted = parse_sacct(text)
+    found = {i: live[i] for i in ids if i in live}
+    for i in ids:
+        if (i not in found or found[i].finished) and i in accounted:
+            found[i] = accounted[i]
+    costs = parse_costs(text)
+    return found, {i: costs[i] for i in ids if i in costs}
 
 
 _RANGE = re.compile(r"^(?P<array>\d+)_\[(?P<tasks>[\d,\-:]+)(?:%\d+)?\]$")

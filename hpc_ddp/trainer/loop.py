@@ -30,7 +30,7 @@ from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import rng, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.trainer import ddp_setup
+from hpc_ddp.trainer import ddp_setup, throughput
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
 from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
 from hpc_ddp.trainer.models import build_model, check_classes, describe_model
@@ -89,6 +89,12 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.checkpoint_step: int | None = None
         self._settled = False
+        # Throughput (trainer/throughput.py): this rank's own time, the ranks' mean own time
+        # per step in the last window (what "behind" is measured against), FLOPs per sample.
+        self.clock = throughput.RankClock(device)
+        self._own_mean_s: float | None = None
+        self._logged_step = 0
+        self._flops: float | None = None
 
     # -- state ---------------------------------------------------------------------------
     def _generators(self) -> dict[str, Any]:
@@ -160,7 +166,9 @@ class Trainer:
                  self.total_steps, self.env.world_size, self.global_step)
         log.info("settings: %s", ", ".join(f"{k}={v}" for k, v in self.tuning.as_dict().items()))
         self._settle_buckets()
+        self._count_flops()
         self.started = self._window_start = time.perf_counter()
+        self._logged_step = self.global_step
         self.samples_at_start = self.samples_seen
 
     def _settle_buckets(self) -> None:
@@ -178,6 +186,16 @@ class Trainer:
             settle_buckets(self.model, prepare_inputs(inputs, self.data.stats,
                                                       self.tuning.channels_last),
                            targets, self.criterion, self._generators())
+
+    def _count_flops(self) -> None:
+        """FLOPs per sample of the model, on one batch (throughput.count_flops)."""
+        if self._flops is None:
+            inputs, _ = input_and_target(first_batch(self.data.train,
+                                                     self.cfg.trainer.batch_size))
+            x = prepare_inputs(to_device(inputs, self.device), self.data.stats,
+                               self.tuning.channels_last)
+            self._flops = throughput.count_flops(self.model, x, self.device,
+                                                 self.autocast_dtype)
 
     def close(self, finished: bool = True) -> None:
         """Flush what is pending (Context.close); ``finished`` false (the loop raised): the
@@ -203,7 +221,7 @@ class Trainer:
         if not self.loaders.seekable:  # an iterable data set without set_position: skip
             for _ in range(self.micro_in_epoch):
                 next(batches)
-        for batch in batches:
+        for batch in self.clock.batches(batches):
             images, labels = input_and_target(batch)
             self.micro_in_epoch += 1
             end_of_epoch = self.micro_in_epoch == self.micro_per_epoch
@@ -229,7 +247,9 @@ class Trainer:
         ctx = contextlib.nullcontext() if sync else self.model.no_sync()
         with ctx, torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                  enabled=self.autocast_dtype is not None):
+            self.clock.forward_begins()
             loss = self.criterion(self.forward(x), labels)
+            self.clock.forward_ends()
         accum = self.cfg.trainer.grad_accum
         self.scaler.scale(loss / accum if accum > 1 else loss).backward()
         # Summed in float64 either way; on a GPU as a tensor, since reading the loss every
@@ -291,11 +311,16 @@ class Trainer:
         now = time.perf_counter()
         elapsed = max(now - self._window_start, 1e-9)
         w = self.window
+        own = self.clock.take() if log_now else 0.0
+        steps = max(self.global_step - self._logged_step, 1)
+        slow_above = (self._own_mean_s * (1 + throughput.BEHIND) * steps
+                      if log_now and self._own_mean_s else None)
         self.ctx.launch_collective(
             step=self.global_step, check_stop=check_stop,
             window=(w["loss_sum"], w["count"], w["samples"]) if log_now else None,
             on_sums=self._write_log if log_now else None, epoch=self.epoch,
-            lr=self.scheduler.get_last_lr()[0], elapsed_s=elapsed)
+            lr=self.scheduler.get_last_lr()[0], elapsed_s=elapsed, own_s=own,
+            slow_above=slow_above)
         if log_now:
             self._window_start = now
             self.window = {"loss_sum": 0.0, "count": 0, "samples": 0}
@@ -306,12 +331,29 @@ class Trainer:
     def _write_log(self, p: window_sync.Reduction, sums: window_sync.Sums) -> None:
         self.samples_seen += int(sums.samples)
         self.last_train_loss = sums.loss_sum / max(sums.batches, 1)
+        world, steps = self.env.world_size, max(p.step - self._logged_step, 1)
+        self._logged_step = p.step
+        self._own_mean_s = sums.own_s / world / steps
+        speed = sums.samples / p.elapsed_s
         values = {"train/loss": self.last_train_loss, "train/lr": p.lr,
-                  "train/samples_per_s": sums.samples / p.elapsed_s}
+                  "train/samples_per_s": speed,
+                  "train/samples_per_s_per_rank": speed / world,
+                  "train/step_ms": 1e3 * p.elapsed_s / steps,
+                  "train/own_ms": 1e3 * self._own_mean_s}
+        peak = throughput.peak_flops(self.device, self.autocast_dtype is not None)
+        if self._flops and peak:
+            values["train/mfu"] = self._flops * speed / (peak * world)
+        slow = throughput.straggler(sums.own_s, sums.slow, sums.slow_rank, sums.slow_own_s,
+                                    world, steps) if self.env.is_master else None
+        if slow is not None:
+            values.update({"train/slowest_rank": float(slow.rank),
+                           "train/slowest_behind": slow.behind})
         self.ctx.log(values, p.step, epoch=p.epoch, final=p.step >= self.total_steps)
-        log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f", p.step,
-                 self.total_steps, p.epoch, self.last_train_loss, p.lr,
-                 values["train/samples_per_s"])
+        log.info("step %d/%d epoch %d loss %.4f lr %.4g samples/s %.0f step %.1f ms%s%s",
+                 p.step, self.total_steps, p.epoch, self.last_train_loss, p.lr, speed,
+                 values["train/step_ms"], f" MFU {100 * values['train/mfu']:.1f}%"
+                 if "train/mfu" in values else "",
+                 f"; {throughput.named(slow, self.run.ranks).text()}" if slow else "")
 
     def evaluate(self) -> dict[str, float]:
         """Loss and metrics over the whole eval set, summed over ranks (no sample twice)."""

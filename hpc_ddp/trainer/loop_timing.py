@@ -59,6 +59,18 @@ class Window:
         return {**asdict(self), "other_s": self.other_s}
 
 
+def mark(cuda: bool) -> Any:
+    """A point in time: a CUDA event recorded on the current stream (GPU time, nothing
+    synchronises), or on CPU a perf_counter reading."""
+    if not cuda:
+        return time.perf_counter()
+    import torch  # deferred: torch
+
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 class StepTimer:
     """Attach to a model's parameters, its optimizer and its loader; time windows of steps."""
 
@@ -117,13 +129,7 @@ class StepTimer:
         self._step_begin: Any = None
 
     def _mark(self) -> Any:
-        if not self.cuda:
-            return time.perf_counter()
-        import torch  # deferred: torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return mark(self.cuda)
 
     def _elapsed(self, a: Any, b: Any) -> float:
         return a.elapsed_time(b) / 1e3 if self.cuda else b - a

@@ -206,7 +206,7 @@ def test_a_target_that_fails_on_the_ranks_names_rank_and_host(hpc_ddp: Run,
     done = hpc_ddp("submit", ["cluster=local", "check_targets=false",
                               "model._target_=nope_pkg.Net", f"run_dir={tmp_path / 'run'}"])
     assert done.returncode == 1
-    assert "rank 0 on " in done.stdout
+    assert "ranks 0-1 of 2 on " in done.stdout  # both ranks, said once
     assert "model._target_=nope_pkg.Net: cannot be imported" in done.stdout
 
 

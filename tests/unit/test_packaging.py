@@ -28,6 +28,19 @@ def test_conda_environment_matches_pyproject() -> None:
     assert "python=3.11" in env["dependencies"]
 
 
+def test_the_optional_trackers_are_pinned_alike() -> None:
+    """The extras a logger= needs are pinned in pyproject.toml, and environment.yml names
+    the same versions (commented: optional)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    commented = [line.split("#", 2)[1].strip().lstrip("- ").split()[0]
+                 for line in (REPO / "environment.yml").read_text().splitlines()
+                 if line.strip().startswith("# - ")]
+    for extra in ("wandb", "mlflow"):
+        assert _pins(extras[extra]).items() <= _pins(commented).items(), extra
+        assert _pins(extras[extra]).items() <= _pins(extras["test"]).items(), extra
+
+
 def test_the_cli_module_does_not_shadow_the_api_function(tmp_path: Path) -> None:
     import hpc_ddp
     import hpc_ddp.submit  # noqa: F401  (sets the package attribute to the module)

@@ -81,8 +81,9 @@ def test_following_one_job_costs_one_call_a_refresh(tmp_path: Path,
     text = out.getvalue()
     assert text.count("pending: waits (JobHeldUser): held") == 1  # said once, not per poll
     assert "results:" in text
-    # A refresh: one squeue while the job is queued or running; sacct once, at its end.
-    assert [c.split()[0] for c in calls(log)] == ["squeue"] * 4 + ["sacct"]
+    # A refresh: one squeue while the job is queued or running; sacct once, at its end, and
+    # once for what the run cost (runcost.finish: every start of every job of the run).
+    assert [c.split()[0] for c in calls(log)] == ["squeue"] * 4 + ["sacct"] * 2
 
 
 def test_status_shows_the_reason_and_watch_ends_at_never(tmp_path: Path,
@@ -94,7 +95,8 @@ def test_status_shows_the_reason_and_watch_ends_at_never(tmp_path: Path,
     assert "PENDING (PartitionNodeLimit)" in text
     assert ("job 2 can never start (PartitionNodeLimit): partition normal has 4 nodes, the job "
             "asks for 8: nodes=4") in text
-    assert len(calls(log)) == 2  # one refresh: squeue, and sinfo for the partition's nodes
+    # one refresh: squeue, sacct (what it cost so far), sinfo for the partition's nodes
+    assert [c.split()[0] for c in calls(log)] == ["squeue", "sacct", "sinfo"]
     out = io.StringIO()
     assert main([str(run.run_dir), "--json"], out=out) == 0
     row = json.loads(out.getvalue())["runs"][0]

@@ -11,10 +11,10 @@ import pytest
 
 from hpc_ddp import events
 from hpc_ddp.errors import UserError
-from hpc_ddp.follow import stop_report
+from hpc_ddp.follow import stop_report, stopped_how
 from hpc_ddp.rank.services.checkpoint import LATEST
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.submit import check_cfg_flag, next_steps, stopped_how
+from hpc_ddp.submit import check_cfg_flag, next_steps
 
 
 def test_a_slurm_submission_says_what_follows_it(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_a_failure_report_leaves_out_the_logs_a_rank_never_wrote(tmp_path: Path)
     run.rank_log(1).write_text("12:00:00 [rank 1 node2] INFO something it said\n")
     report = failure_report(run, type("Job", (), {"job_id": "7", "state": "FAILED"})())
     assert "no log at" not in report and f"last lines of {run.rank_log(0)}" not in report
-    assert "rank 0 on node1: cluster.venv=/x" in report
+    assert "ranks 0-1 on node[1-2]" in report and ": cluster.venv=/x" in report
     assert f"last lines of {run.rank_log(1)}:\n12:00:00 [rank 1 node2]" in report
 
 

@@ -35,10 +35,10 @@ from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.rank.services import stopping, window_sync
+from hpc_ddp.rank.services import stopping, trackers, window_sync
 from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
 from hpc_ddp.rank.services.metrics import MetricsWriter
-from hpc_ddp.rundir import RunDir, write_json
+from hpc_ddp.rundir import RunDir, read_json, write_json
 
 if TYPE_CHECKING:  # the type only: a script's context never joins through join/
     from hpc_ddp.rank.join.joined import Rank
@@ -186,12 +186,15 @@ class Context:
     def launch_collective(self, *, step: int, check_stop: bool,
                           window: tuple[Any, int, int] | None = None,
                           on_sums: OnSums | None = None, epoch: int = 0, lr: float = 0.0,
-                          elapsed_s: float = 0.0) -> None:
+                          elapsed_s: float = 0.0, own_s: float = 0.0,
+                          slow_above: float | None = None) -> None:
         """Launch the loop's periodic all-reduce without waiting for it (window_sync): this
         rank's stop request when ``check_stop``, and a log window's sums ``(loss_sum,
         batches, samples)`` when given, handed to ``on_sums`` when read. Every rank launches
         it at the same step; :meth:`finish_collective` (or the next should_stop) reads it.
-        :meth:`should_stop` is this with no window; the built-in trainer adds its window."""
+        :meth:`should_stop` is this with no window; the built-in trainer adds its window,
+        and this rank's own time in it (``own_s``, trainer/throughput.py), marked as behind
+        when above ``slow_above``."""
         code = None
         if check_stop:
             code = self._stop.code if self._stop is not None else stopping.NONE
@@ -199,7 +202,9 @@ class Context:
         self._sync.launch(window_sync.start(loss_sum, batches, samples, code,
                                             self._collective_device(), step=step,
                                             epoch=epoch, lr=lr, elapsed_s=elapsed_s,
-                                            log=window is not None))
+                                            log=window is not None, own_s=own_s,
+                                            slow=slow_above is not None and own_s > slow_above,
+                                            rank=self.rank))
         self._on_sums = on_sums
 
     def finish_collective(self) -> None:
@@ -287,12 +292,27 @@ class Context:
         """TensorBoard and progress.json (rank 0's; the others' calls do nothing)."""
         if self._metrics is None:
             self._metrics = MetricsWriter(self.run.tb, self.run.progress, self.is_master,
-                                          self.resumed_from_step, self.total_steps)
+                                          self.resumed_from_step, self.total_steps,
+                                          self._trackers())
         return self._metrics
+
+    def _trackers(self) -> Any:
+        """Rank 0's W&B / MLflow runs when ``logger`` asks for them (services/trackers.py)."""
+        if not self.is_master or not trackers.wanted(self.cfg.logger):
+            return None
+        try:
+            record = trackers.prepare(self.cfg, self.run, os.environ)
+            return trackers.Trackers(record, read_json(self.run.hparams) or {},
+                                     trackers.label_of(self.run), os.environ)
+        except Exception as exc:  # a tracker's service that does not answer: train on
+            log.warning("logger=%s: the tracker could not be opened (%s); training goes on "
+                        "with TensorBoard alone", self.cfg.logger, exc)
+            return None
 
     def log(self, scalars: Mapping[str, float], step: int, *, epoch: int | None = None,
             progress: bool = True, final: bool = False) -> None:
-        """Scalars to TensorBoard (rank 0; the others' calls are free) and to the progress
+        """Scalars to TensorBoard and the trackers ``logger`` names (rank 0; the others'
+        calls are free: services/trackers.py) and to the progress
         that ``wait``/``status`` show (``progress``; a tag's last part names it there, e.g.
         ``train/loss`` as ``loss``, rewritten at most once a second unless ``final``)."""
         self._last_step = step
@@ -320,7 +340,9 @@ class Context:
             log.error("the checkpoint being written when training failed is not the latest: "
                       "%s", exc)
         if self._metrics is not None:
-            self._metrics.close()
+            ended = finished and self._sync.agreed == stopping.NONE
+            for line in self._metrics.close(ended):
+                log.info("%s", line)
             self._metrics = None
         if self.stop_file is not None and self.is_master and self.summary:
             write_json(self.stop_file.with_suffix(".result.json"), self.summary)

@@ -14,10 +14,10 @@ https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hpc_ddp import hostlist
-from hpc_ddp.rank.contract import LAUNCH_ID_ENV
+from hpc_ddp.rank.contract import GENERATION_ENV, LAUNCH_ID_ENV
 
 
 class LaunchError(RuntimeError):
@@ -51,6 +51,14 @@ class DistEnv:
     # job.json's job_id, the submit command's first line): SLURM_JOB_ID, <array job>_<task>
     # for an array task, submitit's local job id; "" where it is job_id itself.
     submitted_id: str = ""
+    # Which start of the ranks within this attempt (0; one more per restart in place:
+    # HPC_DDP_GENERATION). With job_id and restart it names the attempt a log line belongs to.
+    generation: int = 0
+
+    @property
+    def attempt(self) -> tuple[str, int, int]:
+        """(launch id, Slurm's restart count, generation): one start of the ranks."""
+        return self.job_id, self.restart, self.generation
 
     @property
     def is_master(self) -> bool:
@@ -73,13 +81,16 @@ def detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None = No
     Raises LaunchError for a Slurm batch shell or salloc shell that forgot ``srun``.
     """
     if "RANK" in environ and "WORLD_SIZE" in environ and "LOCAL_RANK" in environ:
-        return _from_torchrun(environ)
-    if "SUBMITIT_LOCAL_GLOBALID" in environ:
-        return _from_local(environ, simulated_tasks_per_node)
-    if "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
-        return _from_slurm(environ)
-    return DistEnv(0, 0, 1, 0, 1, 1, "single", environ.get("SLURM_JOB_ID", "single"),
-                   master_port=_user_port(environ), submitted_id=slurm_job_name(environ))
+        found = _from_torchrun(environ)
+    elif "SUBMITIT_LOCAL_GLOBALID" in environ:
+        found = _from_local(environ, simulated_tasks_per_node)
+    elif "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
+        found = _from_slurm(environ)
+    else:
+        found = DistEnv(0, 0, 1, 0, 1, 1, "single", environ.get("SLURM_JOB_ID", "single"),
+                        master_port=_user_port(environ), submitted_id=slurm_job_name(environ))
+    generation = _int(environ, GENERATION_ENV, 0)
+    return replace(found, generation=generation) if generation else found
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
@@ -95,7 +97,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
     ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
-                  marks=secrets.marks_of(cfg))
+                  marks=secrets.marks_of(cfg), env=env, environ=environ)
     if group:  # the training process (not a supervisor): its stacks on request
         stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
             cfg.cluster.signal))
@@ -137,6 +139,19 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        _record_usage(run_dir, env.rank)
+
+
+def _record_usage(run_dir: RunDir, rank: int) -> None:
+    """This rank's CPU time, its own and its children's (a script under its supervisor):
+    what a local run's cost counts (hpc_ddp/runcost.py, docs/observability.md)."""
+    me, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))
+    cpu = me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+    try:
+        write_json(run_dir.rank_usage(rank), {"cpu_s": round(cpu, 3), "time": time.time()})
+    except OSError:
+        pass
 
 
 def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:

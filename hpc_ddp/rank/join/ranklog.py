@@ -1,27 +1,35 @@
-"""Per-rank logging: every rank writes logs/rank<N>.log with a rank prefix on each line."""
+"""Per-rank logging: every rank writes logs/rank<N>.log, each line with its time, rank and
+host (hpc_ddp/ranklines.py), and the program's own output beside it (output.py)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 
 from hpc_ddp.config.secrets import mask, values_to_mask
+from hpc_ddp.rank.join import output
+from hpc_ddp.rank.join.distenv import DistEnv
+from hpc_ddp.ranklines import prefix
 from hpc_ddp.redact import NO_MARKS, Marks
 
 
-def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS) -> None:
+def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
+          env: DistEnv | None = None, environ: MutableMapping[str, str] | None = None) -> None:
     """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress).
-    stderr itself loses torch's one known meaningless line (quiet_stderr.py). Secrets are
-    masked (``marks``: the config's secrets.secret / secrets.public)."""
-    # deferred (start-up): rank.join.quiet_stderr
-    from hpc_ddp.rank.join.quiet_stderr import filter_stderr
-
-    filter_stderr()
+    With ``env``, this process's stdout and stderr go into ``path`` too (output.capture:
+    the program's output, an ATTEMPT line first). Secrets are masked (``marks``: the
+    config's secrets.secret / secrets.public)."""
+    if env is not None and output.capture(path, env, host,
+                                          os.environ if environ is None else environ, marks):
+        # submitit prints its lines to stdout itself (its handler): they reach the log
+        # through the capture once, not a second time through the root logger.
+        logging.getLogger("submitit").propagate = False
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter(f"%(asctime)s [rank {rank} {host}] %(levelname)s %(message)s",
-                            "%H:%M:%S")
+    fmt = LineFormatter(f"%(asctime)s.%(msecs)03d {prefix(rank, host)} %(levelname)s "
+                        "%(message)s", "%Y-%m-%d %H:%M:%S")
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
@@ -36,6 +44,19 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS)
         stream.addFilter(hidden)
         root.addHandler(stream)
     root.setLevel(logging.INFO)
+
+
+class LineFormatter(logging.Formatter):
+    """Every line of a record with the time, rank and host (a message or traceback of several
+    lines too): a line read alone, or merged with other ranks' (hpc_ddp.logs), says whose."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if "\n" not in text:
+            return text
+        first, *rest = text.split("\n")
+        head = first[:len(first) - len(record.message.split("\n", 1)[0])]  # time, rank, level
+        return "\n".join([first, *(head + part for part in rest)])
 
 
 class _Masked(logging.Filter):

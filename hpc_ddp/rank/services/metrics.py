@@ -18,9 +18,12 @@ class MetricsWriter:
     """TensorBoard + progress.json on rank 0; on other ranks every call does nothing."""
 
     def __init__(self, tb_dir: Path, progress: Path, enabled: bool,
-                 resumed_from: int | None, total_steps: int | None) -> None:
-        """``resumed_from``: the checkpoint step this attempt resumed from (see scalars)."""
+                 resumed_from: int | None, total_steps: int | None,
+                 trackers: Any = None) -> None:
+        """``resumed_from``: the checkpoint step this attempt resumed from (see scalars);
+        ``trackers``: W&B / MLflow runs the scalars go to as well (services/trackers.py)."""
         self.enabled = enabled
+        self.trackers = trackers
         self.progress = progress
         self.total_steps = total_steps
         self._tb_dir, self._resumed_from = tb_dir, resumed_from
@@ -42,6 +45,8 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self._tb_dir), purge_step=purge)
         for tag, value in values.items():
             self._tb.add_scalar(tag, value, step)
+        if self.trackers is not None:
+            self.trackers.log(step, values)
 
     def write_progress(self, step: int, epoch: int | None, values: Mapping[str, float],
                        force: bool = True) -> None:
@@ -56,11 +61,15 @@ class MetricsWriter:
         write_json(self.progress, {"step": step, "total_steps": self.total_steps,
                                    "epoch": epoch, "time": time.time(), **values})
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> list[str]:
+        """Flush and close; the trackers' lines that say where their runs are (``finished``:
+        the run has ended, not stopped to be requeued or resumed)."""
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
             self._tb = None
+        trackers, self.trackers = self.trackers, None
+        return trackers.close(finished) if trackers is not None else []
 
 
 def write_hparams(tb_dir: Path, hparams: dict[str, Any], metrics: dict[str, float]) -> None:

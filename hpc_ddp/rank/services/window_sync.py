@@ -2,7 +2,8 @@
 
 Every ``log_interval`` steps the ranks sum their loss window, and every
 ``stop_check_interval`` steps they agree whether any rank was signalled to stop. Both travel
-in one all-reduce of five float64 values, launched without waiting: the step after (or the
+in one all-reduce of nine float64 values (with each rank's own time and whether it was
+behind: trainer/throughput.py), launched without waiting: the step after (or the
 next checkpoint, evaluation or summary, whichever comes first) reads it. Waiting on the spot
 costs every rank a collective's latency each time — milliseconds with gloo on a busy CPU
 node, and on a GPU a drained pipeline, since reading the result waits for all queued work.
@@ -27,6 +28,12 @@ class Sums(NamedTuple):
     batches: float  # micro-batches
     samples: float
     stop_code: int | None  # the agreed stop code, None when this one carried no agreement
+    # The ranks' own time in the window (trainer/throughput.py), and of the ranks that were
+    # behind: how many, the sum of their rank numbers, the sum of their own times.
+    own_s: float = 0.0
+    slow: float = 0.0
+    slow_rank: float = 0.0
+    slow_own_s: float = 0.0
 
 
 @dataclass
@@ -49,23 +56,27 @@ class Reduction:
             self._ready.synchronize()
         else:
             self._work.wait()
-        loss_sum, count, samples, term, requeue = self._values.tolist()
+        loss_sum, count, samples, term, requeue, *own = self._values.tolist()
         code = None
         if self.stop:
             code = stopping.REQUEUE if requeue else stopping.TERM if term else stopping.NONE
-        return Sums(loss_sum, count, samples, code)
+        return Sums(loss_sum, count, samples, code, *own)
 
 
 def start(loss_sum: Any, count: int, samples: int, stop_code: int | None, device: Any, *,
-          step: int, epoch: int, lr: float, elapsed_s: float, log: bool) -> Reduction:
+          step: int, epoch: int, lr: float, elapsed_s: float, log: bool, own_s: float = 0.0,
+          slow: bool = False, rank: int = 0) -> Reduction:
     """Launch the sum of this rank's window and stop code over all ranks (every rank calls
-    it at the same step). ``loss_sum``: a float, or a float64 tensor on ``device``."""
+    it at the same step). ``loss_sum``: a float, or a float64 tensor on ``device``.
+    ``own_s``, ``slow``: this rank's own time in the window and whether it was behind
+    (trainer/throughput.py); ``rank`` names it in the sums when it was."""
     # deferred: torch
     import torch
     import torch.distributed as dist
 
     rest = [float(count), float(samples), float(stop_code == stopping.TERM),
-            float(stop_code == stopping.REQUEUE)]
+            float(stop_code == stopping.REQUEUE), float(own_s), float(slow),
+            float(rank) * slow, float(own_s) * slow]
     cuda = device.type == "cuda"
     if isinstance(loss_sum, torch.Tensor):
         tail = torch.tensor(rest, dtype=torch.float64).pin_memory()
@@ -80,7 +91,7 @@ def start(loss_sum: Any, count: int, samples: int, stop_code: int | None, device
     ready = None
     if cuda:
         work.wait()  # NCCL: the current stream waits for the all-reduce; the host does not
-        host = torch.empty(5, dtype=torch.float64, pin_memory=True)
+        host = torch.empty(len(rest) + 1, dtype=torch.float64, pin_memory=True)
         host.copy_(values, non_blocking=True)
         ready = torch.cuda.Event()
         ready.record()

@@ -137,7 +137,8 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
         # failure judged final.
         raise RuntimeError(message) from exc
     record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
-              "cause": message.replace(diagnose.LOCAL_MARK, "").strip(), "job": job,
+              **events.cause_fields(run_dir.root, message.replace(diagnose.LOCAL_MARK, ""),
+                                    rank.env.restart, rank.env.rank), "job": job,
               "step": checkpoint.latest_step(run_dir.checkpoints)}
     events.append(run_dir.root, {"kind": "failure", **record})
     if not retry or job is None:

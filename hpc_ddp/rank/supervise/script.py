@@ -48,7 +48,7 @@ from hpc_ddp.rank.contract import (
 from hpc_ddp.rank.join.distenv import in_slurm_step
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.join.rendezvous import endpoint_file
-from hpc_ddp.rank.services import checkpoint, stopping
+from hpc_ddp.rank.services import checkpoint, stopping, trackers
 from hpc_ddp.rank.services.stopping import StopRequest
 from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 from hpc_ddp.rank.supervise.outcome import after_stop, fail, write_summary
@@ -118,8 +118,9 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         from hpc_ddp.data.stage_run import stage_data  # deferred: concurrent, tarfile
 
         _, staged = stage_data(cfg, rank, run, environ)  # data.stage: this node's copy
-        env = child_environment(rank, environ,
-                                script_environment(cfg, rank, run, cause, staged))
+        env = child_environment(rank, environ, {
+            **script_environment(cfg, rank, run, cause, staged),
+            **(trackers.script_environment(cfg, run, environ) if rank.env.is_master else {})})
 
         def started(child: Child) -> None:
             children.append(child)

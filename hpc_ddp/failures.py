@@ -1,0 +1,132 @@
+"""A failed run's errors, each said once: the same failure from many ranks as one entry with
+its ranks and hosts, the first rank to fail marked (docs/observability.md).
+
+Each failed rank leaves ``logs/rank<N>.error`` ("rank N on host: message", a blank line, the
+traceback). Two ranks failed the same way when their messages agree once the numbers in them
+are set aside (a rank's own number, a PID, a port): a script that raised on all 1,000 ranks
+is one entry, "ranks 0-999 of 1000 on node[001-125]: ...", not 1,000 copies. The files are
+read once, when a run has ended; never while it is followed.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+from dataclasses import dataclass
+
+from hpc_ddp import hostlist
+from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
+from hpc_ddp.ranklines import ranges
+from hpc_ddp.rundir import RunDir, read_json
+
+_HEAD = re.compile(r"rank (\d+) on (\S+?): ")
+_NUMBER = re.compile(r"\d+")
+# The lines a failure entry shows of its message (a state-dict mismatch names keys below).
+MAX_LINES = 12
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One rank's failure: who, where, what (its error file's first paragraph), when."""
+
+    rank: int
+    host: str
+    message: str
+    when: float
+
+    @property
+    def kind(self) -> str:
+        """What two ranks that failed the same way share."""
+        return _NUMBER.sub("#", self.message)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Ranks that failed the same way; ``failures`` in the order they failed."""
+
+    failures: tuple[Failure, ...]
+
+    @property
+    def first(self) -> Failure:
+        return self.failures[0]
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(f.rank for f in self.failures)
+
+    def head(self, world_size: int | None) -> str:
+        """"ranks 0-3 of 4 on node[1-4]: <message>" (a single rank: "rank 2 on node3")."""
+        ranks = self.ranks
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
+        of = f" of {world_size}" if world_size and len(ranks) > 1 else ""
+        hosts = _hosts([f.host for f in self.failures])
+        lines = self.first.message.splitlines()
+        lines = lines[:MAX_LINES] + (["..."] if len(lines) > MAX_LINES else [])
+        return f"{who}{of} on {hosts}: " + "\n".join(lines)
+
+
+def read(run: RunDir, ranks: list[int]) -> list[Failure]:
+    """The failures of ``ranks`` (those with an error file), in the order they were written."""
+    found = []
+    for rank in ranks:
+        path = run.rank_error(rank)
+        try:
+            text = path.read_text(errors="replace")
+            when = path.stat().st_mtime
+        except OSError:
+            continue
+        first = text.split("\n\n", 1)[0].replace(f"{LOCAL_MARK} ", "")
+        head = _HEAD.match(first)
+        host = head[2] if head else "?"
+        message = first[head.end():] if head else first
+        found.append(Failure(rank, host, message, when))
+    return sorted(found, key=lambda f: (f.when, f.rank))
+
+
+def grouped(failures: list[Failure]) -> list[Group]:
+    """The failures by kind, the group of the first failure first."""
+    groups: dict[str, list[Failure]] = {}
+    for failure in failures:  # in time order: each group's first is its earliest
+        groups.setdefault(failure.kind, []).append(failure)
+    return [Group(tuple(g)) for g in groups.values()]
+
+
+def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
+    """The lines of a failure report: each kind of failure once, with the last lines of the
+    first failing rank's log where the message does not carry them already."""
+    from hpc_ddp.rank.join.ranklog import tail  # deferred (start-up): rank.join.ranklog
+
+    groups = grouped(read(run, ranks))
+    world = world_size(run)
+    lines: list[str] = []
+    if len(groups) > 1 or (groups and len(groups[0].ranks) > 1):
+        first = groups[0].first
+        lines.append(f"first to fail: rank {first.rank} on {first.host} (at "
+                     f"{time.strftime('%H:%M:%S', time.localtime(first.when))})")
+    for group in groups:
+        lines.append(group.head(world))
+        shown = next((f.rank for f in group.failures if run.rank_log(f.rank).exists()), None)
+        if shown is None:  # a rank that never started Python has no log
+            continue
+        if "its last lines:" not in group.first.message:
+            lines += [f"last lines of {run.rank_log(shown)}:", tail(run.rank_log(shown),
+                                                                   log_lines)]
+        lines.append(f"all of rank {shown}'s lines: python -m hpc_ddp.logs "
+                     f"{shlex.quote(str(run.root))} --rank {shown}")
+    return lines
+
+
+def world_size(run: RunDir) -> int | None:
+    """The run's number of ranks (rank 0's record; None before it is written)."""
+    record = read_json(run.ranks / "rank0.json")
+    size = record.get("world_size") if isinstance(record, dict) else None
+    return size if isinstance(size, int) else None
+
+
+def _hosts(hosts: list[str]) -> str:
+    try:
+        return hostlist.collect(hosts)
+    except Exception:  # a name the hostlist library cannot fold: the names as they are
+        return ",".join(sorted(set(hosts)))
+
