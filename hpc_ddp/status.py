@@ -133,9 +133,11 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         looks = looks or Lookups()
         pending = pending_of(found, run_dir, looks.facts, looks.requests)
     restarts = summary.get("restarts")
-    if restarts is None:  # the attempt that runs now: resumes so far, and requeues
+    happened = events.read(run_dir)
+    recovery = events.recovery(happened)  # what failures cost so far (docs/fault-tolerance.md)
+    if restarts is None:  # the attempt that runs now: resumes so far, requeues, in place
         resumes = len((job or {}).get("history") or [None]) - 1
-        restarts = resumes + sum(1 for e in events.read(run_dir) if e.get("kind") == "requeue")
+        restarts = resumes + recovery["requeues"] + recovery["restarts_in_place"]
     return {"label": label, "run_dir": str(run_dir), "job_id": job and job.get("job_id"),
             "state": found.state, "slurm_state": found.raw, "reason": found.reason,
             "pending": pending.line() if pending else None,
@@ -144,7 +146,7 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "total_steps": summary.get("total_steps", progress.get("total_steps")),
             "loss": summary.get("final_train_loss", progress.get("loss")),
             "eval_accuracy": summary.get("eval_accuracy"),
-            "eval_loss": summary.get("eval_loss")}
+            "eval_loss": summary.get("eval_loss"), "recovery": recovery}
 
 
 def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -178,7 +180,7 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
         return format(value, spec) if spec and isinstance(value, int | float) else str(value)
 
     header = ("run", "job", "state", "restarts", "step", "loss", "eval acc")
-    lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), fmt(r["restarts"]),
+    lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), _restarts_cell(r),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
                          fmt(r["eval_accuracy"], ".4f")) for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
@@ -190,7 +192,34 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
                   if isinstance(top["eval_accuracy"], int | float)
                   else f"eval loss {top['eval_loss']:.4f}")
         text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
-    return "\n".join([text, *notes(rows, is_sweep)])
+    return "\n".join([text, *notes(rows, is_sweep),
+                      *([] if is_sweep else failure_lines(rows))])
+
+
+def _restarts_cell(r: dict[str, Any]) -> str:
+    in_place = (r.get("recovery") or {}).get("restarts_in_place") or 0
+    shown = "-" if r["restarts"] is None else str(r["restarts"])
+    return f"{shown} ({in_place} in place)" if in_place else shown
+
+
+def failure_lines(rows: list[dict[str, Any]], last: int = 5) -> list[str]:
+    """A run's failures, what each cost, and the nodes it left out (a single run's view)."""
+    lines = []
+    for r in rows:
+        recovery = r.get("recovery") or {}
+        for f in recovery.get("failures", [])[-last:]:
+            how = {"restart_in_place": "restarted in place", "requeue": "requeued"}.get(
+                f.get("recovered_by") or "", "not restarted")
+            cost = ""
+            if f.get("seconds_to_first_step") is not None:
+                cost = f", training again {f['seconds_to_first_step']:.1f}s later"
+            if f.get("steps_lost") is not None:
+                cost += f", {f['steps_lost']} steps lost"
+            lines.append(f"failure: rank {f.get('rank')} on {f.get('host')}: "
+                         f"{str(f.get('cause'))[:160]} ({how}{cost})")
+        if recovery.get("excluded_nodes"):
+            lines.append(f"nodes left out after failing: {', '.join(recovery['excluded_nodes'])}")
+    return lines
 
 
 def _state_cell(r: dict[str, Any]) -> str:

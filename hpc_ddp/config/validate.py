@@ -213,6 +213,7 @@ def _validate_cluster(cfg: Config) -> None:
     _at_most("cluster.mem_gb", c.mem_gb, MAX_MEM_GB, "any node has")
     _at_least("cluster.signal_delay_s", c.signal_delay_s, 0)
     _at_least("cluster.max_restarts", c.max_restarts, 0)
+    _at_least("cluster.restarts_in_place", c.restarts_in_place, 0)
     if c.mem_gb is not None and c.mem_gb * 1024 < 1:
         # Below 1 MB the request would round to --mem=0M, which Slurm reads as "all of the
         # node's memory" (https://slurm.schedmd.com/sbatch.html#OPT_mem).
@@ -406,6 +407,7 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.seed", t.seed, 0)
     _at_least("trainer.collective_timeout_s", t.collective_timeout_s, 1)
     _at_least("trainer.rendezvous_timeout_s", t.rendezvous_timeout_s, 1)
+    _at_least("trainer.hang_timeout_s", t.hang_timeout_s, 1, "give seconds (e.g. 600) or null.")
     _at_least("trainer.threads", t.threads, 1)
     _at_least("trainer.stop_check_interval", t.stop_check_interval, 1)
     _choice("trainer.device", t.device, DEVICES)

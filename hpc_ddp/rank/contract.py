@@ -35,8 +35,16 @@ RESUME_CAUSE_ENV = "HPC_DDP_RESUME_CAUSE"
 EARLY_STOP_ENV = "HPC_DDP_EARLY_STOP"
 # This node's staged copy of the data (data.stage=true), for a script or a user's loop.
 DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
+# Which start of the training processes inside this job attempt this is: 0 for the first,
+# n after n restarts in place (rank/supervise/generations.py). Set by a supervisor for its
+# child; its store keys live under a prefix of their own per generation.
+GENERATION_ENV = "HPC_DDP_GENERATION"
 
 # -- exit codes -------------------------------------------------------------------------------
 # A script (or a function entry's process) asks for a requeue after it checkpointed:
 # EX_TEMPFAIL of sysexits.h, "temporary failure; the user is invited to retry".
 REQUEUE_EXIT_CODE = 75
+# A supervised training process failed in a way a new start may get past (a peer died, a
+# collective failed or timed out, a CUDA error) and recorded it: its supervisor decides,
+# with the other supervisors, whether the ranks restart in place or the job is requeued.
+RESTART_EXIT_CODE = 76

@@ -13,11 +13,12 @@ https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import hostlist
-from hpc_ddp.rank.contract import LAUNCH_ID_ENV
+from hpc_ddp.rank.contract import GENERATION_ENV, LAUNCH_ID_ENV
 
 
 class LaunchError(RuntimeError):
@@ -51,6 +52,10 @@ class DistEnv:
     # job.json's job_id, the submit command's first line): SLURM_JOB_ID, <array job>_<task>
     # for an array task, submitit's local job id; "" where it is job_id itself.
     submitted_id: str = ""
+    # Restarts in place within this attempt (contract.GENERATION_ENV): 0 for the first start.
+    generation: int = 0
+    # A training process under an hpc_ddp supervisor (GENERATION_ENV is set).
+    supervised: bool = False
 
     @property
     def is_master(self) -> bool:
@@ -72,6 +77,18 @@ def detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None = No
     ``simulated_tasks_per_node`` splits a local run into simulated nodes of that many ranks.
     Raises LaunchError for a Slurm batch shell or salloc shell that forgot ``srun``.
     """
+    env = _detect(environ, simulated_tasks_per_node)
+    if GENERATION_ENV not in environ:
+        return env
+    # A supervised child (torchrun's variables, set by its supervisor): its
+    # TORCHELASTIC_RESTART_COUNT counts every start after the first, the requeues and the
+    # restarts in place (GENERATION_ENV).
+    generation = _int(environ, GENERATION_ENV, 0)
+    return dataclasses.replace(env, generation=generation, supervised=True,
+                               restart=max(0, env.restart - generation))
+
+
+def _detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None) -> DistEnv:
     if "RANK" in environ and "WORLD_SIZE" in environ and "LOCAL_RANK" in environ:
         return _from_torchrun(environ)
     if "SUBMITIT_LOCAL_GLOBALID" in environ:
