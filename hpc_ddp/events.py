@@ -109,7 +109,7 @@ def recovery(events: list[dict[str, Any]]) -> dict[str, Any]:
             else round(float(back["time"]) - float(at), 3),
             "steps_lost": None if reached is None or resumed is None
             else max(0, int(reached) - int(resumed))})
-    excluded = sorted({n for e in events if e.get("kind") == "nodes_excluded"
+    excluded = sorted({n for e in events if e.get("kind") in ("node_lost", "nodes_excluded")
                        for n in e.get("nodes", [])})
     return {"restarts_in_place": sum(1 for e in events if e.get("kind") == "restart_in_place"),
             "requeues": requeues_by_us(events), "excluded_nodes": excluded,

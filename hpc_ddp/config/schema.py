@@ -64,6 +64,11 @@ class ClusterConfig:
     # step, seconds later; once spent, the job is requeued (within max_restarts). Needs a
     # supervisor per rank (supervise). 0: every such failure requeues.
     restarts_in_place: int = 3
+    # Nodes asked for on top of `nodes`, idle until a node of the run is lost: the job
+    # survives the loss (--no-kill) and its step starts again on the nodes left, a spare
+    # among them, in the same job (within restarts_in_place). Without a spare left, the lost
+    # nodes are excluded and the job requeued (docs/fault-tolerance.md#a-node-lost).
+    spare_nodes: int = 0
     # On Slurm, run each rank's training (built-in or entry=) in a child of a supervisor
     # process that outlives it: when the child dies abruptly (NCCL's watchdog aborts every
     # rank after a failed collective) or hangs, the supervisors restart every rank in place

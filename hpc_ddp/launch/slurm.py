@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
+from hpc_ddp.config.sbatch_extra import check_sbatch_extra
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.secrets import shell_lines
-from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
+from hpc_ddp.config.supervision import supervised
+from hpc_ddp.config.validate import SLURM_NAMED
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
 from hpc_ddp.rank.main import submitted
@@ -86,6 +88,12 @@ def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, 
             **sbatch_extra_flags(c.sbatch_extra),
         },
     }
+    if driven(cfg):
+        # The job survives a lost node and its step runs again on the nodes left, a spare
+        # among them (slurm/driver.py, docs/fault-tolerance.md#a-node-lost).
+        params["nodes"] = cfg.nodes + c.spare_nodes
+        params["additional_parameters"]["no_kill"] = True
+        params["setup"].append(driver_line(cfg, task.argv(), run_root))
     for name in SLURM_NAMED:
         if getattr(c, name):
             params[name] = getattr(c, name)
@@ -101,6 +109,23 @@ def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, 
         else:
             params["gpus_per_node"] = c.gpus_per_node
     return params
+
+
+def driven(cfg: Config) -> bool:
+    """The step runs under hpc_ddp's node-loss driver: supervised ranks (they leave a lost
+    node to it) outside a container (the driver runs in the batch script, on the host)."""
+    return supervised(cfg) and cfg.cluster.container.kind == "none"
+
+
+def driver_line(cfg: Config, python: list[str], run_root: Path | None) -> str:
+    """The batch script's ``srun`` as a shell function that runs the driver, which runs the
+    real srun (``srun`` inside the function is the command: functions do not recurse
+    through ``command``)."""
+    c = cfg.cluster
+    argv = [*python, "-m", "hpc_ddp.slurm.driver", f"--nodes={cfg.nodes}",
+            f"--tasks-per-node={c.tasks_per_node}", f"--budget={c.restarts_in_place}",
+            *([f"--run-dir={run_root}"] if run_root is not None else [])]
+    return f"srun() {{ {shlex.join(argv)} -- \"$@\"; }}"
 
 
 def srun_args(c: ClusterConfig) -> list[str]:

@@ -39,6 +39,10 @@ DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
 # n after n restarts in place (rank/supervise/generations.py). Set by a supervisor for its
 # child; its store keys live under a prefix of their own per generation.
 GENERATION_ENV = "HPC_DDP_GENERATION"
+# Set (to the number of the step's start in the job) in a step that hpc_ddp's driver runs in
+# the batch script (slurm/driver.py): after a node is lost, the driver starts the step again
+# or requeues the job, so the ranks leave that to it.
+DRIVEN_ENV = "HPC_DDP_DRIVEN"
 
 # -- exit codes -------------------------------------------------------------------------------
 # A script (or a function entry's process) asks for a requeue after it checkpointed:

@@ -367,31 +367,65 @@ def test_a_stuck_rank_is_found_on_its_line_restarted_in_place_then_requeued(
         subprocess.run(["scancel", job], env=slurm_env, check=False)
 
 
-def test_a_node_taken_down_mid_run(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path,
-                                   reference: dict) -> None:
+def take_down(node: str, env: dict[str, str]) -> None:
+    """The node as Slurm sees a dead one: DOWN ends the job's tasks there (the job itself
+    lives on: --no-kill). The test cluster's ReturnToService=2 brings the live slurmd back
+    at once: the node is free again, which is what the exclusion is tested against."""
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                    "reason=hpc_ddp-test"], env=env, check=True)
+
+
+def test_a_node_lost_with_a_spare_finishes_in_the_same_job(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
+    # Rank 0's node (the rendezvous host) is lost: the step starts again on the other node
+    # and the spare, in the same job, from the latest checkpoint.
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env, "cluster.spare_nodes=1")
+    wait_for_step(run_dir, 60)
+    hosts = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text())["host"]
+             for r in (0, 1)]
+    allocated = expand(subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=slurm_env,
+                                      capture_output=True, text=True).stdout.strip())
+    assert len(allocated) == 3 and len(set(hosts)) == 2  # two nodes and a spare
+    spare = next(n for n in allocated if n not in hosts)
+    try:
+        take_down(hosts[0], slurm_env)
+        assert finish_releasing_requeues(job, run_dir, slurm_env) == 0
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={hosts[0]}", "state=resume"],
+                       env=slurm_env, check=False)
+    assert_one_start_completed(job, slurm_env)
+    summary = assert_same_as(reference, run_dir)
+    assert summary["excluded_nodes"] == [hosts[0]] and summary["requeues"] == 0
+    assert sorted(summary["hosts"]) == sorted([hosts[1], spare])
+    kinds = [e["kind"] for e in events.read(run_dir)]
+    assert "node_lost" in kinds and "restart_in_place" in kinds and "requeue" not in kinds
+
+
+def test_a_node_lost_without_a_spare_requeues_without_it(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, run_dir, slurm_env)
     wait_for_step(run_dir, 60)
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
     lost_at = progress_step(run_dir)
     try:
-        # DOWN kills the job on it (NODE_FAIL, requeued by Slurm); DRAIN then keeps the node
-        # out, since the test cluster's ReturnToService=2 would bring a live slurmd back.
-        for state in ("down", "drain"):
-            subprocess.run(["scontrol", "update", f"nodename={victim}", f"state={state}",
-                            "reason=hpc_ddp-test"], env=slurm_env, check=True)
-        finish_releasing_requeues(job, run_dir, slurm_env)
+        take_down(victim, slurm_env)
+        assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     finally:
         subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
                        env=slurm_env, check=False)
-    assert_completed_at_last(job, slurm_env)  # after the NODE_FAIL, the start that finished
+    assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
-    assert summary["restarts"] >= 1
+    assert summary["restarts"] >= 1 and summary["excluded_nodes"] == [victim]
     # At most one checkpoint interval (10 steps) was lost.
     assert summary["resumed_from_step"] >= lost_at - 10
+    assert victim not in summary["hosts"]
     assert victim not in expand(subprocess.run(
         ["sacct", "-X", "-n", "-P", "-o", "NodeList", "-j", job], env=slurm_env,
         capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    kinds = [e["kind"] for e in events.read(run_dir)]
+    assert kinds.index("node_lost") < kinds.index("nodes_excluded") < kinds.index("requeue")
 
 
 def test_restarts_run_out_with_a_clear_message(hpc_ddp: Run, slurm_env: dict[str, str],

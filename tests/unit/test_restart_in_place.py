@@ -13,6 +13,7 @@ from hpc_ddp import events
 from hpc_ddp.rank.services import heartbeat
 from hpc_ddp.rank.supervise import generations as g
 from hpc_ddp.rank.supervise import hangs
+from hpc_ddp.slurm import driver
 
 
 def _end(verdict: str, at: float, rank: int, cause: str = "") -> g.End:
@@ -121,3 +122,53 @@ def test_a_start_after_a_failure_is_awaited_as_a_recovery_a_start_after_a_stop_i
     assert not events.after_failure(_events(("failure", {}), ("recovered", {})))
     assert not events.after_failure(_events(("stop", {}), ("requeue", {})))
     assert not events.after_failure([])
+
+
+# -- a node lost: the batch script's driver (slurm/driver.py) --------------------------------
+
+
+def test_the_batch_host_is_the_spare_while_there_is_another() -> None:
+    nodes = ["n1", "n2", "n3"]
+    assert driver.step_nodes(nodes, [], batch_host="n1", wanted=2) == ["n2", "n3"]
+    assert driver.step_nodes(nodes, ["n3"], batch_host="n1", wanted=2) == ["n2", "n1"]
+    assert driver.step_nodes(nodes, ["n2", "n3"], batch_host="n1", wanted=2) is None
+
+
+def test_a_lost_node_restarts_the_step_on_the_spare_and_without_one_requeues() -> None:
+    args = {"allocated": ["n1", "n2", "n3"], "batch_host": "n1", "wanted": 2, "budget": 3}
+    assert driver.plan(0, ["n2", "n3"], None, [], relaunches=0, **args).what == "done"
+    same = driver.plan(1, ["n2", "n3"], ["n1", "n2", "n3"], [], relaunches=0, **args)
+    assert same.what == "end"  # no node lost: the ranks decided (failed or requeued)
+    lost = driver.plan(137, ["n2", "n3"], ["n1", "n3"], [], relaunches=0, **args)
+    assert lost == driver.Plan("relaunch", ("n3", "n1"), ("n2",))
+    again = driver.plan(137, ["n3", "n1"], ["n1"], ["n2"], relaunches=1, **args)
+    assert again == driver.Plan("requeue", ("n2", "n3"), ("n3",))  # no spare left
+    spent = driver.plan(137, ["n2", "n3"], ["n1", "n3"], [], relaunches=3, **args)
+    assert spent.what == "requeue" and spent.nodes == ("n2",)
+
+
+def test_a_failure_the_ranks_left_to_the_driver_starts_the_step_again() -> None:
+    args = {"allocated": ["n1", "n2"], "batch_host": "n1", "wanted": 2, "budget": 1}
+    again = driver.plan(1, ["n2", "n1"], ["n1", "n2"], [], relaunches=0, deferred=True, **args)
+    assert again == driver.Plan("relaunch", ("n2", "n1"))
+    assert driver.plan(1, ["n2", "n1"], ["n1", "n2"], [], relaunches=1, deferred=True,
+                       **args).what == "requeue"
+    seen = _events(("failure", {"job": "7", "deferred": True}))
+    assert driver.deferred_failure(seen, "7")
+    assert not driver.deferred_failure([*seen, {"kind": "restart_in_place", "job": "7"}], "7")
+    assert not driver.deferred_failure(_events(("failure", {"job": "7"})), "7")
+
+
+def test_a_supervised_slurm_job_runs_its_step_through_the_driver_with_its_spares() -> None:
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.launch import slurm
+
+    params = slurm.executor_parameters(compose(["cluster=slurm", "nodes=2",
+                                                "cluster.spare_nodes=1"]))
+    assert params["nodes"] == 3 and params["additional_parameters"]["no_kill"] is True
+    line = params["setup"][-1]
+    assert line.startswith("srun() { ") and "-m hpc_ddp.slurm.driver --nodes=2" in line
+    plain = slurm.executor_parameters(compose(["cluster=slurm", "nodes=2",
+                                               "cluster.supervise=false"]))
+    assert plain["nodes"] == 2 and "no_kill" not in plain["additional_parameters"]
+    assert not any("hpc_ddp.slurm.driver" in x for x in plain["setup"])

@@ -9,8 +9,8 @@ from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from hpc_ddp.rank.contract import STORE_KEY_ENV
-from hpc_ddp.rank.join.rendezvous import Endpoint, client
+from hpc_ddp.rank.contract import GENERATION_ENV, STORE_KEY_ENV
+from hpc_ddp.rank.join.rendezvous import Endpoint, attempt_prefix, client
 
 
 def use_job_store(environ: Mapping[str, str]) -> bool:
@@ -19,7 +19,9 @@ def use_job_store(environ: Mapping[str, str]) -> bool:
     that proves it (authstore.py): torch's own env:// handler would make a TCPStore client,
     which this store does not let in. The one place torch's handler table is touched
     (https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization).
-    False where there is no such store (nothing changed)."""
+    The script's keys live under its generation's prefix (rendezvous.attempt_prefix), as a
+    supervised trainer's do: a script started again in place never meets the addresses its
+    last start left there. False where there is no such store (nothing changed)."""
     key = environ.get(STORE_KEY_ENV)
     if not key or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return False
@@ -32,8 +34,13 @@ def use_job_store(environ: Mapping[str, str]) -> bool:
         query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
         rank = int(query.get("rank", environ["RANK"]))
         world_size = int(query.get("world_size", environ["WORLD_SIZE"]))
-        yield client(Endpoint(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), key),
-                     timeout.total_seconds()), rank, world_size
+        store = client(Endpoint(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), key),
+                       timeout.total_seconds())
+        generation = int(environ.get(GENERATION_ENV, "0") or 0)
+        restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) - generation
+        dist = importlib.import_module("torch.distributed")
+        yield dist.PrefixStore(attempt_prefix(max(0, restart), generation), store), rank, \
+            world_size
         raise RuntimeError("Unable to perform re-rendezvous using env:// method")
 
     torch_rendezvous._rendezvous_handlers["env"] = handler

@@ -105,9 +105,11 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
         changes = nccl.apply(cfg.nccl, environ)
-        if nccl.flight_recorder_on(environ):  # its dumps with the run's logs, named in reports
-            environ.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-                               str(run_dir.logs / nccl.FLIGHT_RECORDER_PREFIX))
+        if nccl.flight_recorder_on(environ) and not any(
+                name in environ for name in nccl.FLIGHT_RECORDER_FILE):
+            # Its dumps with the run's logs, named in the failure report.
+            environ[nccl.FLIGHT_RECORDER_FILE[0]] = str(run_dir.logs /
+                                                        nccl.FLIGHT_RECORDER_PREFIX)
         if cfg.trainer.deterministic:
             # cuBLAS is deterministic only with a fixed workspace, read when its first handle
             # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).

@@ -42,7 +42,7 @@ OK, RESTARTABLE, FINAL, STOPPED = "ok", "restartable", "final", "stopped"
 DONE, RESTART, REQUEUE, FAIL, LOST = "done", "restart", "requeue", "fail", "lost"
 # After a failure, how long rank 0's supervisor waits for every supervisor to report its
 # child's end (they kill it at once: seconds); one that never does lost its node.
-REPORT_WAIT_S = 60.0
+REPORT_WAIT_S = 30.0
 # After a clean end of rank 0's, how long it keeps the store up for the others' ends.
 DONE_WAIT_S = 60.0
 

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.contract import RESTART_EXIT_CODE
+from hpc_ddp.rank.contract import DRIVEN_ENV, RESTART_EXIT_CODE
 from hpc_ddp.rank.join import checkin, device, nccl
 from hpc_ddp.rank.join.joined import Rank, RunStopped
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
@@ -127,7 +127,8 @@ def _fallback(env: Any) -> int:
 
 def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
          environ: MutableMapping[str, str], exc: BaseException | None = None,
-         report: bool = True, generation: int | None = None) -> NoReturn:
+         report: bool = True, generation: int | None = None,
+         deferred: bool = False) -> NoReturn:
     """Record the failure and requeue (within max_restarts) when ``retry``: once per failure,
     by the first rank that reports it (a claim on the store; with the store gone, the
     fallback reporter). ``report`` false: this rank only raises (its error file says why).
@@ -136,7 +137,8 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
     its message for its supervisor and exits with RESTART_EXIT_CODE when a new start may get
     past it (``retry``), 1 when not; the supervisors decide together (generations.py) and
     rank 0's records the failure. ``generation``: the supervisors' generation that failed
-    (default: this process's)."""
+    (default: this process's). ``deferred``: the job's driver acts on it (a node lost:
+    slurm/driver.py); recorded as such, not requeued here."""
     if rank.env.supervised:
         _tell_supervisor(message, retry, rank, run_dir, exc)
     job = requeue.slurm_job(environ)
@@ -150,17 +152,18 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
         # exits non-zero). That decision stands: no second record, and no requeue of a
         # failure judged final.
         raise RuntimeError(message) from exc
-    record = {"attempt": rank.env.restart, "generation": generation, "rank": rank.env.rank,
-              "host": rank.host, "cause": message.replace(diagnose.LOCAL_MARK, "").strip(),
-              "job": job, "step": checkpoint.latest_step(run_dir.checkpoints),
-              "reached": reached_step(run_dir)}
+    record: dict[str, Any] = {
+        "attempt": rank.env.restart, "generation": generation, "rank": rank.env.rank,
+        "host": rank.host, "cause": message.replace(diagnose.LOCAL_MARK, "").strip(),
+        "job": job, "step": checkpoint.latest_step(run_dir.checkpoints),
+        "reached": reached_step(run_dir), **({"deferred": True} if deferred else {})}
     traces = flight_dumps(run_dir)
     if traces:
         record["nccl_traces"] = traces
         message += (" NCCL flight recorder dumps (the last collectives of each rank): "
                     + ", ".join(traces[:8]))
     events.append(run_dir.root, {"kind": "failure", **record})
-    if not retry or job is None:
+    if not retry or job is None or deferred:
         raise RuntimeError(message) from exc  # a new attempt would fail the same way
     already = any(e.get("kind") == "requeue" and e.get("attempt") == rank.env.restart
                   and e.get("job") in (None, job) for e in seen)
@@ -270,15 +273,16 @@ def after_generations(decision: Decision, generation: int, budget: int, cfg: Con
     if decision.what == generations.FAIL:
         fail(said, False, cfg, rank, run_dir, environ, report=rank.env.is_master,
              generation=generation)
-    if decision.what == generations.LOST:
-        lost = ", ".join(str(r) for r in decision.missing)
-        said = (f"the supervisor of rank(s) {lost} stopped answering (its node was lost, or "
-                f"rank 0's with the store){': ' + said if said else ''}")
+    lost = decision.what == generations.LOST
+    if lost:
+        missing = ", ".join(str(r) for r in decision.missing)
+        said = (f"the supervisor of rank(s) {missing} stopped answering (its node was lost, "
+                f"or rank 0's with the store){': ' + said if said else ''}")
     elif budget:
         said += f" (the {budget} restart(s) in place of cluster.restarts_in_place are spent)"
-    fail(said, True, cfg, rank, run_dir, environ,
-         report=rank.env.is_master or decision.what == generations.LOST,
-         generation=generation)
+    # A lost node under the job's driver: it starts the step again on the nodes left.
+    fail(said, True, cfg, rank, run_dir, environ, report=rank.env.is_master or lost,
+         generation=generation, deferred=lost and DRIVEN_ENV in environ)
 
 
 def summary_line(summary: dict[str, Any]) -> str:

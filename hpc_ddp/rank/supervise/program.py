@@ -39,6 +39,7 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
+from hpc_ddp.config.supervision import supervised
 from hpc_ddp.rank.contract import (
     EARLY_STOP_ENV,
     PROGRAM_CONFIG_ENV,
@@ -74,10 +75,7 @@ def wanted(cfg: Config, environ: Mapping[str, str]) -> bool:
     if not (in_slurm_step(environ) and cfg.script is None and PROGRAM_CONFIG_ENV not in environ
             and "TORCHELASTIC_RUN_ID" not in environ):
         return False
-    if cfg.cluster.supervise is not None:
-        return cfg.cluster.supervise
-    return cfg.cluster.restarts_in_place > 0 or (
-        bool(cfg.cluster.gpus_per_node) and cfg.trainer.device != "cpu")
+    return supervised(cfg)
 
 
 def child_command() -> list[str]:
