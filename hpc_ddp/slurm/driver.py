@@ -14,7 +14,7 @@ requeued job never lands on them. The batch host is the last node it gives the s
 spare is the node this process runs on: a lost worker node never takes the driver with it.
 
 Its cost to slurmctld: one ``squeue`` per step that failed (which nodes the job still has),
-and on a requeue one ``scontrol update`` and one ``scontrol requeue``. Nothing per rank.
+and on a requeue three ``scontrol`` calls (requeuehold, update, release). Nothing per rank.
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def plan(code: int, used: Sequence[str], still: Sequence[str] | None, lost: Sequ
     again on the same nodes (a supervisor lost on a healthy node), within the budget."""
     if code == 0:
         return Plan("done")
-    gone = tuple(n for n in used if still is not None and n not in still)
+    if still is None:  # the job is not running any more (its ranks requeued it) or unknown
+        return Plan("end")
+    gone = tuple(n for n in used if n not in still)
     if not gone:
         if not deferred:
             return Plan("end")
@@ -124,12 +126,15 @@ def run_step(nodes: Sequence[str], tasks_per_node: int, srun_args: Sequence[str]
 
 
 def requeue_without(job: str, nodes: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    """Exclude ``nodes`` (if any) from the job, then requeue it; None on success, else
-    Slurm's answer."""
+    """Requeue the job without ``nodes``; None on success, else Slurm's answer. A running
+    job's ExcNodeList cannot be changed ("no longer pending"), a requeued one's can: requeue
+    held, exclude, release. The requeue signals this process too (it waits on: the batch
+    step is killed only after KillWait), so the three calls follow at once."""
     env = dict(environ)
-    steps = [["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"]] \
-        if nodes else []
-    for argv in [*steps, ["scontrol", "requeue", job]]:
+    steps = [["scontrol", "requeuehold", job],
+             ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"],
+             ["scontrol", "release", job]] if nodes else [["scontrol", "requeue", job]]
+    for argv in steps:
         try:
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
                                   check=False)

@@ -162,8 +162,9 @@ def wait_for_event(run_dir: Path, kind: str, count: int = 1, timeout: float = 12
 
 def assert_one_start_completed(job: str, env: dict[str, str]) -> None:
     """The job started once (no requeue: sacct -D lists every start) and ended COMPLETED 0:0."""
-    starts = sacct_states(job, env).splitlines()
-    assert len(starts) == 1, starts
+    # A RESIZING record is the job before a node was lost (--no-kill), not a start.
+    starts = [s for s in sacct_states(job, env).splitlines() if "RESIZING" not in s]
+    assert len(starts) == 1 and "REQUEUED" not in starts[0], starts
     assert_completed(job, env, starts[0])
 
 

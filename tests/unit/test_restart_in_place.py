@@ -153,6 +153,9 @@ def test_a_failure_the_ranks_left_to_the_driver_starts_the_step_again() -> None:
     assert again == driver.Plan("relaunch", ("n2", "n1"))
     assert driver.plan(1, ["n2", "n1"], ["n1", "n2"], [], relaunches=1, deferred=True,
                        **args).what == "requeue"
+    # The job is no longer running (its ranks requeued it): nothing for the driver to do.
+    assert driver.plan(1, ["n2", "n1"], None, [], relaunches=0, deferred=True,
+                       **args).what == "end"
     seen = _events(("failure", {"job": "7", "deferred": True}))
     assert driver.deferred_failure(seen, "7")
     assert not driver.deferred_failure([*seen, {"kind": "restart_in_place", "job": "7"}], "7")

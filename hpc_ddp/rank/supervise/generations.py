@@ -12,6 +12,7 @@ supervisors' store (rank 0's supervisor holds it)::
     gen/<g>/end/<rank>      how each rank's process ended (json: verdict, code, time)
     gen/<g>/ended           how many have ended (a counter); gen/<g>/all_ended once all have
     gen/<g>/decision        rank 0's supervisor's verdict: done | restart | requeue | fail | lost
+    gen/<g>/acked           how many have read it (rank 0 keeps the store up until all have)
 
 A supervisor whose child fails says so (the first one's record is kept) and wakes every
 rank's: a thread in each supervisor waits on its own wake key (the store's own wait, no
@@ -45,6 +46,9 @@ DONE, RESTART, REQUEUE, FAIL, LOST = "done", "restart", "requeue", "fail", "lost
 REPORT_WAIT_S = 30.0
 # After a clean end of rank 0's, how long it keeps the store up for the others' ends.
 DONE_WAIT_S = 60.0
+# After its decision, how long rank 0's supervisor keeps the store up for every supervisor
+# to read it.
+ACK_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -219,13 +223,27 @@ class Generation:
             if self.rank.env.is_master:
                 decision = self._decide(end, budget, clean_wait_s)
                 self.store.set(key(self.generation, "decision"), decision.as_json())
+                self._await_acks(decision)
                 return decision
             self.store.wait([key(self.generation, "decision")],
                             timedelta(seconds=REPORT_WAIT_S + clean_wait_s + 30))
-            return Decision.from_json(self.store.get(key(self.generation, "decision")))
+            decision = Decision.from_json(self.store.get(key(self.generation, "decision")))
+            self.store.add(key(self.generation, "acked"), 1)
+            return decision
         except Exception as exc:
             log.warning("no decision from rank 0's supervisor (%s): its node is gone", exc)
             return Decision(LOST, end if end.verdict != OK else None, (0,))
+
+    def _await_acks(self, decision: Decision) -> None:
+        """Keep the store (this process) up until every supervisor that reported has read
+        the decision: one that lost the store before it would take rank 0's exit for a lost
+        node. Rank 0 alone polls one counter, at most ACK_WAIT_S."""
+        expected = self.rank.env.world_size - 1 - len(decision.missing)
+        deadline = time.monotonic() + ACK_WAIT_S
+        while expected > 0 and time.monotonic() < deadline:
+            if int(self.store.add(key(self.generation, "acked"), 0)) >= expected:
+                return
+            time.sleep(0.05)
 
     def report(self, end: End) -> None:
         """This rank's end, on the store (the last to report releases rank 0's wait)."""
