@@ -174,7 +174,8 @@ def test_pyxis_and_apptainer_command_lines_through_stand_ins(
     assert str(pyxis["container-name"]).startswith("hpc_ddp-")
     for path in seen.glob("apptainer-*.json"):  # one per task, on both nodes
         options, shown_image, command = standins.parse_apptainer(json.loads(path.read_text()))
-        assert shown_image == str(image) and command[:2] == [sys.executable, "-u"]
+        task = [sys.executable, "-m", "hpc_ddp.rank.main.submitted", "-u"]  # launch/slurm.py
+        assert shown_image == str(image) and command[:4] == task
         assert options["--pwd"] == [str(REPO)] and "HELLO=apptainer world" in options["--env"]
         assert f"{tmp_path / 'apptainer'}:{tmp_path / 'apptainer'}" in options["--bind"]
     assert len(list(seen.glob("apptainer-*.json"))) == 2

@@ -67,7 +67,8 @@ def test_the_bootstrap_on_python_312_with_only_the_carried_wheels(tmp_path: Path
                           "dry_run=true", f"run_dir={tmp_path / 'run'}"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=120, check=False)
     assert dry.returncode == 0, dry.stdout + dry.stderr
-    assert "#SBATCH --nodes=2" in dry.stdout and f"{py} -u -m submitit" in dry.stdout
+    task = f"{py} -m hpc_ddp.rank.main.submitted -u -m submitit"  # launch/slurm.py
+    assert "#SBATCH --nodes=2" in dry.stdout and task in dry.stdout
     cfg = subprocess.run([str(py), "-m", "hpc_ddp.submit", "--cfg", "cluster=slurm",
                           "model=torchvision"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120, check=False)
