@@ -119,13 +119,18 @@ def driven(cfg: Config) -> bool:
 
 def driver_line(cfg: Config, python: list[str], run_root: Path | None) -> str:
     """The batch script's ``srun`` as a shell function that runs the driver, which runs the
-    real srun (``srun`` inside the function is the command: functions do not recurse
-    through ``command``)."""
+    real srun (a subprocess: the function is the shell's own). Where the driver cannot
+    start on the batch host (an environment that does not activate there), the real srun
+    runs as before, and each task says what is wrong with its node."""
     c = cfg.cluster
+    tasks = c.tasks_per_node or 1  # derived before submission (launch/resolve.py)
     argv = [*python, "-m", "hpc_ddp.slurm.driver", f"--nodes={cfg.nodes}",
-            f"--tasks-per-node={c.tasks_per_node}", f"--budget={c.restarts_in_place}",
+            f"--tasks-per-node={tasks}", f"--budget={c.restarts_in_place}",
             *([f"--run-dir={run_root}"] if run_root is not None else [])]
-    return f"srun() {{ {shlex.join(argv)} -- \"$@\"; }}"
+    probe = shlex.join([*python, "-c", "import hpc_ddp.slurm.driver"])
+    plain = f"--nodes={cfg.nodes} --ntasks={cfg.nodes * tasks}"  # not the spares
+    return (f"srun() {{ if {probe} >/dev/null 2>&1; then {shlex.join(argv)} -- \"$@\"; "
+            f"else command srun {plain} \"$@\"; fi; }}")
 
 
 def srun_args(c: ClusterConfig) -> list[str]:

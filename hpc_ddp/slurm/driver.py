@@ -14,7 +14,7 @@ requeued job never lands on them. The batch host is the last node it gives the s
 spare is the node this process runs on: a lost worker node never takes the driver with it.
 
 Its cost to slurmctld: one ``squeue`` per step that failed (which nodes the job still has),
-and on a requeue three ``scontrol`` calls (requeuehold, update, release). Nothing per rank.
+and on a requeue two ``scontrol`` calls (requeue, update). Nothing per rank.
 """
 
 from __future__ import annotations
@@ -126,22 +126,27 @@ def run_step(nodes: Sequence[str], tasks_per_node: int, srun_args: Sequence[str]
 
 
 def requeue_without(job: str, nodes: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    """Requeue the job without ``nodes``; None on success, else Slurm's answer. A running
-    job's ExcNodeList cannot be changed ("no longer pending"), a requeued one's can: requeue
-    held, exclude, release. The requeue signals this process too (it waits on: the batch
-    step is killed only after KillWait), so the three calls follow at once."""
+    """Requeue the job, then exclude ``nodes`` from it; None once it is requeued, else
+    Slurm's answer. A running job's ExcNodeList cannot be changed ("no longer pending"), a
+    requeued one's can, and it waits for its begin time (about two minutes) before it may
+    start. The requeue signals this process too (it goes on: the batch step is killed
+    only after KillWait); if it is killed before the exclusion, the job is requeued
+    without it, never lost in a hold."""
     env = dict(environ)
-    steps = [["scontrol", "requeuehold", job],
-             ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"],
-             ["scontrol", "release", job]] if nodes else [["scontrol", "requeue", job]]
-    for argv in steps:
+    for argv in (["scontrol", "requeue", job],
+                 *([["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"]]
+                   if nodes else [])):
         try:
             done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
                                   check=False)
+            problem = None if done.returncode == 0 else (
+                (done.stderr or done.stdout).strip() or f"exit code {done.returncode}")
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{' '.join(argv[:2])}: {exc}"
-        if done.returncode != 0:
-            return f"{' '.join(argv)}: {(done.stderr or done.stdout).strip()}"
+            problem = str(exc)
+        if problem and argv[1] == "requeue":
+            return f"{' '.join(argv)}: {problem}"
+        if problem:
+            log.error("job %s is requeued but %s failed: %s", job, " ".join(argv), problem)
     return None
 
 

@@ -85,7 +85,8 @@ def detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None = No
     # restarts in place (GENERATION_ENV).
     generation = _int(environ, GENERATION_ENV, 0)
     return dataclasses.replace(env, generation=generation, supervised=True,
-                               restart=max(0, env.restart - generation))
+                               restart=max(0, env.restart - generation),
+                               submitted_id=env.submitted_id or slurm_job_name(environ))
 
 
 def _detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None) -> DistEnv:

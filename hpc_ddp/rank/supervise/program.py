@@ -141,7 +141,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
             rank, command, lambda code, child, gen: classify(cfg, code, child, gen), stop,
             budget, stack_signal=signum, started=started,
             on_restart=lambda d, g: record_restart(d, g, rank, run, environ),
-            watch=lambda gen: hang_watch(gen, cfg, run, signum))
+            watch=lambda gen: hang_watch(gen, cfg, run, signum),
+            blocked=frozenset({stopping.signal_number(cfg.cluster.signal), signal.SIGTERM}))
         after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ)
         if ended.code != 0:  # stopped (SIGTERM: Slurm's to act on)
             raise SystemExit(ended.code if ended.code > 0 else 128 - ended.code)

@@ -53,11 +53,22 @@ class Child:
     """The script's process: stdout passed through, stderr passed through and its last lines
     kept (for the error report)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str],
+                 blocked: frozenset[int] = frozenset()) -> None:
+        """``blocked``: signals the process starts with blocked (pending until it handles
+        them: slurmstepd signals every process of the step, and one that came while the
+        training process imported torch would end it before its handler exists)."""
         self.argv = argv
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        # A process group of its own: stopping it stops its data loader workers too.
-        self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, process_group=0)
+        # The child inherits this thread's signal mask across exec.
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if blocked else None
+        try:
+            # A process group of its own: stopping it stops its data loader workers too.
+            self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE,
+                                         process_group=0)
+        finally:
+            if before is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
         self._copier = threading.Thread(target=self._copy_stderr, daemon=True)
         self._copier.start()
 
@@ -133,8 +144,8 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
                     stack_signal: int | None = None,
                     started: Callable[[Child], None] | None = None,
                     on_restart: Callable[[generations.Decision, int], None] | None = None,
-                    watch: Callable[[generations.Generation], Closes] | None = None
-                    ) -> Supervised:
+                    watch: Callable[[generations.Generation], Closes] | None = None,
+                    blocked: frozenset[int] = frozenset()) -> Supervised:
     """Run the training process, generation by generation, to its end.
 
     ``command(generation, resume_cause)``: its argv and environment; ``classify(code,
@@ -144,12 +155,13 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
     not a user's script); ``started``: called with each child once it runs (e.g. to pass
     on a signal that came while joining); ``on_restart``: rank 0's, called with the decision
     and the next generation before the restart (the record of it); ``watch``: started with
-    each generation (rank 0's hang watch: hangs.py), closed when its child has ended."""
+    each generation (rank 0's hang watch: hangs.py), closed when its child has ended;
+    ``blocked``: the signals each child starts with blocked until it handles them (Child)."""
     generation, cause = 0, None
     while True:
         argv, env = command(generation, cause)
         gen = generations.Generation(rank, generation)
-        child = Child(argv, env)
+        child = Child(argv, env, blocked)
         gen.watch(child.kill)
         relay = StackRelay(rank, child, stack_signal, gen.child_prefix) \
             if stack_signal is not None else None
