@@ -25,15 +25,17 @@ def append(run_root: Path, event: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def cause_fields(run_root: Path, message: str, attempt: int, rank: int) -> dict[str, str]:
+def cause_fields(run_root: Path, message: str, attempt: int, rank: int,
+                 generation: int = 0) -> dict[str, str]:
     """An event's ``cause`` in one line (the message's first line, and its last where it has
     more: a script's last words), and with more lines, ``lines``: the run-dir path of a file
     that holds them all (logs/failure-attempt<A>-rank<R>.txt), so the history stays one short
-    line per event however many lines a failure printed (docs/observability.md)."""
+    line per event however many lines a failure printed (docs/observability.md). A restart
+    in place's (``generation`` > 0) has a file of its own."""
     lines = [ln for ln in message.strip().splitlines() if ln.strip()]
     if len(lines) <= 1:
         return {"cause": message.strip()}
-    name = f"logs/failure-attempt{attempt}-rank{rank}.txt"
+    name = f"logs/failure-attempt{attempt}{f'.{generation}' if generation else ''}-rank{rank}.txt"
     try:
         (run_root / "logs").mkdir(exist_ok=True)
         with open(run_root / name, "w") as handle:
@@ -91,3 +93,44 @@ def last_reason(events: list[dict[str, Any]], attempt: int,
         if found:
             return found[0].get("cause")
     return None
+
+
+def after_failure(events: list[dict[str, Any]]) -> bool:
+    """This start follows a failure not yet recovered from (its first step is recorded as
+    "recovered": what the failure cost). A start after a stop (a time limit) is not one."""
+    for e in reversed(events):
+        if e.get("kind") in ("failure", "stop", "recovered"):
+            return e.get("kind") == "failure"
+    return False
+
+
+def recovery(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What failures cost the run (summary.json, status): the restarts in place, requeues
+    and nodes left out, and per failure its cause, rank and node, the seconds from the
+    failure to the first step after the restart (the "recovered" event its next start
+    appends) and the steps lost (how far the training had got, as progress.json said when
+    the failure was recorded, less the step it resumed from)."""
+    failures = []
+    for i, e in enumerate(events):
+        if e.get("kind") != "failure":
+            continue
+        at = e.get("failed_at", e.get("time"))
+        later = events[i + 1:]
+        upto = next((j for j, x in enumerate(later) if x.get("kind") == "failure"), len(later))
+        back = next((x for x in later[:upto] if x.get("kind") == "recovered"), None)
+        how = next((x.get("kind") for x in later[:upto]
+                    if x.get("kind") in ("restart_in_place", "requeue")), None)
+        reached, resumed = e.get("reached"), None if back is None else back.get("from_step")
+        failures.append({
+            "cause": str(e.get("cause", "")).splitlines()[0][:300] if e.get("cause") else "",
+            "rank": e.get("rank"), "host": e.get("host"), "attempt": e.get("attempt"),
+            "generation": e.get("generation", 0), "time": at, "recovered_by": how,
+            "seconds_to_first_step": None if back is None or at is None
+            else round(float(back["time"]) - float(at), 3),
+            "steps_lost": None if reached is None or resumed is None
+            else max(0, int(reached) - int(resumed))})
+    excluded = sorted({n for e in events if e.get("kind") in ("node_lost", "nodes_excluded")
+                       for n in e.get("nodes", [])})
+    return {"restarts_in_place": sum(1 for e in events if e.get("kind") == "restart_in_place"),
+            "requeues": requeues_by_us(events), "excluded_nodes": excluded,
+            "failures": failures}

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.recovery_lines import failure_lines, restarts_cell
 from hpc_ddp.rundir import RunDir, read_json, resume_command
 
 # Folders the other commands make, which status cannot follow: (their results file, which
@@ -137,9 +138,11 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
         looks = looks or Lookups()
         pending = pending_of(found, run_dir, looks.facts, looks.requests)
     restarts = summary.get("restarts")
-    if restarts is None:  # the attempt that runs now: resumes so far, and requeues
+    happened = events.read(run_dir)
+    recovery = events.recovery(happened)  # what failures cost so far (docs/fault-tolerance.md)
+    if restarts is None:  # the attempt that runs now: resumes so far, requeues, in place
         resumes = len((job or {}).get("history") or [None]) - 1
-        restarts = resumes + sum(1 for e in events.read(run_dir) if e.get("kind") == "requeue")
+        restarts = resumes + recovery["requeues"] + recovery["restarts_in_place"]
     return {"label": label, "run_dir": str(run_dir), "job_id": job and job.get("job_id"),
             "state": found.state, "slurm_state": found.raw, "reason": found.reason,
             "pending": pending.line() if pending else None,
@@ -153,7 +156,7 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "samples_per_s": progress.get("samples_per_s"), "mfu": progress.get("mfu"),
             "step_ms": progress.get("step_ms"), "slowest_rank": progress.get("slowest_rank"),
             "slowest_behind": progress.get("slowest_behind"),
-            "cost": run_cost(run_dir, job, found.state, costs or {})}
+            "cost": run_cost(run_dir, job, found.state, costs or {}), "recovery": recovery}
 
 
 def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -192,7 +195,7 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
     gpus = any((r.get("cost") or {}).get("gpu_hours") for r in rows)
     header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "samples/s",
               "queued", "running", "CPU-h", *(("GPU-h",) if gpus else ()))
-    lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), fmt(r["restarts"]),
+    lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), restarts_cell(r),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
                          fmt(r["eval_accuracy"], ".4f"), fmt(r.get("samples_per_s"), ".0f"),
                          *cost_cells(r.get("cost"), gpus)) for r in rows]
@@ -207,7 +210,8 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
         text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
     if is_sweep:
         text += sweep_cost(rows)
-    return "\n".join([text, *notes(rows, is_sweep)])
+    return "\n".join([text, *notes(rows, is_sweep),
+                      *([] if is_sweep else failure_lines(rows))])
 
 
 def _state_cell(r: dict[str, Any]) -> str:

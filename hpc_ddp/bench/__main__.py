@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
               "per-rank cost against world size (8 to 8192 simulated); 10,000-node lists"),
     "logs": ("hpc_ddp.bench.logs",
              "python -m hpc_ddp.logs on a synthetic run of 4,096 ranks: one rank, --grep"),
+    "recovery": ("hpc_ddp.bench.recovery",
+                 "a killed rank or a lost node: seconds to training again, in place vs requeue"),
 }
 
 

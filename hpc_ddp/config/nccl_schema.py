@@ -74,7 +74,8 @@ class NcclConfig:
     # TORCH_NCCL_DUMP_ON_TIMEOUT: the flight recorder dumps its trace when a collective times out.
     # https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
     dump_on_timeout: bool | None = None
-    # TORCH_NCCL_TRACE_BUFFER_SIZE: collectives the flight recorder keeps (0: recorder off).
+    # TORCH_FR_BUFFER_SIZE (torch 2.14's name for TORCH_NCCL_TRACE_BUFFER_SIZE): collectives
+    # the flight recorder keeps (0: recorder off).
     # https://pytorch.org/docs/stable/torch_nccl_environment_variables.html
     trace_buffer_size: int | None = None
     # Debugging-only NCCL variables this profile forces on purpose: no warning for them.
@@ -96,7 +97,7 @@ FIELD_VARS: dict[str, str] = {
     "debug_subsys": "NCCL_DEBUG_SUBSYS", "torch_distributed_debug": "TORCH_DISTRIBUTED_DEBUG",
     "async_error_handling": "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "dump_on_timeout": "TORCH_NCCL_DUMP_ON_TIMEOUT",
-    "trace_buffer_size": "TORCH_NCCL_TRACE_BUFFER_SIZE",
+    "trace_buffer_size": "TORCH_FR_BUFFER_SIZE",
 }
 #: Listed under "Debugging" in NCCL's docs: "should generally not be set for production".
 DEBUG_ONLY = frozenset({
@@ -119,6 +120,8 @@ DEPRECATED = {
     "NCCL_BLOCKING_WAIT": "TORCH_NCCL_BLOCKING_WAIT",
     "NCCL_DESYNC_DEBUG": "TORCH_NCCL_DESYNC_DEBUG",
     "NCCL_IB_GDR_LEVEL": "NCCL_NET_GDR_LEVEL",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "TORCH_FR_BUFFER_SIZE",
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "TORCH_FR_DUMP_TEMP_FILE",
 }
 PATH_LEVELS = ("LOC", "PIX", "PXB", "PHB", "SYS")
 DEBUG_SUBSYSTEMS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC",
@@ -228,6 +231,7 @@ RULES: dict[str, Callable[[str], Problem | None]] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": _int_range(0, 3), "TORCH_NCCL_BLOCKING_WAIT": _BOOL,
     "TORCH_NCCL_DUMP_ON_TIMEOUT": _BOOL, "TORCH_NCCL_DESYNC_DEBUG": _BOOL,
     "TORCH_NCCL_TRACE_BUFFER_SIZE": _int_range(0, 10**9),
+    "TORCH_FR_BUFFER_SIZE": _int_range(0, 10**9),
     "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": _int_range(1, 10**7),
 }
 
@@ -326,9 +330,9 @@ def nccl_warnings(cfg: NcclConfig) -> list[str]:
         out.append("NCCL_IB_ROCE_VERSION_NUM only steers the GID NCCL picks itself; with "
                    "NCCL_IB_GID_INDEX set it is ignored.")
     if wanted.get("TORCH_NCCL_DUMP_ON_TIMEOUT") == "1" and wanted.get(
-            "TORCH_NCCL_TRACE_BUFFER_SIZE", "0") == "0":
+            "TORCH_FR_BUFFER_SIZE", "0") == "0":
         out.append("TORCH_NCCL_DUMP_ON_TIMEOUT=1 records nothing while "
-                   "TORCH_NCCL_TRACE_BUFFER_SIZE is 0: set nccl.trace_buffer_size (e.g. 2000).")
+                   "TORCH_FR_BUFFER_SIZE is 0: set nccl.trace_buffer_size (e.g. 2000).")
     if wanted.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL" and cfg.profile != "debug":
         out.append("TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective and slows training; "
                    "use it to debug, not for production runs.")

@@ -58,11 +58,22 @@ class ClusterConfig:
     signal_delay_s: int = 120
     # Requeues allowed after a time limit or a failure (preemptions do not count).
     max_restarts: int = 3
+    # Restarts in place per job attempt: when a rank's training dies abruptly (NCCL's
+    # watchdog, the out-of-memory killer, a crash), a collective fails or times out, or a
+    # rank hangs, every rank starts again from the latest checkpoint in the same job and
+    # step, seconds later; once spent, the job is requeued (within max_restarts). Needs a
+    # supervisor per rank (supervise). 0: every such failure requeues.
+    restarts_in_place: int = 3
+    # Nodes asked for on top of `nodes`, idle until a node of the run is lost: the job
+    # survives the loss (--no-kill) and its step starts again on the nodes left, a spare
+    # among them, in the same job (within restarts_in_place). Without a spare left, the lost
+    # nodes are excluded and the job requeued (docs/fault-tolerance.md#a-node-lost).
+    spare_nodes: int = 0
     # On Slurm, run each rank's training (built-in or entry=) in a child of a supervisor
     # process that outlives it: when the child dies abruptly (NCCL's watchdog aborts every
-    # rank after a failed collective), the supervisor records it and requeues the job, and
-    # it relays a request for the child's stacks. None: on when the ranks use GPUs (NCCL);
-    # with Gloo a dead peer is an exception the others handle. false: never.
+    # rank after a failed collective) or hangs, the supervisors restart every rank in place
+    # (or requeue the job), and relay a request for the child's stacks. None: on when
+    # restarts_in_place > 0 or the ranks use GPUs. false: never (a failure then requeues).
     supervise: bool | None = None
     # Shell lines run before srun on the first node (module load, conda activate, ...).
     setup: list[str] = field(default_factory=list)
@@ -256,6 +267,11 @@ class TrainerConfig:
     collective_timeout_s: int = 300
     # Seconds for all ranks to join the rendezvous before the job fails naming the missing ones.
     rendezvous_timeout_s: int = 120
+    # Seconds without any rank's training moving (its heartbeat through the supervisors'
+    # store) before a supervised run counts as hung: every rank's stacks are dumped, the
+    # ranks stuck outside torch are named, and all restart in place. None: the larger of 5
+    # minutes and 10x the longest pause seen (a slow eval or checkpoint is not a hang).
+    hang_timeout_s: float | None = None
     # Every this many optimizer steps the ranks agree (one tiny all-reduce, shared with the
     # log's, read at the next step) whether a stop signal arrived; a signal is acted on within
     # this many steps plus one.

@@ -13,6 +13,7 @@ from typing import Any
 from hpc_ddp.config.container_schema import validate_container
 from hpc_ddp.config.loggers import validate_logger
 from hpc_ddp.config.nccl_schema import validate_nccl
+from hpc_ddp.config.sbatch_extra import check_sbatch_extra
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.errors import UserError, shown
 from hpc_ddp.rundir import parse_umask
@@ -56,40 +57,6 @@ SIGNAL_DELAY_LIMIT = 65535
 # partition really has is checked against sinfo at submission (slurm/fit.py).
 MAX_MEM_GB = 1 << 20  # 1 PiB per node
 MAX_TIME_MIN = 366 * 24 * 60  # a year: Slurm's limits are in minutes
-# sbatch options hpc_ddp (or submitit's script) sets itself -> the fix: the same option in
-# cluster.sbatch_extra would silently replace ours ({value}: the value given).
-MANAGED_SBATCH = {
-    "nodes": "use nodes={value}",
-    "ntasks-per-node": "use cluster.tasks_per_node={value}",
-    "ntasks": "set nodes and cluster.tasks_per_node (the job runs nodes x tasks_per_node tasks)",
-    "gpus-per-node": "use cluster.gpus_per_node={value}",
-    "gpus-per-task": "use cluster.gpus_per_node=<GPUs per node> with cluster.gpu_binding=per_task",
-    "gpus": "use cluster.gpus_per_node=<GPUs per node> (one task per GPU)",
-    "cpus-per-task": "use cluster.cpus_per_task={value}",
-    "cpus-per-gpu": "use cluster.cpus_per_task (always set; Slurm refuses both together)",
-    "mem": "use cluster.mem_gb=<GB per node>",
-    "time": "use cluster.time_min=<minutes>",
-    "partition": "use cluster.partition={value}",
-    "account": "use cluster.account={value}",
-    "qos": "use cluster.qos={value}",
-    "constraint": "use cluster.constraint={value}",
-    "exclude": "use cluster.exclude={value}",
-    "nodelist": "use cluster.nodelist={value}",
-    "exclusive": "use cluster.exclusive=true",
-    "job-name": "use cluster.job_name={value}",
-    "signal": "use cluster.signal=<name> and cluster.signal_delay_s=<seconds> (the ranks "
-              "checkpoint and requeue on that signal)",
-    "requeue": "drop it: hpc_ddp always asks for --requeue (cluster.max_restarts bounds it)",
-    "no-requeue": "use cluster.max_restarts=0 (the job then never requeues itself)",
-    "output": "drop it: each task logs under run_dir/submitit/ (choose run_dir)",
-    "error": "drop it: each task logs under run_dir/submitit/ (choose run_dir)",
-    "open-mode": "drop it: the logs are appended to across requeues on purpose",
-    "array": "use -m for a sweep (hpc_ddp submits the job arrays)",
-    "wrap": "drop it: hpc_ddp writes the batch script (cluster.setup adds lines before srun)",
-    "parsable": "drop it: submitit reads the job id from sbatch's usual output",
-    "test-only": "use dry_run=true to see the script without submitting",
-}
-_SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 # A job name reaches sbatch as data, but we also keep it printable and on one line.
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,128}$")
 # Linux interface names: IFNAMSIZ - 1 characters, no "/" or whitespace (net/core/dev.c).
@@ -213,6 +180,12 @@ def _validate_cluster(cfg: Config) -> None:
     _at_most("cluster.mem_gb", c.mem_gb, MAX_MEM_GB, "any node has")
     _at_least("cluster.signal_delay_s", c.signal_delay_s, 0)
     _at_least("cluster.max_restarts", c.max_restarts, 0)
+    _at_least("cluster.restarts_in_place", c.restarts_in_place, 0)
+    _at_least("cluster.spare_nodes", c.spare_nodes, 0)
+    if c.spare_nodes and c.container.kind != "none":
+        raise UserError("cluster.spare_nodes", c.spare_nodes, "needs hpc_ddp's driver in the "
+                        "batch script, which runs outside the container (not yet supported).",
+                        "set cluster.spare_nodes=0 with a container.")
     if c.mem_gb is not None and c.mem_gb * 1024 < 1:
         # Below 1 MB the request would round to --mem=0M, which Slurm reads as "all of the
         # node's memory" (https://slurm.schedmd.com/sbatch.html#OPT_mem).
@@ -284,40 +257,6 @@ def _validate_signal(c: ClusterConfig) -> None:
                         f"{limit} s): the stop signal would come as the job starts.",
                         f"use fewer than {limit} seconds, e.g. cluster.signal_delay_s="
                         f"{min(120, limit // 4)}, or raise cluster.time_min.")
-
-
-def check_sbatch_extra(c: ClusterConfig) -> None:
-    """Refuse sbatch_extra entries sbatch cannot read, and options hpc_ddp sets itself (an
-    extra one would silently replace ours: nodes=8 for nodes=4, a signal the ranks ignore)."""
-    for key, value in c.sbatch_extra.items():
-        full = f"cluster.sbatch_extra.{key}"
-        option = key.replace("_", "-")
-        if not _SBATCH_OPTION.match(option):
-            raise UserError(full, value, "is not an sbatch option name.",
-                            "use the long option name without the leading --, e.g. "
-                            "+cluster.sbatch_extra.mail-type=END.")
-        # sbatch takes unambiguous abbreviations of long options (getopt_long): --part=x
-        # is --partition=x.
-        prefixed = [m for m in MANAGED_SBATCH if m.startswith(option)]
-        managed = option if option in MANAGED_SBATCH else next(iter(prefixed), None)
-        if managed == "exclusive" and not c.exclusive and str(value).lower() != "true":
-            managed = None  # --exclusive=user|mcs|topo: modes the boolean key cannot express
-        if managed:
-            how = "" if managed == option else (
-                f" (sbatch reads --{option} as --{managed})" if len(prefixed) == 1
-                else f" (--{option} abbreviates --{managed} and other options)")
-            raise UserError(full, value, f"hpc_ddp sets --{managed} itself{how}; this entry "
-                            "would silently replace it.",
-                            MANAGED_SBATCH[managed].format(value=value) + " instead.")
-        if option != key:
-            raise UserError(full, value, "sbatch options are spelled with -, not _.",
-                            f"use +cluster.sbatch_extra.{option}={value}.")
-        if option in ("mem-per-cpu", "mem-per-gpu") and c.mem_gb is not None:
-            raise UserError(full, value, f"conflicts with cluster.mem_gb={c.mem_gb} (--mem); "
-                            "Slurm takes only one of them.",
-                            "drop one: cluster.mem_gb=null, or this entry.")
-        if "\n" in str(value) or "\r" in str(value):
-            raise UserError(full, value, "contains a newline.", "give a single-line value.")
 
 
 def _validate_data(cfg: Config) -> None:
@@ -406,6 +345,7 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.seed", t.seed, 0)
     _at_least("trainer.collective_timeout_s", t.collective_timeout_s, 1)
     _at_least("trainer.rendezvous_timeout_s", t.rendezvous_timeout_s, 1)
+    _at_least("trainer.hang_timeout_s", t.hang_timeout_s, 1, "give seconds (e.g. 600) or null.")
     _at_least("trainer.threads", t.threads, 1)
     _at_least("trainer.stop_check_interval", t.stop_check_interval, 1)
     _choice("trainer.device", t.device, DEVICES)

@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
+from hpc_ddp.config.sbatch_extra import check_sbatch_extra
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.secrets import shell_lines
-from hpc_ddp.config.validate import SLURM_NAMED, check_sbatch_extra
+from hpc_ddp.config.supervision import supervised
+from hpc_ddp.config.validate import SLURM_NAMED
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
 from hpc_ddp.rank.main import submitted
@@ -86,6 +88,12 @@ def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, 
             **sbatch_extra_flags(c.sbatch_extra),
         },
     }
+    if driven(cfg):
+        # The job survives a lost node and its step runs again on the nodes left, a spare
+        # among them (slurm/driver.py, docs/fault-tolerance.md#a-node-lost).
+        params["nodes"] = cfg.nodes + c.spare_nodes
+        params["additional_parameters"]["no_kill"] = True
+        params["setup"].append(driver_line(cfg, task.argv(), run_root))
     for name in SLURM_NAMED:
         if getattr(c, name):
             params[name] = getattr(c, name)
@@ -101,6 +109,28 @@ def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, 
         else:
             params["gpus_per_node"] = c.gpus_per_node
     return params
+
+
+def driven(cfg: Config) -> bool:
+    """The step runs under hpc_ddp's node-loss driver: supervised ranks (they leave a lost
+    node to it) outside a container (the driver runs in the batch script, on the host)."""
+    return supervised(cfg) and cfg.cluster.container.kind == "none"
+
+
+def driver_line(cfg: Config, python: list[str], run_root: Path | None) -> str:
+    """The batch script's ``srun`` as a shell function that runs the driver, which runs the
+    real srun (a subprocess: the function is the shell's own). Where the driver cannot
+    start on the batch host (an environment that does not activate there), the real srun
+    runs as before, and each task says what is wrong with its node."""
+    c = cfg.cluster
+    tasks = c.tasks_per_node or 1  # derived before submission (launch/resolve.py)
+    argv = [*python, "-m", "hpc_ddp.slurm.driver", f"--nodes={cfg.nodes}",
+            f"--tasks-per-node={tasks}", f"--budget={c.restarts_in_place}",
+            *([f"--run-dir={run_root}"] if run_root is not None else [])]
+    probe = shlex.join([*python, "-c", "import hpc_ddp.slurm.driver"])
+    plain = f"--nodes={cfg.nodes} --ntasks={cfg.nodes * tasks}"  # not the spares
+    return (f"srun() {{ if {probe} >/dev/null 2>&1; then {shlex.join(argv)} -- \"$@\"; "
+            f"else command srun {plain} \"$@\"; fi; }}")
 
 
 def srun_args(c: ClusterConfig) -> list[str]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 # -- set by a launcher for the tasks it starts ----------------------------------------------
 # The local launcher's ranks: unique per launch (a uuid), the rendezvous file's name.
 LAUNCH_ID_ENV = "HPC_DDP_LAUNCH_ID"
-# Which start of the ranks within one Slurm attempt this is: 0 for the first, one more for
-# each restart in place (the supervisors set it when they start a rank's program again); the
+# Which start of the training processes within one Slurm attempt this is: 0 for the first,
+# n after n restarts in place (rank/supervise/generations.py: the supervisors set it for
+# their children, whose store keys live under a prefix of their own per generation); the
 # rank's log marks every start (DistEnv.generation, docs/observability.md).
 GENERATION_ENV = "HPC_DDP_GENERATION"
 # Set in a process whose output is already written into its rank's log (the path of that
@@ -42,8 +43,16 @@ RESUME_CAUSE_ENV = "HPC_DDP_RESUME_CAUSE"
 EARLY_STOP_ENV = "HPC_DDP_EARLY_STOP"
 # This node's staged copy of the data (data.stage=true), for a script or a user's loop.
 DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
+# Set (to the number of the step's start in the job) in a step that hpc_ddp's driver runs in
+# the batch script (slurm/driver.py): after a node is lost, the driver starts the step again
+# or requeues the job, so the ranks leave that to it.
+DRIVEN_ENV = "HPC_DDP_DRIVEN"
 
 # -- exit codes -------------------------------------------------------------------------------
 # A script (or a function entry's process) asks for a requeue after it checkpointed:
 # EX_TEMPFAIL of sysexits.h, "temporary failure; the user is invited to retry".
 REQUEUE_EXIT_CODE = 75
+# A supervised training process failed in a way a new start may get past (a peer died, a
+# collective failed or timed out, a CUDA error) and recorded it: its supervisor decides,
+# with the other supervisors, whether the ranks restart in place or the job is requeued.
+RESTART_EXIT_CODE = 76

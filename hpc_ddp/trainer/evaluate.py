@@ -36,8 +36,10 @@ class Evaluator:
         self.names: list[str] | None = None
 
     def run(self, forward: Callable[[Any], Any], loader: Any, stats: Stats | None,
-            channels_last: bool, autocast_dtype: Any) -> dict[str, float]:
-        """{"loss": mean, <metric>: mean, ...} over every rank's shard."""
+            channels_last: bool, autocast_dtype: Any,
+            alive: Callable[[], None] = lambda: None) -> dict[str, float]:
+        """{"loss": mean, <metric>: mean, ...} over every rank's shard; ``alive`` is called
+        per batch (a long evaluation is not a hang: Context.alive)."""
         # deferred: torch
         import torch
         import torch.distributed as dist
@@ -48,6 +50,7 @@ class Evaluator:
         with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast_dtype,
                                              enabled=autocast_dtype is not None):
             for batch in loader:
+                alive()
                 inputs, targets = input_and_target(batch)
                 inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
                 outputs = forward(prepare_inputs(inputs, stats, channels_last))

@@ -27,6 +27,7 @@ from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.join.distenv import DistEnv
+from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import rng, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
@@ -42,13 +43,15 @@ log = logging.getLogger(__name__)
 
 class Trainer:
     def __init__(self, cfg: Config, env: DistEnv, run: RunDir, device: Any,
-                 stop: stopping.StopRequest | None = None, cpus: int | None = None) -> None:
+                 stop: stopping.StopRequest | None = None, cpus: int | None = None,
+                 joined: Rank | None = None) -> None:
         """``cpus``: the task's CPUs, for the loader's auto settings (default: the intra-op
-        thread count rank.py set from them)."""
+        thread count rank.py set from them); ``joined``: the joined rank (its store carries
+        the heartbeat a supervisor watches)."""
 
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         self.stop = stop
-        self.ctx = Context(cfg, run, env, device, stop=stop)
+        self.ctx = Context(cfg, run, env, device, stop=stop, joined=joined)
         t = cfg.trainer
         rng.seed_all(t.seed)
         self.data = build_datasets(cfg.data, t.seed, env.rank, env.world_size)
@@ -272,6 +275,7 @@ class Trainer:
         t = self.cfg.trainer
         last = self.global_step >= self.total_steps
         self._finish_reduction()  # the one launched at an earlier step
+        self.ctx.stepped(self.global_step)
         log_now = self.global_step % t.log_interval == 0 or last
         check_stop = (self.stop is not None and not last
                       and self.global_step % t.stop_check_interval == 0)
@@ -362,7 +366,8 @@ class Trainer:
             return self.last_eval
         self.model.eval()
         means = self.evaluator.run(self.forward, self.loaders.eval, self.data.stats,
-                                   self.tuning.channels_last, self.autocast_dtype)
+                                   self.tuning.channels_last, self.autocast_dtype,
+                                   self.ctx.alive)
         self.model.train()
         self.last_eval = {"step": self.global_step, **means}
         self.ctx.log({f"eval/{k}": v for k, v in means.items()}, self.global_step,

@@ -30,6 +30,10 @@ def final_rows(job: str, env: dict[str, str], timeout_s: float = 60) -> list[tup
         rows = [tuple(line.split("|")) for line in out.splitlines() if line.strip()]
         if step:
             rows = [r for r in rows if r[0] == job]
+        # A job that lost a node and lived on (--no-kill) keeps a RESIZING record of the
+        # job before it shrank, beside the one that ends: only the last counts.
+        rows = [r for r in rows if not ((r[1].split() or [""])[0] == "RESIZING"
+                                         and sum(x[0] == r[0] for x in rows) > 1)]
         if rows and not any((r[1].split() or [""])[0] in ACTIVE for r in rows):
             return rows
         if time.monotonic() > deadline:

@@ -136,6 +136,38 @@ def assert_same_as(reference: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return summary_of(run_dir)
 
 
+def training_pid(run_dir: Path, rank: int, generation: int, timeout: float = 120) -> int:
+    """The process id of ``rank``'s training process of ``generation`` (its rank record)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            record = json.loads((run_dir / "ranks" / f"rank{rank}.json").read_text())
+            if record.get("generation", 0) == generation:
+                return int(record["pid"])
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        assert time.monotonic() < deadline, f"rank {rank} never started generation {generation}"
+        time.sleep(0.2)
+
+
+def wait_for_event(run_dir: Path, kind: str, count: int = 1, timeout: float = 120
+                   ) -> dict[str, Any]:
+    """The ``count``-th event of ``kind`` in events.jsonl, once it is there."""
+    deadline = time.monotonic() + timeout
+    while len(found := [e for e in events.read(run_dir) if e["kind"] == kind]) < count:
+        assert time.monotonic() < deadline, f"no {kind} event: {events.read(run_dir)}"
+        time.sleep(0.3)
+    return found[count - 1]
+
+
+def assert_one_start_completed(job: str, env: dict[str, str]) -> None:
+    """The job started once (no requeue: sacct -D lists every start) and ended COMPLETED 0:0."""
+    # A RESIZING record is the job before a node was lost (--no-kill), not a start.
+    starts = [s for s in sacct_states(job, env).splitlines() if "RESIZING" not in s]
+    assert len(starts) == 1 and "REQUEUED" not in starts[0], starts
+    assert_completed(job, env, starts[0])
+
+
 def submit(hpc_ddp: Run, run_dir: Path, env: dict[str, str], *extra: str) -> str:
     done = hpc_ddp("submit", [*ARGS, *extra, f"run_dir={run_dir}"], env=env)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -207,48 +239,67 @@ def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, s
     assert_completed(urgent_id, slurm_env)  # the urgent job ran in between
 
 
-def test_a_hung_rank_is_named_and_the_job_requeued(hpc_ddp: Run, slurm_env: dict[str, str],
-                                                  tmp_path: Path, reference: dict) -> None:
+def test_a_hung_rank_is_named_and_restarted_in_place(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                     tmp_path: Path, reference: dict) -> None:
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, run_dir, slurm_env)
     wait_for_step(run_dir, 40)
     rank1 = json.loads((run_dir / "ranks" / "rank1.json").read_text())
     os.kill(rank1["pid"], signal.SIGSTOP)  # stops answering, without dying
     stopped_at = time.monotonic()
-    deadline = time.monotonic() + 120
-    while not any(e["kind"] == "failure" for e in events.read(run_dir)):
-        assert time.monotonic() < deadline, "the other rank never failed"
-        time.sleep(0.5)
-    # Fails within the configured 20 s collective timeout (+ the 5 s roll call), not 10 min.
+    restarted = wait_for_event(run_dir, "restart_in_place")
+    # Within the configured 20 s collective timeout (+ the 5 s roll call), not 10 min.
     assert time.monotonic() - stopped_at < 60
-    failure = next(e for e in events.read(run_dir) if e["kind"] == "failure")
-    assert f"rank 1 on {rank1['host']} stopped answering" in failure["cause"]
-    finish_releasing_requeues(job, run_dir, slurm_env)
-    assert_completed_at_last(job, slurm_env)
+    assert f"rank 1 on {rank1['host']} stopped answering" in restarted["cause"]
+    assert finish_releasing_requeues(job, run_dir, slurm_env) == 0  # the same job finished
+    assert_one_start_completed(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
-    assert summary["restarts"] == 1
+    assert summary["restarts_in_place"] == 1 and summary["requeues"] == 0
     assert "rank 1 on" in summary["restart_history"][0]["cause"]
 
 
-def test_every_rank_killed_abruptly_is_requeued_and_resumes_exactly(
+def test_killed_ranks_restart_in_place_and_end_as_uninterrupted(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
-    # As NCCL's watchdog (SIGABRT) and the out-of-memory killer (SIGKILL) end ranks: no
-    # Python code of the training runs after it. The supervisors see it and requeue once.
+    # As the out-of-memory killer (SIGKILL) ends one rank and NCCL's watchdog (SIGABRT) every
+    # rank: no Python code of the training runs after it. Their supervisors stop every rank's
+    # process and start them all again from the latest checkpoint, in the same job and step.
     run_dir = tmp_path / "run"
-    job = submit(hpc_ddp, run_dir, slurm_env, "cluster.supervise=true")  # as with GPUs
+    job = submit(hpc_ddp, run_dir, slurm_env)  # supervised: cluster.restarts_in_place > 0
     wait_for_step(run_dir, 40)
-    records = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text()) for r in (0, 1)]
-    os.kill(records[0]["pid"], signal.SIGABRT)
-    os.kill(records[1]["pid"], signal.SIGKILL)
+    os.kill(training_pid(run_dir, 1, generation=0), signal.SIGKILL)
+    wait_for_event(run_dir, "restart_in_place")
+    pids = [training_pid(run_dir, r, generation=1) for r in (0, 1)]
+    wait_for_step(run_dir, progress_step(run_dir) + 20)
+    for pid in pids:
+        os.kill(pid, signal.SIGABRT)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) == 0
+    assert_one_start_completed(job, slurm_env)
+    summary = assert_same_as(reference, run_dir)
+    happened = events.read(run_dir)
+    assert [e["kind"] for e in happened] == ["failure", "restart_in_place", "recovered"] * 2
+    causes = [e["cause"] for e in happened if e["kind"] == "failure"]
+    assert "died from SIGKILL" in causes[0] and "died from SIGABRT" in causes[1], causes
+    assert summary["restarts_in_place"] == 2 and summary["requeues"] == 0
+    assert summary["restarts"] == 2 and "died from" in summary["restart_history"][0]["cause"]
+    for failure in summary["failures"]:  # what each cost
+        assert failure["seconds_to_first_step"] > 0 and failure["steps_lost"] >= 0
+        assert failure["rank"] in (0, 1) and failure["host"].startswith("node")
+
+
+def test_with_no_restarts_in_place_a_killed_rank_requeues(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env, "cluster.restarts_in_place=0",
+                 "cluster.supervise=true")  # as with GPUs
+    wait_for_step(run_dir, 40)
+    os.kill(training_pid(run_dir, 1, generation=0), signal.SIGKILL)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
-    assert summary["restarts"] == 1
+    assert summary["restarts"] == 1 and summary["requeues"] == 1
     happened = events.read(run_dir)
-    assert [e["kind"] for e in happened].count("requeue") == 1
-    causes = " ".join(e["cause"] for e in happened if e["kind"] == "failure")
-    assert "died from SIGABRT" in causes or "died from SIGKILL" in causes
-    assert "died from" in summary["restart_history"][0]["cause"]
+    assert [e["kind"] for e in happened] == ["failure", "requeue", "recovered"]
+    assert "died from SIGKILL" in happened[0]["cause"]
 
 
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(
@@ -273,10 +324,13 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(
     assert fallback[0]["used_step"] == 30
 
 
-def test_a_stuck_rank_is_found_on_its_line(hpc_ddp: Run, slurm_env: dict[str, str],
-                                           tmp_path: Path) -> None:
+def test_a_stuck_rank_is_found_on_its_line_restarted_in_place_then_requeued(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
     # Rank 1 blocks in its data set's __getitem__ (a hung read) while rank 0 waits in the
-    # next collective; when that times out, rank 0 asks every silent rank for its stacks.
+    # next collective, whose timeout (300 s) is far off: rank 0's supervisor sees that no
+    # rank's heartbeat moved for trainer.hang_timeout_s, has every rank dump its stacks and
+    # names the one outside a collective. The restart in place meets the same hung read:
+    # with the one restart in place spent, the job is requeued.
     import inspect
 
     from tests.usercode import parts
@@ -284,54 +338,95 @@ def test_a_stuck_rank_is_found_on_its_line(hpc_ddp: Run, slurm_env: dict[str, st
     flag, run_dir = tmp_path / "stuck", tmp_path / "run"
     done = hpc_ddp("submit", [
         "cluster=slurm", "nodes=2", "trainer.max_steps=100000", "trainer.log_interval=10",
-        "data._target_=tests.usercode.parts.stuck_on_rank1", f"data.flag={flag}",
-        "model._target_=tests.usercode.parts.Mlp", "trainer.collective_timeout_s=20",
-        "cluster.max_restarts=0", "cluster.supervise=true", f"run_dir={run_dir}"],
+        "trainer.checkpoint_interval=10", "data._target_=tests.usercode.parts.stuck_on_rank1",
+        f"data.flag={flag}", "model._target_=tests.usercode.parts.Mlp",
+        "trainer.collective_timeout_s=300", "trainer.hang_timeout_s=8",
+        "cluster.restarts_in_place=1", "cluster.max_restarts=1", f"run_dir={run_dir}"],
         env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
     job = job_id_of(done.stdout)
     try:
         wait_for_step(run_dir, 20)
         flag.touch()
-        deadline = time.monotonic() + 120
-        while not any(e["kind"] == "failure" for e in events.read(run_dir)):
-            assert time.monotonic() < deadline, "the stuck rank was never reported"
-            time.sleep(0.5)
-        cause = next(e for e in events.read(run_dir) if e["kind"] == "failure")["cause"]
+        cause = wait_for_event(run_dir, "restart_in_place")["cause"]
         source, first = inspect.getsourcelines(parts.StuckOnRank1.__getitem__)
         line = first + next(i for i, text in enumerate(source) if "time.sleep" in text)
-        assert f"(was in __getitem__ (tests/usercode/parts.py line {line}))" in cause, cause
-        assert "rank 1 on node" in cause
+        assert cause.startswith("hang: no rank's training moved for"), cause
+        assert f"was in __getitem__ (tests/usercode/parts.py line {line})" in cause, cause
+        assert "rank 1 on node" in cause and "rank 0 on" not in cause
         assert "__getitem__" in (run_dir / "logs" / "rank1.stacks").read_text()
+        requeued = wait_for_event(run_dir, "requeue", timeout=180)
+        assert "restart(s) in place of cluster.restarts_in_place are spent" in (
+            requeued["cause"])
+        deadline = time.monotonic() + 60
+        while "REQUEUED" not in sacct_states(job, slurm_env):  # the first start's end
+            assert time.monotonic() < deadline, sacct_states(job, slurm_env)
+            time.sleep(0.5)
+        kinds = [e["kind"] for e in events.read(run_dir)]
+        assert kinds[:4] == ["failure", "restart_in_place", "failure", "requeue"], kinds
     finally:
         subprocess.run(["scancel", job], env=slurm_env, check=False)
 
 
-def test_a_node_taken_down_mid_run(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path,
-                                   reference: dict) -> None:
+def take_down(node: str, env: dict[str, str]) -> None:
+    """The node as Slurm sees a dead one: DOWN ends the job's tasks there (the job itself
+    lives on: --no-kill). The test cluster's ReturnToService=2 brings the live slurmd back
+    at once: the node is free again, which is what the exclusion is tested against."""
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=down",
+                    "reason=hpc_ddp-test"], env=env, check=True)
+
+
+def test_a_node_lost_with_a_spare_finishes_in_the_same_job(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
+    # Rank 0's node (the rendezvous host) is lost: the step starts again on the other node
+    # and the spare, in the same job, from the latest checkpoint.
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, run_dir, slurm_env, "cluster.spare_nodes=1")
+    wait_for_step(run_dir, 60)
+    hosts = [json.loads((run_dir / "ranks" / f"rank{r}.json").read_text())["host"]
+             for r in (0, 1)]
+    allocated = expand(subprocess.run(["squeue", "-h", "-j", job, "-o", "%N"], env=slurm_env,
+                                      capture_output=True, text=True).stdout.strip())
+    assert len(allocated) == 3 and len(set(hosts)) == 2  # two nodes and a spare
+    spare = next(n for n in allocated if n not in hosts)
+    try:
+        take_down(hosts[0], slurm_env)
+        assert finish_releasing_requeues(job, run_dir, slurm_env) == 0
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={hosts[0]}", "state=resume"],
+                       env=slurm_env, check=False)
+    assert_one_start_completed(job, slurm_env)
+    summary = assert_same_as(reference, run_dir)
+    assert summary["excluded_nodes"] == [hosts[0]] and summary["requeues"] == 0
+    assert sorted(summary["hosts"]) == sorted([hosts[1], spare])
+    kinds = [e["kind"] for e in events.read(run_dir)]
+    assert "node_lost" in kinds and "restart_in_place" in kinds and "requeue" not in kinds
+
+
+def test_a_node_lost_without_a_spare_requeues_without_it(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, run_dir, slurm_env)
     wait_for_step(run_dir, 60)
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
     lost_at = progress_step(run_dir)
     try:
-        # DOWN kills the job on it (NODE_FAIL, requeued by Slurm); DRAIN then keeps the node
-        # out, since the test cluster's ReturnToService=2 would bring a live slurmd back.
-        for state in ("down", "drain"):
-            subprocess.run(["scontrol", "update", f"nodename={victim}", f"state={state}",
-                            "reason=hpc_ddp-test"], env=slurm_env, check=True)
-        finish_releasing_requeues(job, run_dir, slurm_env)
+        take_down(victim, slurm_env)
+        assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     finally:
         subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
                        env=slurm_env, check=False)
-    assert_completed_at_last(job, slurm_env)  # after the NODE_FAIL, the start that finished
+    assert_completed_at_last(job, slurm_env)
     summary = assert_same_as(reference, run_dir)
-    assert summary["restarts"] >= 1
+    assert summary["restarts"] >= 1 and summary["excluded_nodes"] == [victim]
     # At most one checkpoint interval (10 steps) was lost.
     assert summary["resumed_from_step"] >= lost_at - 10
+    assert victim not in summary["hosts"]
     assert victim not in expand(subprocess.run(
         ["sacct", "-X", "-n", "-P", "-o", "NodeList", "-j", job], env=slurm_env,
         capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    kinds = [e["kind"] for e in events.read(run_dir)]
+    assert kinds.index("node_lost") < kinds.index("nodes_excluded") < kinds.index("requeue")
 
 
 def test_restarts_run_out_with_a_clear_message(hpc_ddp: Run, slurm_env: dict[str, str],

@@ -5,6 +5,8 @@ loop as a function entry, and unchanged torchrun-style scripts. Each survives a 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -19,9 +21,11 @@ from hpc_ddp.rank.services import checkpoint
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,
+    assert_one_start_completed,
     assert_same_as,
     finish_releasing_requeues,
     squeue_state,
+    training_pid,
     wait_for_step,
 )
 from tests.cluster.test_slurm_submit import (
@@ -153,6 +157,24 @@ def test_function_entry_requeues_and_ends_as_uninterrupted(
     assert resumed["restarts"] == 1 and resumed["resumed_from_step"] >= 30
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
 
+    # One rank's process killed (the out-of-memory killer): every rank restarts in place
+    # from ctx.load(), in the same job, and ends as the uninterrupted run did.
+    killed_dir = tmp_path / "killed"
+    job = submit(hpc_ddp, ENTRY, slurm_env, f"run_dir={killed_dir}")
+    wait_for_step(killed_dir, 30)
+    os.kill(training_pid(killed_dir, 2, generation=0), signal.SIGKILL)
+    assert finish_releasing_requeues(job, killed_dir, slurm_env) == 0
+    assert_one_start_completed(job, slurm_env)
+    state = _user_state(killed_dir)
+    assert state["step"] == 150
+    for name, tensor in reference["model"].items():
+        assert torch.equal(tensor, state["model"][name]), name
+    summary = summary_of(killed_dir)
+    assert summary["restarts_in_place"] == 1 and summary["requeues"] == 0
+    assert "died from SIGKILL" in summary["failures"][0]["cause"]
+    assert [e["kind"] for e in events.read(killed_dir)] == [
+        "failure", "restart_in_place", "recovered"]
+
 
 def _user_state(run_dir: Path) -> dict[str, Any]:
     state = checkpoint.load_latest(run_dir / "checkpoints")
@@ -229,6 +251,34 @@ def test_textbook_script_requeues_and_continues(hpc_ddp: Run, slurm_env: dict[st
     assert "resumed at epoch" in out and "epoch 5 loss" in out
     summary = summary_of(run_dir)
     assert summary["restarts"] == 1 and summary["program"].startswith("script ")
+
+
+def test_textbook_script_killed_restarts_in_place(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    # One rank's script killed abruptly: every rank's script starts again in the same job,
+    # and the script resumes from its own checkpoint (docs/your-code.md).
+    saved = tmp_path / "ckpt.pt"
+    run_dir = tmp_path / "run"
+    job = submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
+                           f"run_dir={run_dir}", "--", "--epochs", "6", "--checkpoint",
+                           str(saved)], slurm_env)
+    deadline = time.monotonic() + 240
+    while not saved.exists():
+        assert time.monotonic() < deadline, "the script never saved its first epoch"
+        time.sleep(0.3)
+    scripts = subprocess.run(["pgrep", "-f", f"script_runner .*train_ddp.py .*{saved}"],
+                             capture_output=True, text=True, check=False).stdout.split()
+    assert len(scripts) == 4, scripts
+    os.kill(int(scripts[-1]), signal.SIGKILL)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) == 0
+    assert_one_start_completed(job, slurm_env)
+    assert torch.load(saved)["epoch"] == 6
+    out = (run_dir / "submitit" / job / f"{job}_0_log.out").read_text()
+    assert "resumed at epoch" in out and "epoch 5 loss" in out
+    summary = summary_of(run_dir)
+    assert summary["restarts_in_place"] == 1 and summary["requeues"] == 0
+    assert "the script died from SIGKILL" in summary["failures"][0]["cause"]
+    assert [e["kind"] for e in events.read(run_dir)] == ["failure", "restart_in_place"]
 
 
 def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: Path) -> None:

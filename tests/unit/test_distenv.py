@@ -109,20 +109,21 @@ def test_a_heterogeneous_job_is_refused_saying_what_to_do() -> None:
     assert "nodes=" in str(info.value)
 
 
-@pytest.mark.parametrize("environ, script, supervise, gpus, device, expected", [
-    ({"SLURM_STEP_ID": "0"}, None, True, 0, "auto", True),           # asked for
-    ({"SLURM_STEP_ID": "0"}, None, None, 4, "auto", True),           # unset, GPUs: NCCL
-    ({"SLURM_STEP_ID": "0"}, None, None, 0, "auto", False),          # unset, CPU job: Gloo
-    ({"SLURM_STEP_ID": "0"}, None, None, 4, "cpu", False),           # GPUs held, CPU compute
-    ({"SLURM_STEP_ID": "0"}, None, False, 4, "auto", False),         # cluster.supervise=false
-    ({"SLURM_STEP_ID": "0"}, "train.py", True, 4, "auto", False),    # scripts: their own
-    ({}, None, True, 4, "auto", False),                              # local
-    ({"SLURM_STEP_ID": "0", "HPC_DDP_PROGRAM_CONFIG": "x"}, None, True, 4, "auto", False),
-    ({"SLURM_STEP_ID": "0", "TORCHELASTIC_RUN_ID": "j"}, None, True, 4, "auto", False),
+@pytest.mark.parametrize("environ, script, supervise, gpus, device, in_place, expected", [
+    ({"SLURM_STEP_ID": "0"}, None, True, 0, "auto", 0, True),           # asked for
+    ({"SLURM_STEP_ID": "0"}, None, None, 4, "auto", 0, True),           # unset, GPUs: NCCL
+    ({"SLURM_STEP_ID": "0"}, None, None, 0, "auto", 3, True),           # unset: restarts
+    ({"SLURM_STEP_ID": "0"}, None, None, 0, "auto", 0, False),          # CPU, no restarts
+    ({"SLURM_STEP_ID": "0"}, None, None, 4, "cpu", 0, False),           # GPUs held, CPU
+    ({"SLURM_STEP_ID": "0"}, None, False, 4, "auto", 3, False),         # supervise=false
+    ({"SLURM_STEP_ID": "0"}, "train.py", True, 4, "auto", 3, False),    # scripts: their own
+    ({}, None, True, 4, "auto", 3, False),                              # local
+    ({"SLURM_STEP_ID": "0", "HPC_DDP_PROGRAM_CONFIG": "x"}, None, True, 4, "auto", 3, False),
+    ({"SLURM_STEP_ID": "0", "TORCHELASTIC_RUN_ID": "j"}, None, True, 4, "auto", 3, False),
 ])
 def test_which_tasks_run_their_training_under_a_supervisor(
         environ: dict[str, str], script: str | None, supervise: bool | None, gpus: int,
-        device: str, expected: bool) -> None:
+        device: str, in_place: int, expected: bool) -> None:
     import dataclasses
 
     from hpc_ddp.config.schema import Config
@@ -131,7 +132,8 @@ def test_which_tasks_run_their_training_under_a_supervisor(
     cfg = Config()
     cfg = dataclasses.replace(
         cfg, script=script, trainer=dataclasses.replace(cfg.trainer, device=device),
-        cluster=dataclasses.replace(cfg.cluster, supervise=supervise, gpus_per_node=gpus))
+        cluster=dataclasses.replace(cfg.cluster, supervise=supervise, gpus_per_node=gpus,
+                                    restarts_in_place=in_place))
     assert wanted(cfg, environ) is expected
 
 

@@ -28,21 +28,26 @@ def test_every_profile_composes_and_validates() -> None:
         assert cfg.nccl.profile == name
 
 
-def test_default_forces_nothing() -> None:
-    assert wanted_env(compose([]).nccl) == {}
+# torch's flight recorder, on in every profile (docs/fault-tolerance.md#the-nccl-flight-recorder).
+RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def test_default_forces_nothing_but_the_flight_recorder() -> None:
+    assert wanted_env(compose([]).nccl) == RECORDER
 
 
 def test_profiles_set_what_they_promise() -> None:
     ib = wanted_env(compose(["nccl=infiniband"]).nccl)
     assert ib == {"NCCL_NET_GDR_LEVEL": "PHB", "NCCL_SOCKET_IFNAME": "ib",
-                  "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "7", "NCCL_CROSS_NIC": "2"}
+                  "NCCL_IB_TIMEOUT": "22", "NCCL_IB_RETRY_CNT": "7", "NCCL_CROSS_NIC": "2",
+                  **RECORDER}
     assert compose(["nccl=infiniband"]).nccl.detect  # HCAs: the node's ACTIVE ports
     assert wanted_env(compose(["nccl=roce"]).nccl)["NCCL_IB_ROCE_VERSION_NUM"] == "2"
-    assert wanted_env(compose(["nccl=ethernet"]).nccl) == {"NCCL_IB_DISABLE": "1"}
+    assert wanted_env(compose(["nccl=ethernet"]).nccl) == {"NCCL_IB_DISABLE": "1", **RECORDER}
     debug = wanted_env(compose(["nccl=debug"]).nccl)
     assert debug["NCCL_DEBUG"] == "INFO" and debug["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
     assert debug["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert int(debug["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    assert int(debug["TORCH_FR_BUFFER_SIZE"]) > 0
     # The shipped profiles acknowledge what they force on purpose: no warning by default.
     for name in PROFILES:
         assert nccl_warnings(compose([f"nccl={name}"]).nccl) == [], name

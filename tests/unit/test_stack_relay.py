@@ -38,7 +38,7 @@ def _rank(store: Any, number: int) -> Any:
     """What the relay reads of a joined rank (join.Rank)."""
     endpoint = rendezvous.Endpoint("127.0.0.1", store.port, store._key)
     return SimpleNamespace(store=store, endpoint=endpoint,
-                           env=SimpleNamespace(rank=number, restart=0))
+                           env=SimpleNamespace(rank=number, restart=0, generation=0))
 
 
 @pytest.fixture
@@ -107,7 +107,7 @@ def test_a_supervisor_whose_store_goes_away_while_it_exits_exits_cleanly(
         port = int(server.stdout.readline())
         store = authstore.AuthStore("127.0.0.1", port, key, timedelta(seconds=30))
         rank = SimpleNamespace(store=store, endpoint=rendezvous.Endpoint("127.0.0.1", port, key),
-                               env=SimpleNamespace(rank=1, restart=0))
+                               env=SimpleNamespace(rank=1, restart=0, generation=0))
         child = Child([sys.executable, "-c", "pass"], {{}})
         relay = StackRelay(rank, child, signal.SIGUSR1)
         time.sleep(1.0)  # the relay is waiting in the store

@@ -31,11 +31,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpc_ddp import events
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.rank.services import stopping, trackers, window_sync
+from hpc_ddp.rank.services import heartbeat, stopping, trackers, window_sync
 from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
 from hpc_ddp.rank.services.metrics import MetricsWriter
 from hpc_ddp.rundir import RunDir, read_json, write_json
@@ -81,6 +82,12 @@ class Context:
         self._metrics: MetricsWriter | None = None
         self.stop_file = stop_file
         self._joined = joined
+        self._recovering = False  # resumed: the first step after it is recorded (stepped())
+        # Under a supervisor, its hang watch reads these beats (services/heartbeat.py).
+        store = joined.store if joined is not None and env.supervised else None
+        self._heartbeat = heartbeat.Heartbeat(store, env.rank,
+                                              heartbeat.interval(cfg.trainer.hang_timeout_s))
+        self._heartbeat.beat(heartbeat.STARTING)  # a rank that hangs before its first step
 
     # -- who this rank is ------------------------------------------------------------------
     @property
@@ -164,6 +171,7 @@ class Context:
         if self._sync.agreed != stopping.NONE:
             return True
         self._calls += 1
+        self.stepped(self._last_step)
         if self._sync.pending is not None:
             self.finish_collective()
             if self._sync.agreed != stopping.NONE:
@@ -263,7 +271,26 @@ class Context:
         state = self.checkpoints.load(self.resume_cause or "resume", generators, check)
         if state is not None:
             self._last_step = self.checkpoints.resumed_from_step or 0
+            self._recovering = self.is_master and events.after_failure(
+                events.read(self.run.root))
         return state
+
+    def stepped(self, step: int) -> None:
+        """A training step ended (should_stop() calls it; the built-in trainer after every
+        step): the first one after a resume from a failure is recorded in events.jsonl
+        ("recovered": what the failure cost in seconds, docs/fault-tolerance.md), and the
+        heartbeat a supervisor watches for hangs is due (docs/fault-tolerance.md#hangs)."""
+        self._heartbeat.beat(step)
+        if self._recovering:
+            self._recovering = False
+            events.append(self.run.root, {"kind": "recovered", "attempt": self.env.restart,
+                                          "generation": self.env.generation,
+                                          "from_step": self.resumed_from_step, "step": step})
+
+    def alive(self) -> None:
+        """This rank is busy but not stepping (a long evaluation, a slow save): call it now
+        and then, and a hang watch with a derived timeout never takes the pause for a hang."""
+        self._heartbeat.beat(self._last_step)
 
     @property
     def restarts(self) -> list[dict[str, Any]]:

@@ -13,8 +13,9 @@ https://slurm.schedmd.com/srun.html#SECTION_OUTPUT-ENVIRONMENT-VARIABLES
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hpc_ddp import hostlist
 from hpc_ddp.rank.contract import GENERATION_ENV, LAUNCH_ID_ENV
@@ -51,9 +52,11 @@ class DistEnv:
     # job.json's job_id, the submit command's first line): SLURM_JOB_ID, <array job>_<task>
     # for an array task, submitit's local job id; "" where it is job_id itself.
     submitted_id: str = ""
-    # Which start of the ranks within this attempt (0; one more per restart in place:
-    # HPC_DDP_GENERATION). With job_id and restart it names the attempt a log line belongs to.
+    # Restarts in place within this attempt (contract.GENERATION_ENV): 0 for the first start.
+    # With job_id and restart it names the attempt a log line belongs to.
     generation: int = 0
+    # A training process under an hpc_ddp supervisor (GENERATION_ENV is set).
+    supervised: bool = False
 
     @property
     def attempt(self) -> tuple[str, int, int]:
@@ -80,17 +83,27 @@ def detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None = No
     ``simulated_tasks_per_node`` splits a local run into simulated nodes of that many ranks.
     Raises LaunchError for a Slurm batch shell or salloc shell that forgot ``srun``.
     """
-    if "RANK" in environ and "WORLD_SIZE" in environ and "LOCAL_RANK" in environ:
-        found = _from_torchrun(environ)
-    elif "SUBMITIT_LOCAL_GLOBALID" in environ:
-        found = _from_local(environ, simulated_tasks_per_node)
-    elif "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
-        found = _from_slurm(environ)
-    else:
-        found = DistEnv(0, 0, 1, 0, 1, 1, "single", environ.get("SLURM_JOB_ID", "single"),
-                        master_port=_user_port(environ), submitted_id=slurm_job_name(environ))
+    env = _detect(environ, simulated_tasks_per_node)
+    if GENERATION_ENV not in environ:
+        return env
+    # A supervised child (torchrun's variables, set by its supervisor): its
+    # TORCHELASTIC_RESTART_COUNT counts every start after the first, the requeues and the
+    # restarts in place (GENERATION_ENV).
     generation = _int(environ, GENERATION_ENV, 0)
-    return replace(found, generation=generation) if generation else found
+    return dataclasses.replace(env, generation=generation, supervised=True,
+                               restart=max(0, env.restart - generation),
+                               submitted_id=env.submitted_id or slurm_job_name(environ))
+
+
+def _detect(environ: Mapping[str, str], simulated_tasks_per_node: int | None) -> DistEnv:
+    if "RANK" in environ and "WORLD_SIZE" in environ and "LOCAL_RANK" in environ:
+        return _from_torchrun(environ)
+    if "SUBMITIT_LOCAL_GLOBALID" in environ:
+        return _from_local(environ, simulated_tasks_per_node)
+    if "SLURM_JOB_ID" in environ and _slurm_wants_tasks(environ):
+        return _from_slurm(environ)
+    return DistEnv(0, 0, 1, 0, 1, 1, "single", environ.get("SLURM_JOB_ID", "single"),
+                   master_port=_user_port(environ), submitted_id=slurm_job_name(environ))
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:

@@ -78,7 +78,10 @@ class Rank:
                   "WORLD_SIZE": env.world_size, "LOCAL_WORLD_SIZE": env.local_world_size,
                   "GROUP_RANK": env.node_rank, "NODE_RANK": env.node_rank,
                   "ROLE_RANK": env.rank, "ROLE_WORLD_SIZE": env.world_size,
-                  "TORCHELASTIC_RESTART_COUNT": env.restart, "TORCHELASTIC_RUN_ID": env.job_id}
+                  # Every start of the training after the first, requeues and restarts in
+                  # place (a script that resumes when it is > 0 resumes after both).
+                  "TORCHELASTIC_RESTART_COUNT": env.restart + env.generation,
+                  "TORCHELASTIC_RUN_ID": env.job_id}
         if self.endpoint is not None:
             values.update(MASTER_ADDR=self.endpoint.addr, MASTER_PORT=self.endpoint.port)
         return {k: str(v) for k, v in values.items()}
@@ -104,6 +107,11 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
         changes = nccl.apply(cfg.nccl, environ)
+        if nccl.flight_recorder_on(environ) and not any(
+                name in environ for name in nccl.FLIGHT_RECORDER_FILE):
+            # Its dumps with the run's logs, named in the failure report.
+            environ[nccl.FLIGHT_RECORDER_FILE[0]] = str(run_dir.logs /
+                                                        nccl.FLIGHT_RECORDER_PREFIX)
         if cfg.trainer.deterministic:
             # cuBLAS is deterministic only with a fixed workspace, read when its first handle
             # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).
@@ -271,7 +279,8 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
     write_json(run_dir.ranks / f"rank{env.rank}.json", {
         "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
         "world_size": env.world_size, "local_world_size": env.local_world_size,
-        "source": env.source, "job_id": env.job_id, "restart": env.restart, "host": host,
+        "source": env.source, "job_id": env.job_id, "restart": env.restart,
+        "generation": env.generation, "host": host,
         "addresses": netif.addresses(), "device": gpu, "pid": os.getpid(),
         "torch": torch.__version__, "env": nccl.recorded_env(environ),
         # The cores this process may run on, and torch's intra-op threads (cpus_per_task).

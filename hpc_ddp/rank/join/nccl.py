@@ -159,6 +159,20 @@ def recorded_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: mask(k, v) for k, v in sorted(environ.items()) if RECORDED.match(k)}
 
 
+# torch's flight recorder appends the rank to this name (TORCH_FR_DUMP_TEMP_FILE, formerly
+# TORCH_NCCL_DEBUG_INFO_TEMP_FILE: https://pytorch.org/docs/stable/torch_nccl_environment_variables.html).
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+FLIGHT_RECORDER_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+
+
+def flight_recorder_on(environ: Mapping[str, str]) -> bool:
+    """The NCCL flight recorder keeps a trace and dumps it on a timeout."""
+    size = (environ.get("TORCH_FR_BUFFER_SIZE") or environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+            or "0").strip()
+    dump = environ.get("TORCH_NCCL_DUMP_ON_TIMEOUT", "").strip().lower()
+    return size.isdigit() and int(size) > 0 and dump in ("1", "true", "yes")
+
+
 def apply(cfg: NcclConfig, environ: MutableMapping[str, str],
           root: Path | None = None) -> list[EnvChange]:
     """Export the config into ``environ`` (the task's os.environ), logging every change.

@@ -15,7 +15,6 @@ node) publishes why instead, and every rank stops at once with its reason.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import ipaddress
 import json
 import logging
@@ -27,10 +26,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, urlparse
 
 from hpc_ddp.owned import Untrusted, read_owned
-from hpc_ddp.rank.contract import STORE_KEY_ENV
 from hpc_ddp.rank.join.checkin import RendezvousError, announce, await_all, check_in
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rundir import write_text
@@ -148,7 +145,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
     mine = json.dumps(record or {"host": host})
     if agent_store == "supervisor" and env.master_addr and env.master_port:
         endpoint = Endpoint(env.master_addr, env.master_port, store_key or "")
-        store: Any = dist.PrefixStore(attempt_prefix(env.restart), _client_store(
+        store: Any = dist.PrefixStore(attempt_prefix(env.restart, env.generation), _client_store(
             env, endpoint, timeout_s, collective_timeout_s))
         check_in(store, env, mine, timeout_s)
         return store, endpoint
@@ -324,9 +321,12 @@ def _fresh_store(env: DistEnv, agent: Any, folder: Path, host: str, timeout_s: f
     return found
 
 
-def attempt_prefix(restart: int) -> str:
-    """The store prefix of an attempt's keys under an agent's store."""
-    return f"hpc_ddp_attempt/{restart}/"
+def attempt_prefix(restart: int, generation: int = 0) -> str:
+    """The store prefix of an attempt's keys under an agent's store: one per requeue
+    (``restart``) and per start in place within it (``generation``), so a restarted start
+    never meets an earlier one's keys."""
+    return f"hpc_ddp_attempt/{restart}/" if not generation else (
+        f"hpc_ddp_attempt/{restart}.{generation}/")
 
 
 def prefixed(prefix: str, key: str) -> str:
@@ -389,30 +389,3 @@ def client(endpoint: Endpoint, timeout_s: float) -> Any:
 
     return authstore.AuthStore(endpoint.addr, endpoint.port, endpoint.key,
                                timedelta(seconds=timeout_s))
-
-
-def use_job_store(environ: dict[str, str] | Any) -> bool:
-    """Make ``init_process_group()`` with env:// (a torchrun-style script's, under its
-    supervisor) join the supervisor's store with the key its environment holds, as a client
-    that proves it (authstore.py): torch's own env:// handler would make a TCPStore client,
-    which this store does not let in. The one place torch's handler table is touched
-    (https://pytorch.org/docs/stable/distributed.html#environment-variable-initialization).
-    False where there is no such store (nothing changed)."""
-    key = environ.get(STORE_KEY_ENV)
-    if not key or environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return False
-
-    # The module (torch.distributed's own name `rendezvous` is the function of it).
-    torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")
-
-    def handler(url: str, timeout: timedelta = timedelta(minutes=30),
-                **_: Any) -> Any:
-        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
-        rank = int(query.get("rank", environ["RANK"]))
-        world_size = int(query.get("world_size", environ["WORLD_SIZE"]))
-        yield client(Endpoint(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), key),
-                     timeout.total_seconds()), rank, world_size
-        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
-
-    torch_rendezvous._rendezvous_handlers["env"] = handler
-    return True

@@ -12,7 +12,7 @@ normal shutdown steps a program can observe are taken — non-daemon threads joi
 handlers run, open files flushed — and the process exits with the script's code.
 
 Its ``init_process_group()`` (env://) joins the supervisor's store as a client that knows the
-store's key (rank/join/rendezvous.use_job_store): the store lets in no one else. A secret
+store's key (rank/join/job_store.py): the store lets in no one else. A secret
 argument arrives as ``${oc.env:NAME}`` and is read from the environment into ``sys.argv``
 here, so no command line holds it.
 """
@@ -31,13 +31,13 @@ import warnings
 from collections.abc import Sequence
 
 from hpc_ddp.config import secrets
-from hpc_ddp.rank.join import rendezvous
+from hpc_ddp.rank.join import job_store
 
 
 def main(argv: Sequence[str]) -> int:
     """Run the script; its exit code (0, its SystemExit code, or 1 after an exception)."""
     args = list(argv)
-    rendezvous.use_job_store(os.environ)  # init_process_group() joins its supervisor's store
+    job_store.use_job_store(os.environ)  # init_process_group() joins its supervisor's store
     # A secret argument is ${oc.env:NAME} on the command line (ps shows that, not it): the
     # value is read here, into the script's own argv (config/secrets.py).
     for i, arg in enumerate(args):

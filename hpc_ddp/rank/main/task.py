@@ -19,7 +19,7 @@ from hpc_ddp import events
 from hpc_ddp.config.compose import from_yaml
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank.contract import EARLY_STOP_ENV
+from hpc_ddp.rank.contract import DRIVEN_ENV, EARLY_STOP_ENV, RESUME_CAUSE_ENV
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.services import checkpoint, stopping
@@ -80,7 +80,14 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     os.umask(parse_umask(cfg.cluster.umask))  # every file this rank makes (rundir.py)
     env = detect(environ, cfg.cluster.tasks_per_node)
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
-    cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))
+    # A start in place after a failure (its supervisor's generation > 0, or the driver's step
+    # started again after a node was lost) resumes, and says why.
+    if env.generation:
+        cause: str | None = environ.get(RESUME_CAUSE_ENV) or "restart in place"
+    elif environ.get(DRIVEN_ENV, "0") not in ("", "0"):
+        cause = "restart in place on the nodes left after a node was lost"
+    else:
+        cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))
     if cfg.script is not None:
         from hpc_ddp.rank.supervise.script import supervise  # deferred: torch
 
@@ -111,7 +118,7 @@ def _train(cfg: Config, rank: Rank, run_dir: RunDir, cause: str | None,
            stop: StopRequest, staged: dict[str, Any] | None = None) -> dict[str, Any] | None:
     from hpc_ddp.trainer.loop import Trainer  # deferred: torch
 
-    trainer = Trainer(cfg, rank.env, run_dir, rank.device, stop)
+    trainer = Trainer(cfg, rank.env, run_dir, rank.device, stop, joined=rank)
     if cause is not None:
         trainer.resume_if_possible(cause)
     summary = trainer.train()

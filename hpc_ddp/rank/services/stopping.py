@@ -63,6 +63,10 @@ class StopRequest:
         # action again (any other handler, a script's own, is left alone).
         if is_submitit_bypass(signal.getsignal(signal.SIGCONT)):
             signal.signal(signal.SIGCONT, signal.SIG_DFL)
+        # A supervised training process starts with both blocked (supervise/supervisor.py
+        # Child): one that came while it started is pending, and handled now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal_number(requeue_signal),
+                                                    signal.SIGTERM})
 
     def _on_requeue(self, signum: int, frame: Any) -> None:
         self.code = max(self.code, REQUEUE)

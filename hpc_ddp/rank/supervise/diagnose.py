@@ -45,6 +45,12 @@ def is_comm_failure(error: BaseException) -> bool:
     return bool(_COMM.search(f"{type(error).__name__}: {error}"))
 
 
+def reads_as_comm_failure(text: str) -> bool:
+    """What a process printed last reads as a lost peer or a failed collective (a script's
+    traceback, which its supervisor sees only as text)."""
+    return bool(_COMM.search(text))
+
+
 def worth_requeue(error: BaseException) -> bool:
     """A requeue may get past it: a lost peer, a bad node, a file system hiccup. A bug, bad
     input or running out of memory fails the same way on every attempt."""

@@ -9,16 +9,19 @@ rank that stopped answering) and requeued when a new attempt may get past it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import MutableMapping
 from typing import Any, NoReturn
 
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.join import checkin, device
+from hpc_ddp.rank.contract import DRIVEN_ENV, RESTART_EXIT_CODE
+from hpc_ddp.rank.join import checkin, device, nccl
 from hpc_ddp.rank.join.joined import Rank, RunStopped
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
-from hpc_ddp.rank.supervise import diagnose
+from hpc_ddp.rank.supervise import diagnose, generations
+from hpc_ddp.rank.supervise.generations import Decision, cause_key
 from hpc_ddp.rundir import RunDir, read_json, resume_command, write_json
 from hpc_ddp.slurm import requeue
 
@@ -37,6 +40,8 @@ def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[
                    job_id=env.submitted_id or env.job_id, launch_id=env.job_id,
                    gpu_map=[p for p in placed if p.get("physical") is not None],
                    gpu_collisions=device.collisions(placed))
+    # What failures cost: restarts in place, requeues, nodes left out (events.jsonl).
+    summary.update(events.recovery(events.read(run_dir.root)))
     if rank.environment is not None:  # the software fingerprint (rank/join/envcheck.py)
         summary["environment"] = rank.environment
     for shared in summary["gpu_collisions"]:
@@ -122,26 +127,45 @@ def _fallback(env: Any) -> int:
 
 def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
          environ: MutableMapping[str, str], exc: BaseException | None = None,
-         report: bool = True) -> NoReturn:
+         report: bool = True, generation: int | None = None,
+         deferred: bool = False) -> NoReturn:
     """Record the failure and requeue (within max_restarts) when ``retry``: once per failure,
     by the first rank that reports it (a claim on the store; with the store gone, the
-    fallback reporter). ``report`` false: this rank only raises (its error file says why)."""
+    fallback reporter). ``report`` false: this rank only raises (its error file says why).
+
+    A training process under a supervisor records nothing and requeues nothing: it leaves
+    its message for its supervisor and exits with RESTART_EXIT_CODE when a new start may get
+    past it (``retry``), 1 when not; the supervisors decide together (generations.py) and
+    rank 0's records the failure. ``generation``: the supervisors' generation that failed
+    (default: this process's). ``deferred``: the job's driver acts on it (a node lost:
+    slurm/driver.py); recorded as such, not requeued here."""
+    if rank.env.supervised:
+        _tell_supervisor(message, retry, rank, run_dir, exc)
     job = requeue.slurm_job(environ)
-    if not (report and _first_report(rank)):
+    generation = rank.env.generation if generation is None else generation
+    if not (report and _first_report(rank, generation)):
         raise RuntimeError(message) from exc
     seen = events.read(run_dir.root) if job is not None else []
-    if _reported_already(seen, job, rank.env.restart):
+    if _reported_already(seen, job, rank.env.restart, generation):
         # The claim fell back to this rank because the store is gone: its host (rank 0)
         # exited after the first reporter's decision (srun ends a step's other tasks once one
         # exits non-zero). That decision stands: no second record, and no requeue of a
         # failure judged final.
         raise RuntimeError(message) from exc
-    record = {"attempt": rank.env.restart, "rank": rank.env.rank, "host": rank.host,
-              **events.cause_fields(run_dir.root, message.replace(diagnose.LOCAL_MARK, ""),
-                                    rank.env.restart, rank.env.rank), "job": job,
-              "step": checkpoint.latest_step(run_dir.checkpoints)}
+    record: dict[str, Any] = {
+        "attempt": rank.env.restart, "generation": generation, "rank": rank.env.rank,
+        "host": rank.host, **events.cause_fields(
+            run_dir.root, message.replace(diagnose.LOCAL_MARK, ""), rank.env.restart,
+            rank.env.rank, generation),
+        "job": job, "step": checkpoint.latest_step(run_dir.checkpoints),
+        "reached": reached_step(run_dir), **({"deferred": True} if deferred else {})}
+    traces = flight_dumps(run_dir)
+    if traces:
+        record["nccl_traces"] = traces
+        message += (" NCCL flight recorder dumps (the last collectives of each rank): "
+                    + ", ".join(traces[:8]))
     events.append(run_dir.root, {"kind": "failure", **record})
-    if not retry or job is None:
+    if not retry or job is None or deferred:
         raise RuntimeError(message) from exc  # a new attempt would fail the same way
     already = any(e.get("kind") == "requeue" and e.get("attempt") == rank.env.restart
                   and e.get("job") in (None, job) for e in seen)
@@ -152,19 +176,44 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
     raise RuntimeError(message) from exc
 
 
-def _reported_already(seen: list[dict[str, Any]], job: str | None, attempt: int) -> bool:
-    """A failure of this attempt of Slurm job ``job`` is on record (events.jsonl)."""
+def _tell_supervisor(message: str, retry: bool, rank: Rank, run_dir: RunDir,
+                     exc: BaseException | None) -> NoReturn:
+    """A supervised training process's end of a failure: its message on the store for its
+    supervisor (generations.cause_key) and, when final, in its error file (one a restart in
+    place gets past is not this rank's last word), then the exit code that says whether a new
+    start may get past it."""
+    text = message.replace(diagnose.LOCAL_MARK, "").strip()
+    log.error("rank %d on %s failed: %s", rank.env.rank, rank.host, text)
+    if not retry:
+        try:
+            run_dir.rank_error(rank.env.rank).write_text(
+                f"rank {rank.env.rank} on {rank.host}: {text}\n")
+        except OSError:
+            pass
+    try:
+        if rank.store is not None:
+            rank.store.set(cause_key(rank.env.rank), text)
+    except Exception:  # the store is gone with rank 0's supervisor: the tail says it
+        pass
+    raise SystemExit(RESTART_EXIT_CODE if retry else 1) from exc
+
+
+def _reported_already(seen: list[dict[str, Any]], job: str | None, attempt: int,
+                      generation: int = 0) -> bool:
+    """A failure of this attempt (and generation) of Slurm job ``job`` is on record
+    (events.jsonl)."""
     return job is not None and any(e.get("kind") == "failure" and e.get("job") == job
-                                   and e.get("attempt") == attempt for e in seen)
+                                   and e.get("attempt") == attempt
+                                   and e.get("generation", 0) == generation for e in seen)
 
 
-def _first_report(rank: Rank) -> bool:
+def _first_report(rank: Rank, generation: int = 0) -> bool:
     """This rank reports the failure of this attempt: the first to claim it on the store, or,
     with the store gone (it died with rank 0's process), the fallback reporter."""
     if rank.store is None:
         return True
     try:
-        return int(rank.store.add(f"hpc_ddp/failure/{rank.env.restart}", 1)) == 1
+        return int(rank.store.add(f"hpc_ddp/failure/{rank.env.restart}.{generation}", 1)) == 1
     except Exception:
         return rank.env.rank == _fallback(rank.env)
 
@@ -175,6 +224,69 @@ def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> d
                    stacks.stack_signal(cfg.cluster.signal))
     found = {r: stacks.where(run_dir.logs / f"rank{r}.stacks") for r in silent}
     return {r: place for r, place in found.items() if place}
+
+
+def record_restart(decision: Decision, generation: int, rank: Rank, run_dir: RunDir,
+                   environ: MutableMapping[str, str]) -> None:
+    """Rank 0's supervisor, before every rank starts ``generation`` in place: the failure
+    that ended the one before and the restart, in events.jsonl (status, the summary)."""
+    root = decision.root
+    assert root is not None
+    record = {"attempt": rank.env.restart, "rank": root.rank, "host": root.host,
+              **events.cause_fields(run_dir.root, root.cause, rank.env.restart, root.rank,
+                                    generation - 1),
+              "job": requeue.slurm_job(environ),
+              "step": checkpoint.latest_step(run_dir.checkpoints),
+              "reached": reached_step(run_dir), "nccl_traces": flight_dumps(run_dir)}
+    events.append(run_dir.root, {"kind": "failure", **record, "generation": generation - 1,
+                                 "failed_at": root.at})
+    events.append(run_dir.root, {"kind": "restart_in_place", **record,
+                                 "generation": generation, "failed_at": root.at})
+
+
+def flight_dumps(run_dir: RunDir, within_s: float = 600.0) -> list[str]:
+    """The NCCL flight recorder's dumps of this failure (written in the last minutes) under
+    logs/, for the report (rank/join/nccl.py FLIGHT_RECORDER_PREFIX)."""
+    now = time.time()
+    try:
+        found = [p for p in run_dir.logs.glob(f"{nccl.FLIGHT_RECORDER_PREFIX}*")
+                 if now - p.stat().st_mtime < within_s]
+    except OSError:
+        return []
+    return sorted(f"logs/{p.name}" for p in found)
+
+
+def reached_step(run_dir: RunDir) -> int | None:
+    """How far the training had got, as its progress.json last said (rank 0 writes it every
+    few seconds): a failure's steps lost are this less the step its restart resumed from."""
+    progress = read_json(run_dir.progress)
+    step = progress.get("step") if isinstance(progress, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def after_generations(decision: Decision, generation: int, budget: int, cfg: Config,
+                      rank: Rank, run_dir: RunDir, environ: MutableMapping[str, str]) -> None:
+    """Act on the supervisors' decision on the last generation: nothing when it is done;
+    else the failure recorded (once: rank 0's supervisor, or the fallback reporter when its
+    store is gone) and the job requeued within max_restarts when a new attempt may get past
+    it (the restarts in place spent, or a node lost); a final failure fails the job."""
+    if decision.what == generations.DONE:
+        return
+    root = decision.root
+    said = f"rank {root.rank} on {root.host}: {root.cause}" if root is not None else ""
+    if decision.what == generations.FAIL:
+        fail(said, False, cfg, rank, run_dir, environ, report=rank.env.is_master,
+             generation=generation)
+    lost = decision.what == generations.LOST
+    if lost:
+        missing = ", ".join(str(r) for r in decision.missing)
+        said = (f"the supervisor of rank(s) {missing} stopped answering (its node was lost, "
+                f"or rank 0's with the store){': ' + said if said else ''}")
+    elif budget:
+        said += f" (the {budget} restart(s) in place of cluster.restarts_in_place are spent)"
+    # A lost node under the job's driver: it starts the step again on the nodes left.
+    fail(said, True, cfg, rank, run_dir, environ, report=rank.env.is_master or lost,
+         generation=generation, deferred=lost and DRIVEN_ENV in environ)
 
 
 def summary_line(summary: dict[str, Any]) -> str:

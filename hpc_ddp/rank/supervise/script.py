@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 from collections.abc import MutableMapping
-from typing import Any, NoReturn
+from typing import Any
 
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import (
@@ -50,14 +50,21 @@ from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.join.rendezvous import endpoint_file
 from hpc_ddp.rank.services import checkpoint, stopping, trackers
 from hpc_ddp.rank.services.stopping import StopRequest
-from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
-from hpc_ddp.rank.supervise.outcome import after_stop, fail, write_summary
+from hpc_ddp.rank.supervise import diagnose, generations
+from hpc_ddp.rank.supervise.generations import End, Generation
+from hpc_ddp.rank.supervise.outcome import (
+    after_generations,
+    after_stop,
+    record_restart,
+    write_summary,
+)
 from hpc_ddp.rank.supervise.supervisor import (
     ABRUPT,
     Child,
+    Supervised,
     child_environment,
     exit_codes,
-    run_child,
+    run_generations,
 )
 from hpc_ddp.rundir import RunDir, read_json
 
@@ -108,7 +115,7 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
     children: list[Child] = []
 
     def forward(signum: int) -> None:
-        for child in children:
+        for child in children[-1:]:
             child.signal(signum)
 
     stop = stop or StopRequest()
@@ -118,9 +125,11 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         from hpc_ddp.data.stage_run import stage_data  # deferred: concurrent, tarfile
 
         _, staged = stage_data(cfg, rank, run, environ)  # data.stage: this node's copy
-        env = child_environment(rank, environ, {
-            **script_environment(cfg, rank, run, cause, staged),
-            **(trackers.script_environment(cfg, run, environ) if rank.env.is_master else {})})
+        tracked = trackers.script_environment(cfg, run, environ) if rank.env.is_master else {}
+
+        def child_command(generation: int, why: str | None) -> tuple[list[str], dict[str, str]]:
+            extra = {**script_environment(cfg, rank, run, why or cause, staged), **tracked}
+            return command(cfg), child_environment(rank, environ, extra, generation)
 
         def started(child: Child) -> None:
             children.append(child)
@@ -131,14 +140,50 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
                      rank.env.world_size)
 
         began = time.perf_counter()
-        code, child = run_child(rank, command(cfg), env, stop, started=started)
-        return _outcome(code, child, stop, cfg, rank, run, environ, began, staged)
+        budget = cfg.cluster.restarts_in_place
+        ended = run_generations(rank, child_command,
+                                lambda code, child, gen: classify(cfg, code, child, gen),
+                                stop, budget, started=started,
+                                on_restart=lambda d, g: record_restart(d, g, rank, run, environ))
+        after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ)
+        return _outcome(ended, stop, cfg, rank, run, environ, began, staged)
     return None
 
 
-def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank,
-             run: RunDir, environ: MutableMapping[str, str], started: float,
+def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
+    """How the script ended on this rank (the table in the module docstring)."""
+    if gen.stopped_by_us:
+        return gen.end_of(generations.STOPPED, code)
+    if code in (0, REQUEUE_EXIT_CODE):
+        return gen.end_of(generations.OK, code)
+    tail = child.tail()
+    if code < 0:
+        name = signal.Signals(-code).name
+        if -code == signal.SIGTERM:  # preempted, cancelled, the time limit: Slurm's
+            return gen.end_of(generations.STOPPED, code)
+        if -code == stopping.signal_number(cfg.cluster.signal):
+            return gen.end_of(generations.FINAL, code, (
+                f"the script was ended by {name}, the requeue signal (sent "
+                f"{cfg.cluster.signal_delay_s}s before the time limit), which it does not "
+                f"handle; it was not requeued. To be requeued, handle {name}: save a "
+                f"checkpoint and exit with code {REQUEUE_EXIT_CODE} (docs/your-code.md)."))
+        abrupt = -code in ABRUPT
+        return gen.end_of(generations.RESTARTABLE if abrupt else generations.FINAL, code, (
+            f"the script died from {name}" + (" (an abort: NCCL's watchdog after a failed "
+                                              "or timed-out collective, or a crash)" if abrupt
+                                              else "") + f"; its last lines:\n{tail}"))
+    # Its own error, unless what it printed last is a lost peer or a failed collective.
+    lost_peer = diagnose.reads_as_comm_failure(tail)
+    return gen.end_of(generations.RESTARTABLE if lost_peer else generations.FINAL, code,
+                      f"the script exited with code {code}; its last lines:\n{tail}")
+
+
+def _outcome(ended: Supervised, stop: StopRequest, cfg: Config, rank: Rank, run: RunDir,
+             environ: MutableMapping[str, str], started: float,
              staged: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """After a generation every supervisor agreed was done: a stop the script agreed on or
+    asked for (a requeue), Slurm's SIGTERM, or the end; the summary on rank 0."""
+    code = ended.code
     step = _checkpoint_step(run)
     stopped_file = stop_file(run, rank)
     if code == 0 and stopped_file.is_file():
@@ -146,48 +191,26 @@ def _outcome(code: int, child: Child, stop: StopRequest, cfg: Config, rank: Rank
         after_stop(agreed, step, stop, cfg, rank, run, environ)
     if code == REQUEUE_EXIT_CODE:
         after_stop(stopping.REQUEUE, step, stop, cfg, rank, run, environ)
-    if code == -signal.SIGTERM:
+    if code < 0:
         # Preempted, cancelled or at the time limit; after the requeue signal reached this
         # task too it is a stop for a requeue (as the built-in trainer's MAX of the two).
         after_stop(max(stopping.TERM, stop.code), step, stop, cfg, rank, run, environ)
     if code != 0:
-        _failed(code, child, cfg, rank, run, environ)
+        raise SystemExit(code)
     if not rank.env.is_master:
         return None
 
     result = read_json(stopped_file.with_suffix(".result.json")) or {}
     summary = {"program": f"script {shown(cfg)}",
                "world_size": rank.env.world_size, "num_nodes": rank.env.num_nodes,
-               "train_time_s": time.perf_counter() - started, "exit_codes": exit_codes(rank),
-               "global_step": step, "restarts": rank.env.restart,
+               "train_time_s": time.perf_counter() - started,
+               "exit_codes": exit_codes(ended.ends), "global_step": step,
+               "restarts": rank.env.restart + ended.generation,
                **({"data_stage": staged} if staged is not None else {})}
     return write_summary(rank, run, {**{k: v for k, v in result.items() if k not in summary},
                                      **summary, "result": result})
 
 
-def _failed(code: int, child: Child, cfg: Config, rank: Rank, run: RunDir,
-            environ: MutableMapping[str, str]) -> NoReturn:
-    tail = child.tail()
-    if code < 0:
-        name = signal.Signals(-code).name
-        if -code == stopping.signal_number(cfg.cluster.signal):
-            message = (f"the script was ended by {name}, the requeue signal (sent "
-                       f"{cfg.cluster.signal_delay_s}s before the time limit), which it does "
-                       f"not handle; it was not requeued. To be requeued, handle {name}: save "
-                       f"a checkpoint and exit with code {REQUEUE_EXIT_CODE} "
-                       "(docs/your-code.md).")
-            fail(message, False, cfg, rank, run, environ)
-        message = (f"the script died from {name}"
-                   + (" (an abort: NCCL's watchdog after a failed or timed-out collective, or "
-                      "a crash)" if -code in ABRUPT else "") + f"; its last lines:\n{tail}")
-        fail(message, -code in ABRUPT, cfg, rank, run, environ)
-
-    fail(f"{LOCAL_MARK} the script exited with code {code}; its last lines:\n{tail}", False,
-         cfg, rank, run, environ)
-
-
 def _checkpoint_step(run: RunDir) -> int | None:
     """The step of the run's latest checkpoint, if the script uses hpc_ddp's."""
     return checkpoint.latest_step(run.checkpoints)
-
-

@@ -6,8 +6,11 @@ does (rendezvous, NCCL settings, GPU choice, the rank record) but makes no proce
 never touches the GPU; rank 0's holds the store. It starts the training process with the
 torchrun variables pointing at that store and ``TORCHELASTIC_USE_AGENT_STORE=True``, so
 ``init_process_group`` in the child joins it as under torchrun (no port to pick, none to
-collide); waits for it; tells rank 0's supervisor it ended; and rank 0's keeps the store up
-until every rank's training has ended. What a given end means is the caller's to decide.
+collide); waits for it; tells rank 0's supervisor how it ended; and rank 0's keeps the store
+up until every rank's training has ended. When one rank's training fails in a way a new start
+may get past, every supervisor stops its child and all start again from the latest checkpoint,
+in the same job and step, within ``cluster.restarts_in_place`` (generations.py). What a
+given end means is the caller's to judge (``classify``) and act on.
 """
 
 from __future__ import annotations
@@ -19,17 +22,19 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 import torch.distributed as dist
 
-from hpc_ddp.rank.contract import STORE_KEY_ENV
+from hpc_ddp.rank.contract import GENERATION_ENV, STORE_KEY_ENV
 from hpc_ddp.rank.join import rendezvous
 from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
+from hpc_ddp.rank.supervise import generations
 
 log = logging.getLogger(__name__)
 # Seconds rank 0's supervisor keeps the store up for the other ranks' scripts to finish.
@@ -44,38 +49,26 @@ ABRUPT = {signal.SIGKILL, signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.
            signal.SIGFPE}
 
 
-def report_done(rank: Rank, code: int) -> None:
-    try:
-        rank.store.set(f"hpc_ddp/script_exit/{rank.env.rank}", str(code))
-        rank.store.add("hpc_ddp/script_done", 1)
-    except Exception:  # rank 0's store is gone (its supervisor died): nothing to tell
-        pass
-
-
-def wait_for_all(rank: Rank, stop: StopRequest | None = None) -> None:
-    """Keep the store (in this process) up until every rank's script has ended, so none of
-    them loses its store in its last collectives; not past a SIGTERM (Slurm ends the step:
-    a rank that hangs would hold this one until KillWait's SIGKILL)."""
-    deadline = time.monotonic() + DONE_WAIT_S
-    while time.monotonic() < deadline and not (stop and stop.code == stopping.TERM):
-        try:
-            if int(rank.store.add("hpc_ddp/script_done", 0)) >= rank.env.world_size:
-                return
-        except Exception:
-            return
-        time.sleep(0.2)
-    if time.monotonic() >= deadline:
-        log.warning("not every rank's program ended within %.0fs of rank 0's", DONE_WAIT_S)
-
-
 class Child:
     """The script's process: stdout passed through, stderr passed through and its last lines
     kept (for the error report)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str],
+                 blocked: frozenset[int] = frozenset()) -> None:
+        """``blocked``: signals the process starts with blocked (pending until it handles
+        them: slurmstepd signals every process of the step, and one that came while the
+        training process imported torch would end it before its handler exists)."""
         self.argv = argv
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
+        # The child inherits this thread's signal mask across exec.
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if blocked else None
+        try:
+            # A process group of its own: stopping it stops its data loader workers too.
+            self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE,
+                                         process_group=0)
+        finally:
+            if before is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
         self._copier = threading.Thread(target=self._copy_stderr, daemon=True)
         self._copier.start()
 
@@ -90,6 +83,14 @@ class Child:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signum)
 
+    def kill(self) -> None:
+        """Stop it now, with everything it started (another rank failed: it would wait in a
+        collective until its timeout; its checkpoints are atomic, nothing is lost)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     def wait(self) -> int:
         code = self.proc.wait()  # signal handlers run meanwhile (PEP 475 retries the wait)
         self._copier.join(timeout=5)
@@ -99,51 +100,100 @@ class Child:
         return "\n".join(self._tail) or "(nothing on stderr)"
 
 
-def exit_codes(rank: Rank) -> dict[str, int | None]:
-    """Every rank's script exit code (rank 0 reads them once, at the end)."""
-    codes: dict[str, int | None] = {}
-    for r in range(rank.env.world_size):
-        key = f"hpc_ddp/script_exit/{r}"
-        try:
-            codes[str(r)] = int(rank.store.get(key)) if rank.store.check([key]) else None
-        except Exception:
-            codes[str(r)] = None
-    return codes
+def exit_codes(decision_ends: dict[int, generations.End | None]) -> dict[str, int | None]:
+    """Every rank's exit code, as the last generation's ends say (rank 0 reads them once)."""
+    return {str(r): None if e is None else e.code for r, e in sorted(decision_ends.items())}
 
 
 def child_environment(rank: Rank, environ: Mapping[str, str],
-                      extra: Mapping[str, str]) -> dict[str, str]:
+                      extra: Mapping[str, str], generation: int = 0) -> dict[str, str]:
     """The training process's environment: this task's (with the NCCL settings applied),
-    the torchrun variables of this rank, the agent-store flag, the store's key (for the
-    child's client: rank/join/authstore.py) and ``extra``."""
-    env = {**environ, **rank.torchrun_env(), "TORCHELASTIC_USE_AGENT_STORE": "True", **extra}
+    the torchrun variables of this rank (its restart count: requeues and restarts in place),
+    the agent-store flag, the store's key (for the child's client: rank/join/authstore.py),
+    its generation and ``extra``."""
+    env = {**environ, **rank.torchrun_env(), "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "TORCHELASTIC_RESTART_COUNT": str(rank.env.restart + generation),
+           GENERATION_ENV: str(generation), **extra}
     if rank.endpoint is not None:
         env[STORE_KEY_ENV] = rank.endpoint.key
     env.setdefault("PYTHONUNBUFFERED", "1")  # its log lines as they happen, as submitit's -u
     return env
 
 
-def run_child(rank: Rank, argv: list[str], env: dict[str, str], stop: StopRequest, *,
-              stack_signal: int | None = None,
-              started: Callable[[Child], None] | None = None) -> tuple[int, Child]:
-    """Run the training process to its end: (its exit code, the child). ``stack_signal``:
-    the signal that makes it dump its stacks, relayed when a stack request for this rank
-    comes (a child that registered it: the trainer's and an entry's, not a user's script);
-    ``started``: called with the child once it runs (e.g. to pass on a signal that came
-    while joining)."""
-    child = Child(argv, env)
-    relay = StackRelay(rank, child, stack_signal) if stack_signal is not None else None
-    if started is not None:
-        started(child)
-    try:
-        code = child.wait()
-    finally:
-        if relay is not None:
-            relay.close()
-    report_done(rank, code)
-    if rank.env.is_master:
-        wait_for_all(rank, stop)
-    return code, child
+@dataclass(frozen=True)
+class Supervised:
+    """How the supervised training ended: the last generation's child, its exit code, and
+    the supervisors' decision on it."""
+
+    code: int
+    child: Child
+    decision: generations.Decision
+    ends: dict[int, generations.End | None]
+    generation: int = 0
+
+
+Classify = Callable[[int, Child, generations.Generation], generations.End]
+
+
+class Closes(Protocol):
+    def close(self) -> None: ...
+
+
+def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[str],
+                    dict[str, str]]], classify: Classify, stop: StopRequest, budget: int, *,
+                    stack_signal: int | None = None,
+                    started: Callable[[Child], None] | None = None,
+                    on_restart: Callable[[generations.Decision, int], None] | None = None,
+                    watch: Callable[[generations.Generation], Closes] | None = None,
+                    blocked: frozenset[int] = frozenset()) -> Supervised:
+    """Run the training process, generation by generation, to its end.
+
+    ``command(generation, resume_cause)``: its argv and environment; ``classify(code,
+    child, generation)``: how it ended (generations.End); ``budget``: restarts in place
+    allowed; ``stack_signal``: the signal that makes it dump its stacks, relayed when a stack
+    request for this rank comes (a child that registered it: the trainer's and an entry's,
+    not a user's script); ``started``: called with each child once it runs (e.g. to pass
+    on a signal that came while joining); ``on_restart``: rank 0's, called with the decision
+    and the next generation before the restart (the record of it); ``watch``: started with
+    each generation (rank 0's hang watch: hangs.py), closed when its child has ended;
+    ``blocked``: the signals each child starts with blocked until it handles them (Child)."""
+    generation, cause = 0, None
+    while True:
+        argv, env = command(generation, cause)
+        gen = generations.Generation(rank, generation)
+        child = Child(argv, env, blocked)
+        gen.watch(child.kill)
+        relay = StackRelay(rank, child, stack_signal, gen.child_prefix) \
+            if stack_signal is not None else None
+        if started is not None:
+            started(child)
+        watching = watch(gen) if watch is not None else None
+        try:
+            code = child.wait()
+        finally:
+            if watching is not None:
+                watching.close()
+            if relay is not None:
+                relay.close()
+            gen.close_watch()
+        end = classify(code, child, gen)
+        if end.verdict in (generations.RESTARTABLE, generations.FINAL):
+            gen.fail(end)
+        if stop.code == stopping.TERM:  # Slurm ends the step: no time to wait for the rest
+            gen.report(end)
+            return Supervised(code, child, generations.Decision(generations.DONE), {},
+                              generation)
+        decision = gen.end(end, budget)
+        if decision.what != generations.RESTART or stop.code != stopping.NONE:
+            return Supervised(code, child, decision, gen.ends, generation)
+        root = decision.root
+        assert root is not None
+        if rank.env.is_master and on_restart is not None:
+            on_restart(decision, generation + 1)
+        generation += 1
+        cause = f"restart in place after rank {root.rank} on {root.host}: {root.cause}"
+        log.warning("restarting every rank's training in place (generation %d of at most "
+                    "%d): %s", generation, budget, cause[:300])
 
 
 class StackRelay:
@@ -161,10 +211,12 @@ class StackRelay:
     child's PrefixStore uses (rendezvous.prefixed): no C++ frame is on its stack.
     """
 
-    def __init__(self, rank: Rank, child: Child, signum: int) -> None:
+    def __init__(self, rank: Rank, child: Child, signum: int, prefix: str | None = None
+                 ) -> None:
         self._child, self._signum = child, signum
         self._store = rank.store
-        self._prefix = rendezvous.attempt_prefix(rank.env.restart)  # the child's keys
+        # The child's keys (its generation's).
+        self._prefix = prefix or rendezvous.attempt_prefix(rank.env.restart, rank.env.generation)
         self._key = stacks.request_key(rank.env.rank)
         self._thread: threading.Thread | None = None
         if rank.endpoint is not None and rank.store is not None:

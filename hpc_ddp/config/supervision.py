@@ -1,0 +1,19 @@
+"""Whether a run's ranks train under supervisors (rank/supervise/): a rule the submit side
+(the batch script's node-loss driver, launch/slurm.py) and every rank (program.wanted) read
+the same way. Pure."""
+
+from __future__ import annotations
+
+from hpc_ddp.config.schema import Config
+
+
+def supervised(cfg: Config) -> bool:
+    """A script always runs under its supervisor; the built-in trainer and an entry do when
+    cluster.supervise says so, and unset when the ranks may restart in place
+    (cluster.restarts_in_place > 0) or use GPUs (NCCL's watchdog aborts their processes)."""
+    if cfg.script is not None:
+        return True
+    if cfg.cluster.supervise is not None:
+        return cfg.cluster.supervise
+    return cfg.cluster.restarts_in_place > 0 or (
+        bool(cfg.cluster.gpus_per_node) and cfg.trainer.device != "cpu")

@@ -1,0 +1,177 @@
+"""Restart in place, unit by unit: the supervisors' decision (supervise/generations.py), the
+hang watch's limit and its naming of the stuck ranks (supervise/hangs.py), the heartbeat
+(services/heartbeat.py) and what failures cost (events.recovery). The whole path runs on the
+real cluster: tests/cluster/test_fault_tolerance.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hpc_ddp import events
+from hpc_ddp.rank.services import heartbeat
+from hpc_ddp.rank.supervise import generations as g
+from hpc_ddp.rank.supervise import hangs
+from hpc_ddp.slurm import driver
+
+
+def _end(verdict: str, at: float, rank: int, cause: str = "") -> g.End:
+    return g.End(verdict, at, -9 if verdict != g.OK else 0, cause, rank, f"node{rank + 1}")
+
+
+def test_the_earliest_failure_is_the_root_and_the_budget_decides() -> None:
+    ends = {0: _end(g.RESTARTABLE, 12.0, 0, "lost peer"), 1: _end(g.RESTARTABLE, 10.0, 1, "KILL"),
+            2: _end(g.STOPPED, 13.0, 2)}
+    decision = g.decide(ends, generation=0, budget=2)
+    assert decision.what == g.RESTART and decision.root is not None
+    assert decision.root.rank == 1 and decision.root.cause == "KILL"
+    assert g.decide(ends, generation=2, budget=2).what == g.REQUEUE  # the budget is spent
+    assert g.decide(ends, generation=0, budget=0).what == g.REQUEUE
+
+
+def test_a_final_failure_fails_and_a_clean_end_is_done() -> None:
+    final = {0: _end(g.OK, 1.0, 0), 1: _end(g.FINAL, 2.0, 1, "ValueError")}
+    assert g.decide(final, 0, 3).what == g.FAIL
+    assert g.decide({0: _end(g.OK, 1.0, 0), 1: _end(g.OK, 1.0, 1)}, 0, 3).what == g.DONE
+
+
+def test_a_rank_that_never_reported_is_a_lost_node() -> None:
+    decision = g.decide({0: _end(g.RESTARTABLE, 5.0, 0, "lost peer"), 1: None}, 0, 3)
+    assert decision.what == g.LOST and decision.missing == (1,)
+
+
+def test_a_hang_recorded_by_rank_0s_watch_is_the_cause_though_every_rank_was_stopped() -> None:
+    stopped = {r: _end(g.STOPPED, 20.0, r) for r in range(3)}
+    assert g.decide(stopped, 0, 3).what == g.DONE  # without the record: nothing failed
+    hang = g.End(g.RESTARTABLE, 19.0, 0, "hang: ...", 1, "node2", stop_all=True)
+    decision = g.decide(stopped, 0, 3, recorded=hang)
+    assert decision.what == g.RESTART and decision.root == hang
+    assert g.End.from_json(hang.as_json()) == hang
+    assert g.Decision.from_json(decision.as_json()) == decision
+
+
+def test_the_hang_limit_is_the_configured_one_or_derived_from_the_pauses_seen() -> None:
+    assert hangs.limit(42.0, 1000.0) == 42.0
+    assert hangs.limit(None, 2.0) == hangs.MIN_DERIVED_S  # 5 minutes at least
+    assert hangs.limit(None, 120.0) == 1200.0  # a slow evaluation seen: 10x it
+
+
+def test_the_ranks_outside_a_collective_are_named() -> None:
+    places = {0: "wait (rank/services/window_sync.py line 80)",
+              1: "__getitem__ (tests/usercode/parts.py line 93)",
+              2: "all_reduce (torch/distributed/distributed_c10d.py line 2800)",
+              3: None}
+    assert hangs.culprits(places) == [1]
+    everywhere = {0: "all_reduce (torch/distributed/c10d.py line 1)",
+                  1: "backward (torch/autograd/graph.py line 8)"}
+    assert hangs.culprits(everywhere) == [0, 1]  # a collective that hangs on every rank
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+def test_a_beat_is_one_store_write_at_most_every_interval(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(heartbeat.time, "monotonic", lambda: clock[0])
+    store = _Store()
+    beat = heartbeat.Heartbeat(store, 3, every_s=5.0)
+    beat.beat(1)
+    first = store.values[heartbeat.key(3)]
+    assert first.split()[0] == "1"
+    clock[0] += 4.0
+    beat.beat(2)
+    assert store.values[heartbeat.key(3)] == first  # not due yet
+    clock[0] += 1.0
+    beat.beat(3)
+    assert store.values[heartbeat.key(3)].split()[0] == "3"
+    heartbeat.Heartbeat(None, 0, 5.0).beat(1)  # no supervisor: nothing, no error
+    assert heartbeat.interval(None) == heartbeat.BEAT_S and heartbeat.interval(8.0) == 2.0
+
+
+def _events(*kinds_and_fields: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"kind": kind, **fields} for kind, fields in kinds_and_fields]
+
+
+def test_what_each_failure_cost() -> None:
+    seen = _events(
+        ("failure", {"time": 100.0, "rank": 1, "host": "node2", "cause": "died from SIGKILL\n..",
+                     "reached": 47, "step": 40}),
+        ("restart_in_place", {"time": 101.0, "failed_at": 99.5, "generation": 1}),
+        ("recovered", {"time": 109.0, "from_step": 40}),
+        ("failure", {"time": 200.0, "rank": 0, "host": "node1", "cause": "hang", "reached": 90}),
+        ("requeue", {"time": 201.0}),
+        ("nodes_excluded", {"time": 202.0, "nodes": ["node3"]}))
+    cost = events.recovery(seen)
+    assert cost["restarts_in_place"] == 1 and cost["requeues"] == 1
+    assert cost["excluded_nodes"] == ["node3"]
+    first, second = cost["failures"]
+    assert first["cause"] == "died from SIGKILL" and first["recovered_by"] == "restart_in_place"
+    assert first["seconds_to_first_step"] == 9.0 and first["steps_lost"] == 7
+    assert second["recovered_by"] == "requeue" and second["seconds_to_first_step"] is None
+
+
+def test_a_start_after_a_failure_is_awaited_as_a_recovery_a_start_after_a_stop_is_not() -> None:
+    assert events.after_failure(_events(("failure", {}), ("restart_in_place", {})))
+    assert not events.after_failure(_events(("failure", {}), ("recovered", {})))
+    assert not events.after_failure(_events(("stop", {}), ("requeue", {})))
+    assert not events.after_failure([])
+
+
+# -- a node lost: the batch script's driver (slurm/driver.py) --------------------------------
+
+
+def test_the_batch_host_is_the_spare_while_there_is_another() -> None:
+    nodes = ["n1", "n2", "n3"]
+    assert driver.step_nodes(nodes, [], batch_host="n1", wanted=2) == ["n2", "n3"]
+    assert driver.step_nodes(nodes, ["n3"], batch_host="n1", wanted=2) == ["n2", "n1"]
+    assert driver.step_nodes(nodes, ["n2", "n3"], batch_host="n1", wanted=2) is None
+
+
+def test_a_lost_node_restarts_the_step_on_the_spare_and_without_one_requeues() -> None:
+    args = {"allocated": ["n1", "n2", "n3"], "batch_host": "n1", "wanted": 2, "budget": 3}
+    assert driver.plan(0, ["n2", "n3"], None, [], relaunches=0, **args).what == "done"
+    same = driver.plan(1, ["n2", "n3"], ["n1", "n2", "n3"], [], relaunches=0, **args)
+    assert same.what == "end"  # no node lost: the ranks decided (failed or requeued)
+    lost = driver.plan(137, ["n2", "n3"], ["n1", "n3"], [], relaunches=0, **args)
+    assert lost == driver.Plan("relaunch", ("n3", "n1"), ("n2",))
+    again = driver.plan(137, ["n3", "n1"], ["n1"], ["n2"], relaunches=1, **args)
+    assert again == driver.Plan("requeue", ("n2", "n3"), ("n3",))  # no spare left
+    spent = driver.plan(137, ["n2", "n3"], ["n1", "n3"], [], relaunches=3, **args)
+    assert spent.what == "requeue" and spent.nodes == ("n2",)
+
+
+def test_a_failure_the_ranks_left_to_the_driver_starts_the_step_again() -> None:
+    args = {"allocated": ["n1", "n2"], "batch_host": "n1", "wanted": 2, "budget": 1}
+    again = driver.plan(1, ["n2", "n1"], ["n1", "n2"], [], relaunches=0, deferred=True, **args)
+    assert again == driver.Plan("relaunch", ("n2", "n1"))
+    assert driver.plan(1, ["n2", "n1"], ["n1", "n2"], [], relaunches=1, deferred=True,
+                       **args).what == "requeue"
+    # The job is no longer running (its ranks requeued it): nothing for the driver to do.
+    assert driver.plan(1, ["n2", "n1"], None, [], relaunches=0, deferred=True,
+                       **args).what == "end"
+    seen = _events(("failure", {"job": "7", "deferred": True}))
+    assert driver.deferred_failure(seen, "7")
+    assert not driver.deferred_failure([*seen, {"kind": "restart_in_place", "job": "7"}], "7")
+    assert not driver.deferred_failure(_events(("failure", {"job": "7"})), "7")
+
+
+def test_a_supervised_slurm_job_runs_its_step_through_the_driver_with_its_spares() -> None:
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.launch import slurm
+
+    params = slurm.executor_parameters(compose(["cluster=slurm", "nodes=2",
+                                                "cluster.spare_nodes=1"]))
+    assert params["nodes"] == 3 and params["additional_parameters"]["no_kill"] is True
+    line = params["setup"][-1]
+    assert line.startswith("srun() { ") and "-m hpc_ddp.slurm.driver --nodes=2" in line
+    plain = slurm.executor_parameters(compose(["cluster=slurm", "nodes=2",
+                                               "cluster.supervise=false"]))
+    assert plain["nodes"] == 2 and "no_kill" not in plain["additional_parameters"]
+    assert not any("hpc_ddp.slurm.driver" in x for x in plain["setup"])
