@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.train",),
     # The submit side: what runs where `submit` is typed.
     ("hpc_ddp.launch",),
-    ("hpc_ddp.runcost",),
+    ("hpc_ddp.runcost", "hpc_ddp.recovery_lines"),
     ("hpc_ddp.follow", "hpc_ddp.failures"),
     ("hpc_ddp.api", "hpc_ddp.datacheck"),
     ("hpc_ddp.doctor",),
