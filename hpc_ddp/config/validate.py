@@ -15,6 +15,7 @@ from typing import Any
 from hpc_ddp.config.container_schema import validate_container
 from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.schema import ClusterConfig, Config
+from hpc_ddp.config.sharding_rules import validate_sharding
 from hpc_ddp.errors import UserError, shown
 from hpc_ddp.rundir import parse_umask
 
@@ -122,6 +123,7 @@ def validate(cfg: Config) -> Config:
     _validate_data(cfg)
     _validate_optim(cfg)
     _validate_trainer(cfg)
+    validate_sharding(cfg)
     validate_entry(cfg)
     validate_nccl(cfg.nccl)
     validate_container(cfg.cluster)
