@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpc_ddp.config.schema import Config, TrainerConfig
+from hpc_ddp.rank.services.precision import resolve_precision
 from hpc_ddp.trainer.cpu_memory import keep_freed_memory
 from hpc_ddp.trainer.models import is_conv_net
 from hpc_ddp.trainer.optim import use_fused
@@ -39,24 +40,6 @@ class Tuning:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matrix kernels in hardware, not emulated."""
-    import torch  # deferred: torch
-
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-
-
-def resolve_precision(precision: str, device: Any) -> str:
-    """trainer.precision with auto resolved for ``device``."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16"
-    # On CPU only where it measured faster: native bf16 (~2x for ResNet-18 on a Zen 4).
-    return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
 def autocast_dtype(precision: str) -> Any:

@@ -227,12 +227,17 @@ class Context:
         uninterrupted one would. Every rank calls it at the same point. The copy to the CPU
         happens here, the writing in the background (``trainer.checkpoint_background``); it
         is complete before the next save, ``ctx.load()``, and the end of the program (or of
-        a stop). What a resume loads back is data only (tensors, numbers, strings, lists,
+        a stop). A state holding a sharded model's tensors (:meth:`shard`,
+        :meth:`state_dict`) is written by every rank, its own shards, with
+        torch.distributed.checkpoint (``trainer.checkpoint_format``). What a resume loads
+        back is data only (tensors, numbers, strings, lists,
         dicts: docs/security.md); a state holding anything else is refused when it is
         written. Returns, on rank 0, the path the checkpoint gets; None on the others."""
         step = self._step_of(state, step)
         self._last_step = step
-        path = self.checkpoints.save(state if self.is_master else None, step, generators)
+        # Every rank's state: a sharded one (DTensors, trainer.checkpoint_format=dcp) is
+        # written by every rank, its own part (loop_checkpoints.py); else rank 0's only.
+        path = self.checkpoints.save(state, step, generators)
         return path if self.is_master else None
 
     def flush(self) -> None:
@@ -249,16 +254,55 @@ class Context:
         return step
 
     def load(self, *, generators: Mapping[str, Any] | None = None,
-             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+             check: Callable[[dict[str, Any]], None] | None = None,
+             into: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The state of the latest checkpoint (None for a fresh run); this rank's random
         streams (and those of ``generators``) are set back to where they were when it was
         saved. ``check``: called with the state, raising if it does not fit (e.g. your
         ``load_state_dict``): then the checkpoint before is tried, as for a truncated file,
-        and the skip is recorded in events.jsonl."""
-        state = self.checkpoints.load(self.resume_cause or "resume", generators, check)
+        and the skip is recorded in events.jsonl. ``into``: for a sharded model, a state
+        shaped like the one you save (``{"model": ..., **ctx.state_dict(model, opt)}``): each
+        of its tensors is filled in place with this rank's part, whatever the world size that
+        saved it; without it, tensors come back whole on the CPU."""
+        state = self.checkpoints.load(self.resume_cause or "resume", generators, check, into)
         if state is not None:
             self._last_step = self.checkpoints.resumed_from_step or 0
         return state
+
+    # -- sharded models (docs/your-code.md#models-larger-than-one-gpu) -----------------------
+    def shard(self, model: Any, *, precision: str | None = None,
+              reshard_after_forward: bool | None = None,
+              activation_checkpointing: bool | None = None) -> Any:
+        """``model`` on this rank's device, sharded over every rank with FSDP2 (fully_shard
+        per block and on the root: rank/services/sharding.py). A collective: every rank calls
+        it with the same model. Unset options come from trainer.precision (auto resolved for
+        the device), trainer.reshard_after_forward, trainer.activation_checkpointing. Build
+        the optimizer from the returned model's parameters."""
+        # deferred: torch
+        from hpc_ddp.rank.services import sharding
+        from hpc_ddp.rank.services.precision import resolve_precision
+
+        t = self.cfg.trainer
+        return sharding.shard(
+            model, self.device, resolve_precision(precision or t.precision, self.device),
+            t.reshard_after_forward if reshard_after_forward is None else reshard_after_forward,
+            t.activation_checkpointing if activation_checkpointing is None
+            else activation_checkpointing)
+
+    def state_dict(self, model: Any, optimizer: Any = None) -> dict[str, Any]:
+        """``{"model": ..., "optimizer": ...}`` to put in the state you save: for a sharded
+        model its DTensors (this rank's shard), the optimizer's state by parameter name, so
+        any world size reads it back (torch.distributed.checkpoint.state_dict)."""
+        from hpc_ddp.rank.services import sharding  # deferred: torch
+
+        return sharding.state_dict(model, optimizer)
+
+    def load_state_dict(self, model: Any, optimizer: Any, state: Mapping[str, Any]) -> None:
+        """Hand :meth:`state_dict`'s part of a loaded ``state`` back to the model and
+        optimizer (``optimizer`` may be None)."""
+        from hpc_ddp.rank.services import sharding  # deferred: torch
+
+        sharding.load_state_dict(model, optimizer, dict(state))
 
     @property
     def restarts(self) -> list[dict[str, Any]]:

@@ -76,3 +76,20 @@ def _mark(value: Any) -> str | None:
         name: str = value[MARK]
         return name
     return None
+
+
+def has_dtensor(tree: Any) -> bool:
+    """Whether ``tree`` holds a sharded tensor (torch.distributed's DTensor)."""
+    from torch.distributed.tensor import DTensor  # deferred: torch
+
+    return any(isinstance(t, DTensor) for t in split(tree)[1].values())
+
+
+def gathered(tree: Any) -> Any:
+    """``tree`` with every DTensor gathered whole (``full_tensor``: a collective, every rank
+    calls it with the same tree)."""
+    from torch.distributed.tensor import DTensor  # deferred: torch
+
+    plain, tensors = split(tree)
+    return merge(plain, {name: t.full_tensor() if isinstance(t, DTensor) else t
+                         for name, t in tensors.items()})
