@@ -28,6 +28,7 @@ import functools
 import io
 import pickle
 import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,8 +127,10 @@ def read(path: Path, top: Path, templates: dict[str, Any] | None = None) -> dict
     if wanted:
         try:
             made = _torch_classes()
-            dcp.load(wanted, storage_reader=made["reader"](path, top, metadata),
-                     planner=made["planner"](), no_dist=True)
+            with warnings.catch_warnings():  # "assuming ... a single process": it is one
+                warnings.simplefilter("ignore", UserWarning)
+                dcp.load(wanted, storage_reader=made["reader"](path, top, metadata),
+                         planner=made["planner"](), no_dist=True)
         except BaseException as exc:
             raise _cause(exc) from None
     state: dict[str, Any] = tensor_tree.merge(plain, wanted)
