@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "image loading: folder and shards loaders vs the textbook one; staging rates"),
     "scale": ("hpc_ddp.bench.scale",
               "per-rank cost against world size (8 to 8192 simulated); 10,000-node lists"),
+    "checkpoint": ("hpc_ddp.bench.checkpoint",
+                   "stall per save (full, DCP, DCP async); FSDP against DDP: memory, samples/s"),
 }
 
 

@@ -140,8 +140,9 @@ class LoopCheckpoints:
     def _restore_streams(self, saved_world: Any, step: int,
                          generators: Mapping[str, Any]) -> None:
         if saved_world != self.world_size:
-            log.warning("checkpoint was written with world_size %s, now %d: data order and "
-                        "RNG streams restart; the run is no longer bitwise reproducible",
+            log.warning("checkpoint was written with world_size %s, now %d: the ranks' random "
+                        "streams restart; the run is no longer bitwise reproducible "
+                        "(docs/fault-tolerance.md#resuming-on-another-world-size)",
                         saved_world, self.world_size)
             return
         streams = checkpoint.load_streams(self.run.checkpoints, self.rank, step)
