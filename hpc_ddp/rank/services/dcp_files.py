@@ -21,6 +21,7 @@ collectives on the default group. https://pytorch.org/docs/stable/distributed.ch
 from __future__ import annotations
 
 import os
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,10 @@ def write_shards(temp: Path, tensors: dict[str, Any], group: Any | None) -> None
 
     temp.mkdir(parents=True, exist_ok=True)
     # No group: one rank alone (never the default group, from this thread).
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp, sync_files=True),
-             process_group=group, no_dist=group is None)
+    with warnings.catch_warnings():  # "assuming ... a single process": it is one, then
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(temp, sync_files=True),
+                 process_group=group, no_dist=group is None)
 
 
 def write_plain(temp: Path, plain: dict[str, Any]) -> None:

@@ -1,0 +1,213 @@
+"""The sharded checkpoint format (DCP) in one process: a state split into its tensors and the
+rest (tensor_tree.py), written by the one LoopCheckpoints (atomic latest, pruning, a second
+save of a step beside the first), read back as data only with every planted file refused
+(dcp_read.py), killed mid-save; the keys of sharded training refused in one line; the export
+command."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hpc_ddp import checkpoint as export_cli
+from hpc_ddp.config.compose import compose
+from hpc_ddp.errors import UserError
+from hpc_ddp.owned import Untrusted
+from hpc_ddp.rank.services import checkpoint, dcp_read, tensor_tree
+from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
+from hpc_ddp.rundir import RunDir
+from tests.conftest import REPO, compose_refusal
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _saves(tmp_path: Path, *overrides: str) -> LoopCheckpoints:
+    cfg = compose(["trainer.checkpoint_format=dcp", "trainer.keep_checkpoints=2", *overrides])
+    return LoopCheckpoints(cfg.trainer, RunDir(tmp_path / "run"), 0, 1, 0, "entry t:main")
+
+
+def _state(step: int) -> dict[str, Any]:
+    return {"step": step, "model": {"w": torch.full((3, 4), float(step)), "b": torch.ones(2)},
+            "history": [1.5, "x", (torch.arange(3), None)]}
+
+
+def test_split_and_merge_give_the_state_back() -> None:
+    state = _state(3)
+    plain, tensors = tensor_tree.split(state)
+    assert sorted(tensors) == ["history.2.0", "model.b", "model.w"]
+    assert sorted(tensor_tree.names(plain)) == sorted(tensors)
+    assert pickle.dumps(plain)  # nothing but plain values left
+    back = tensor_tree.merge(plain, tensors)
+    assert back["history"][:2] == [1.5, "x"] and torch.equal(back["model"]["w"],
+                                                             state["model"]["w"])
+    with pytest.raises(ValueError, match="'a.b'"):  # two paths, one name
+        tensor_tree.split({"a.b": torch.zeros(1), "a": {"b": torch.zeros(1)}})
+
+
+def test_a_sharded_save_is_a_folder_latest_names_only_once_whole(group: None,
+                                                                  tmp_path: Path) -> None:
+    saves = _saves(tmp_path, "trainer.checkpoint_background=true")
+    for step in (1, 2, 2, 3):  # step 2 twice: the second beside the first, never over it
+        saves.save(_state(step), step)
+    saves.flush()
+    folder = tmp_path / "run" / "checkpoints"
+    assert [p.name for p in checkpoint.entries(folder)] == ["step_000000002.1.dcp",
+                                                           "step_000000003.dcp"]  # kept 2
+    assert (folder / "latest").read_text() == "step_000000003.dcp"
+    assert not list(folder.glob(".*.tmp"))
+    again = _saves(tmp_path)
+    into = _state(0)
+    state = again.load("requeue", into=into)
+    assert state is not None and state["step"] == 3 and again.resumed_from_step == 3
+    assert state["model"]["w"] is into["model"]["w"]  # read into the given tensor, in place
+    assert torch.equal(into["model"]["w"], torch.full((3, 4), 3.0))
+    whole = checkpoint.load_latest(folder)  # and without a template, whole on the CPU
+    assert whole is not None and torch.equal(whole["history"][2][0], torch.arange(3))
+    assert whole["hpc_ddp"]["step"] == 3
+
+
+def test_full_format_stays_one_file(group: None, tmp_path: Path) -> None:
+    saves = _saves(tmp_path, "trainer.checkpoint_format=full",
+                   "trainer.checkpoint_background=false")
+    saves.save(_state(1), 1)
+    latest = checkpoint.latest_path(tmp_path / "run" / "checkpoints")
+    assert latest is not None and latest.name == "step_000000001.pt" and latest.is_file()
+    assert not saves.sharded(_state(1))  # auto: no DTensor, full
+    assert not _saves(tmp_path, "trainer.checkpoint_format=auto").sharded(_state(1))
+
+
+def _sharded_run(tmp_path: Path) -> Path:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store2"), 1), rank=0,
+                            world_size=1)
+    try:
+        saves = _saves(tmp_path, "trainer.checkpoint_background=false")
+        saves.save(_state(1), 1)
+        saves.save(_state(2), 2)
+    finally:
+        dist.destroy_process_group()
+    latest = checkpoint.latest_path(tmp_path / "run" / "checkpoints")
+    assert latest is not None
+    return latest
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_index_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
+    latest = _sharded_run(tmp_path)
+    marker = tmp_path / "ran"
+    (latest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(Untrusted, match="posix.system|os.system"):
+        dcp_read.read(latest, tmp_path / "run")
+    # A resume refuses it (never skipped for an older one), before anything is submitted too.
+    with pytest.raises(Untrusted):
+        checkpoint.load_latest(tmp_path / "run" / "checkpoints")
+    from hpc_ddp.inputs.resume_check import check_resumable
+
+    cfg = compose(["entry=t:main", "resume=true", f"run_dir={tmp_path / 'run'}"])
+    with pytest.raises(UserError, match="run_dir=.*planted"):
+        check_resumable(cfg, RunDir(tmp_path / "run"))
+    assert not marker.exists()
+
+
+def test_an_index_naming_another_file_is_refused(tmp_path: Path) -> None:
+    latest = _sharded_run(tmp_path)
+    metadata = dcp_read.read_metadata(latest / ".metadata", tmp_path / "run")
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../elsewhere"
+    (latest / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(Untrusted, match="elsewhere"):
+        dcp_read.read(latest, tmp_path / "run")
+
+
+def test_a_shard_others_could_write_or_a_link_is_refused(tmp_path: Path) -> None:
+    latest = _sharded_run(tmp_path)
+    shard = latest / "__0_0.distcp"
+    shard.chmod(0o664)
+    with pytest.raises(Untrusted, match="__0_0.distcp"):
+        dcp_read.read(latest, tmp_path / "run")
+    shard.chmod(0o640)
+    (latest / "state.pt").unlink()
+    (latest / "state.pt").symlink_to(tmp_path / "run" / "checkpoints" / "latest")
+    with pytest.raises(Untrusted):
+        dcp_read.check(latest, tmp_path / "run")
+
+
+def test_a_damaged_sharded_latest_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    latest = _sharded_run(tmp_path)
+    shard = latest / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated: damage, not a plant
+    state, skipped = checkpoint.load_usable(tmp_path / "run" / "checkpoints")
+    assert state is not None and state["step"] == 1 and skipped[0][0] == latest
+
+
+def test_sigkill_during_sharded_background_saves_never_breaks_latest(tmp_path: Path) -> None:
+    # One rank saving in the sharded format in the background, staged (tests/checkpoint_kills),
+    # killed 12 times at random moments.
+    done = subprocess.run([sys.executable, "-m", "tests.checkpoint_kills",
+                           str(tmp_path / "run" / "checkpoints"), "12", "29", "sharded"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["problems"] == []
+    steps = [s for s in result["steps"] if s is not None]
+    assert steps and steps == sorted(steps) and steps[-1] > 12
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (["trainer.strategy=zero3"], "trainer.strategy=zero3"),
+    (["trainer.checkpoint_format=npz"], "trainer.checkpoint_format=npz"),
+    (["trainer.strategy=fsdp", "trainer.precision=fp16"], "trainer.precision=fp16"),
+    (["trainer.strategy=fsdp", "trainer.compile=true"], "trainer.compile=true"),
+])
+def test_sharding_keys_refused_in_one_line(overrides: list[str], key: str) -> None:
+    message = compose_refusal(overrides)
+    assert message.startswith(key) and "\n" not in message
+
+
+def test_a_loop_of_its_own_is_not_held_to_the_trainers_limits() -> None:
+    cfg = compose(["entry=t:main", "trainer.strategy=fsdp", "trainer.precision=fp16"])
+    assert cfg.trainer.strategy == "fsdp"
+
+
+def test_export_writes_one_plain_file_and_refuses_bad_input(group: None, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    run = tmp_path / "run"
+    assert export_cli.main(["export", str(run), str(tmp_path / "x.pt")]) == 2
+    assert "has no checkpoints folder" in capsys.readouterr().err
+    saves = _saves(tmp_path, "trainer.checkpoint_background=false")
+    saves.save(_state(1), 1)
+    saves.save(_state(2), 2)
+    out = tmp_path / "out.pt"
+    assert export_cli.main(["export", str(run), "--step", "1", str(out)]) == 0
+    exported = torch.load(out, weights_only=True)
+    assert exported["step"] == 1 and torch.equal(exported["model"]["w"], torch.ones(3, 4))
+    assert export_cli.main(["export", str(run), "--step", "7", str(out)]) == 2
+    assert "pick one of 1, 2" in capsys.readouterr().err
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        assert export_cli.main(["export", str(run), str(tmp_path / "m.safetensors")]) == 2
+        assert "pip install safetensors" in capsys.readouterr().err
