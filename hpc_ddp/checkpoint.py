@@ -29,7 +29,7 @@ from hpc_ddp.rundir import RunDir, write_atomic
 
 def chosen(run: RunDir, step: int | None) -> Path:
     """The checkpoint to export: ``latest``, or the newest one of ``step``."""
-    from hpc_ddp.rank.services import checkpoint  # deferred (start-up): rank.services
+    from hpc_ddp.rank.services import checkpoint  # deferred (start-up): checkpoint
 
     folder = run.checkpoints
     if not folder.is_dir():
@@ -63,7 +63,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> Path:
                         f"create {out.parent} first.")
     run = RunDir(run_dir.absolute())
     path = chosen(run, step)
-    from hpc_ddp.rank.services import checkpoint  # deferred: torch
+    from hpc_ddp.rank.services import checkpoint  # deferred: torch (checkpoint)
 
     try:
         state = checkpoint.read_data(path, run.root)
@@ -74,7 +74,7 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> Path:
 
 
 def _write(out: Path, state: dict[str, Any]) -> None:
-    # deferred: torch
+    # deferred: torch, tensor_tree
     import torch
 
     from hpc_ddp.rank.services import tensor_tree

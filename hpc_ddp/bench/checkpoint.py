@@ -44,7 +44,7 @@ def shape_for(state_mb: float, dim: int) -> int:
 
 
 def measure(args: argparse.Namespace, root: Path, say: Any) -> dict[str, Any]:
-    from hpc_ddp.bench.checkpoint_rank import run_phase  # deferred: torch
+    from hpc_ddp.bench.checkpoint_rank import run_phase  # deferred: torch (checkpoint_rank)
 
     blocks = shape_for(args.state_mb, args.dim)
     state_mb = shape_for_mb(blocks, args.dim)

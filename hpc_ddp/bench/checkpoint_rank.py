@@ -67,7 +67,7 @@ def _model(strategy: str, dim: int, blocks: int) -> Any:
     import torch  # deferred: torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from hpc_ddp.rank.services import sharding
+    from hpc_ddp.rank.services import sharding  # deferred: sharding
 
     torch.manual_seed(0)
     net = build(dim, blocks)
@@ -77,7 +77,7 @@ def _model(strategy: str, dim: int, blocks: int) -> Any:
 
 
 def _state(strategy: str, model: Any, optimizer: Any) -> dict[str, Any]:
-    from hpc_ddp.rank.services import sharding  # deferred: torch
+    from hpc_ddp.rank.services import sharding  # deferred: torch (sharding)
 
     if strategy == "fsdp":
         return sharding.state_dict(model, optimizer)
@@ -94,7 +94,8 @@ def _step(model: Any, optimizer: Any, batch: int, dim: int) -> None:
 
 def saves(rank: int, world: int, root: Path, spec: dict[str, Any]) -> None:
     """Timed saves of one format: spec's strategy, format (full|dcp), background, saves."""
-    import torch  # deferred: torch
+    # deferred: torch, the config schema, loop_checkpoints, rundir
+    import torch
 
     from hpc_ddp.config.compose import compose
     from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints

@@ -402,14 +402,10 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.batch_size", t.batch_size, 1, "give samples per rank, e.g. 64.")
     _at_least("trainer.grad_accum", t.grad_accum, 1)
     _at_least("trainer.eval_interval", t.eval_interval, 0)
-    _at_least("trainer.checkpoint_interval", t.checkpoint_interval, 1)
-    _at_least("trainer.log_interval", t.log_interval, 1)
-    _at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
     _at_least("trainer.seed", t.seed, 0)
-    _at_least("trainer.collective_timeout_s", t.collective_timeout_s, 1)
-    _at_least("trainer.rendezvous_timeout_s", t.rendezvous_timeout_s, 1)
-    _at_least("trainer.threads", t.threads, 1)
-    _at_least("trainer.stop_check_interval", t.stop_check_interval, 1)
+    for key in ("checkpoint_interval", "log_interval", "keep_checkpoints", "collective_timeout_s",
+                "rendezvous_timeout_s", "threads", "stop_check_interval"):
+        _at_least(f"trainer.{key}", getattr(t, key), 1)
     _choice("trainer.device", t.device, DEVICES)
     _choice("trainer.precision", t.precision, PRECISIONS)
     _at_least("trainer.ddp_bucket_cap_mb", t.ddp_bucket_cap_mb, 1)

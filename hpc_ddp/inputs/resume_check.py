@@ -117,7 +117,7 @@ def _load_checked(opened: IO[bytes] | None, path: Path, run: RunDir) -> Any:
 def _sharded_state(path: Path, run: RunDir) -> Any:
     """A sharded checkpoint's values that are not tensors, every file of it checked and its
     index read restricted (rank/services/dcp_read.py); None when it cannot be read."""
-    from hpc_ddp.rank.services import dcp_read  # deferred: torch
+    from hpc_ddp.rank.services import dcp_read  # deferred: torch (dcp_read)
 
     try:
         return dcp_read.check(path, run.root)

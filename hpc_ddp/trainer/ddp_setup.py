@@ -112,7 +112,7 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
     torch.utils.deterministic.fill_uninitialized_memory = (  # type: ignore[attr-defined]
         tune.fill_uninitialized_memory)
     if tune.strategy == "fsdp":
-        from hpc_ddp.rank.services import sharding  # deferred: torch.distributed.fsdp
+        from hpc_ddp.rank.services import sharding  # deferred: sharding (FSDP)
 
         sharded = sharding.shard(model, device, tune.precision, tune.reshard_after_forward,
                                  tune.activation_checkpointing)

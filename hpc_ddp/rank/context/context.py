@@ -278,7 +278,7 @@ class Context:
         it with the same model. Unset options come from trainer.precision (auto resolved for
         the device), trainer.reshard_after_forward, trainer.activation_checkpointing. Build
         the optimizer from the returned model's parameters."""
-        # deferred: torch
+        # deferred: torch (sharding, precision)
         from hpc_ddp.rank.services import sharding
         from hpc_ddp.rank.services.precision import resolve_precision
 
@@ -293,14 +293,14 @@ class Context:
         """``{"model": ..., "optimizer": ...}`` to put in the state you save: for a sharded
         model its DTensors (this rank's shard), the optimizer's state by parameter name, so
         any world size reads it back (torch.distributed.checkpoint.state_dict)."""
-        from hpc_ddp.rank.services import sharding  # deferred: torch
+        from hpc_ddp.rank.services import sharding  # deferred: torch (sharding)
 
         return sharding.state_dict(model, optimizer)
 
     def load_state_dict(self, model: Any, optimizer: Any, state: Mapping[str, Any]) -> None:
         """Hand :meth:`state_dict`'s part of a loaded ``state`` back to the model and
         optimizer (``optimizer`` may be None)."""
-        from hpc_ddp.rank.services import sharding  # deferred: torch
+        from hpc_ddp.rank.services import sharding  # deferred: torch (sharding)
 
         sharding.load_state_dict(model, optimizer, dict(state))
 

@@ -246,7 +246,7 @@ def read_data(path: Path, top: Path, map_location: Any = "cpu") -> dict[str, Any
     """A checkpoint of either format as data, whole (every tensor in full, on the CPU for a
     sharded one): trusted.py, dcp_read.py."""
     if is_sharded(path):
-        from hpc_ddp.rank.services import dcp_read  # deferred: torch.distributed.checkpoint
+        from hpc_ddp.rank.services import dcp_read  # deferred: dcp_read (DCP)
 
         return dcp_read.read(path, top)
     state: dict[str, Any] = trusted.load(path, top, map_location)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.schema import TrainerConfig
-from hpc_ddp.rank.services import checkpoint, rng, tensor_tree
+from hpc_ddp.rank.services import checkpoint, dcp_read, rng, tensor_tree
 from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
 from hpc_ddp.rundir import RunDir
 
@@ -118,8 +118,6 @@ class LoopCheckpoints:
         def read(path: Path) -> dict[str, Any]:
             if not checkpoint.is_sharded(path):
                 return checkpoint.read_data(path, self.run.root)
-            from hpc_ddp.rank.services import dcp_read  # deferred: torch.distributed
-
             return dcp_read.read(path, self.run.root, templates)
 
         whole = checkpoint.load_for_resume(self.run, self.rank == 0, self.attempt,
