@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from hpc_ddp.rank.services import checkpoint, dcp_read
+from tests.cluster.test_checkpoints_and_secrets import Payload
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,
     finish_releasing_requeues,
@@ -131,14 +132,6 @@ def _rank_pids(run_dir: Path, ranks: int) -> list[int]:
             for r in range(ranks)]
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_ctx_shard_entry_requeued_killed_mid_save_resumes_bitwise_continues_and_refuses_a_plant(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
     reference = tmp_path / "reference"
@@ -171,7 +164,7 @@ def test_ctx_shard_entry_requeued_killed_mid_save_resumes_bitwise_continues_and_
     assert latest is not None
     dcp_read.check(latest, run_dir)  # whole and ours, before the plant
     marker = tmp_path / "payload-ran"
-    (latest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    (latest / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
     done = hpc_ddp("submit", [*ENTRY, "nodes=4", "app.steps=120", f"run_dir={run_dir}",
                               "resume=true"], env=slurm_env, cwd=PROJECT)
     assert done.returncode == 2 and "planted" in done.stderr, done.stdout + done.stderr

@@ -7,11 +7,9 @@ command."""
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +25,8 @@ from hpc_ddp.rank.services import checkpoint, dcp_read, tensor_tree
 from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
 from hpc_ddp.rundir import RunDir
 from tests.conftest import REPO, compose_refusal
-
-
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
-                            world_size=1)
-    yield
-    dist.destroy_process_group()
+from tests.unit.test_checkpoint_sets import Planted
+from tests.unit.test_loop_checkpoints import group  # noqa: F401  (a fixture)
 
 
 def _saves(tmp_path: Path, *overrides: str) -> LoopCheckpoints:
@@ -60,8 +52,8 @@ def test_split_and_merge_give_the_state_back() -> None:
         tensor_tree.split({"a.b": torch.zeros(1), "a": {"b": torch.zeros(1)}})
 
 
-def test_a_sharded_save_is_a_folder_latest_names_only_once_whole(group: None,
-                                                                  tmp_path: Path) -> None:
+@pytest.mark.usefixtures("group")
+def test_a_sharded_save_is_a_folder_latest_names_only_once_whole(tmp_path: Path) -> None:
     saves = _saves(tmp_path, "trainer.checkpoint_background=true")
     for step in (1, 2, 2, 3):  # step 2 twice: the second beside the first, never over it
         saves.save(_state(step), step)
@@ -82,7 +74,8 @@ def test_a_sharded_save_is_a_folder_latest_names_only_once_whole(group: None,
     assert whole["hpc_ddp"]["step"] == 3
 
 
-def test_full_format_stays_one_file(group: None, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("group")
+def test_full_format_stays_one_file(tmp_path: Path) -> None:
     saves = _saves(tmp_path, "trainer.checkpoint_format=full",
                    "trainer.checkpoint_background=false")
     saves.save(_state(1), 1)
@@ -106,18 +99,10 @@ def _sharded_run(tmp_path: Path) -> Path:
     return latest
 
 
-class _Payload:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, (f"touch {self.marker}",))
-
-
 def test_a_planted_index_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
     latest = _sharded_run(tmp_path)
     marker = tmp_path / "ran"
-    (latest / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    (latest / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
     with pytest.raises(Untrusted, match="posix.system|os.system"):
         dcp_read.read(latest, tmp_path / "run")
     # A resume refuses it (never skipped for an older one), before anything is submitted too.
@@ -191,9 +176,9 @@ def test_a_loop_of_its_own_is_not_held_to_the_trainers_limits() -> None:
     assert cfg.trainer.strategy == "fsdp"
 
 
-def test_export_writes_one_plain_file_and_refuses_bad_input(group: None, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]
-                                                            ) -> None:
+@pytest.mark.usefixtures("group")
+def test_export_writes_one_plain_file_and_refuses_bad_input(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     assert export_cli.main(["export", str(run), str(tmp_path / "x.pt")]) == 2
     assert "has no checkpoints folder" in capsys.readouterr().err
