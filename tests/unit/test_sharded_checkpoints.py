@@ -196,3 +196,48 @@ def test_export_writes_one_plain_file_and_refuses_bad_input(
     except ImportError:
         assert export_cli.main(["export", str(run), str(tmp_path / "m.safetensors")]) == 2
         assert "pip install safetensors" in capsys.readouterr().err
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(2))
+        self.head = torch.nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = torch.relu(block(x))
+        return self.head(x)
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize("fmt", ["full", "dcp"])
+def test_a_sharded_model_round_trips_in_either_format(tmp_path: Path, fmt: str) -> None:
+    from hpc_ddp.rank.services import sharding
+
+    def trained(seed: int) -> tuple[Any, Any]:
+        torch.manual_seed(seed)
+        net = sharding.shard(_Net(), torch.device("cpu"), "fp32")
+        opt = torch.optim.AdamW(net.parameters(), lr=0.1)
+        net(torch.randn(4, 6)).sum().backward()
+        opt.step()
+        return net, opt
+
+    net, opt = trained(0)
+    saves = _saves(tmp_path, f"trainer.checkpoint_format={fmt}",
+                   "trainer.checkpoint_background=false")
+    saves.save({"step": 1, **sharding.state_dict(net, opt)}, 1)
+    latest = checkpoint.latest_path(tmp_path / "run" / "checkpoints")
+    suffix = "pt" if fmt == "full" else "dcp"
+    assert latest is not None and latest.name == f"step_000000001.{suffix}"
+    other, other_opt = trained(1)
+    into = {"step": 0, **sharding.state_dict(other, other_opt)} if fmt == "dcp" else None
+    state = _saves(tmp_path).load("resume", into=into)
+    assert state is not None
+    sharding.load_state_dict(other, other_opt, state)  # whole tensors (full) are cut to shards
+    mine, theirs = sharding.state_dict(net, opt), sharding.state_dict(other, other_opt)
+    for name, tensor in mine["model"].items():
+        assert torch.equal(tensor.full_tensor(), theirs["model"][name].full_tensor()), name
+    for name, moments in mine["optimizer"]["state"].items():
+        assert torch.equal(moments["exp_avg"].full_tensor(),
+                           theirs["optimizer"]["state"][name]["exp_avg"].full_tensor()), name

@@ -104,14 +104,22 @@ def state_dict(model: Any, optimizer: Any = None) -> dict[str, Any]:
 
 def load_state_dict(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
     """Put :func:`state_dict`'s ``state`` back (after ctx.load(into=...) already filled its
-    tensors, this only hands them to the model and optimizer)."""
-    from torch.distributed.checkpoint.state_dict import (  # deferred: torch
+    tensors, this only hands them to the model and optimizer). A state of whole tensors (a
+    checkpoint in the full format, or loaded without ``into``) is cut into this rank's
+    shards."""
+    # deferred: torch
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
         set_model_state_dict,
         set_state_dict,
     )
 
+    from hpc_ddp.rank.services.tensor_tree import has_dtensor
+
+    whole = is_sharded(model) and not has_dtensor(state.get("model"))
+    options = StateDictOptions(full_state_dict=whole)
     if optimizer is None:
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=options)
         return
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict=state["optimizer"], options=options)
