@@ -10,6 +10,7 @@ peak belongs to its phase alone; rank 0 writes what it measured as JSON to ``out
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -70,10 +71,18 @@ def _model(strategy: str, dim: int, blocks: int) -> Any:
     from hpc_ddp.rank.services import sharding  # deferred: sharding
 
     torch.manual_seed(0)
-    net = build(dim, blocks)
-    if strategy == "fsdp":
-        return sharding.shard(net, torch.device("cpu"), "fp32")
-    return DDP(net)
+    if strategy == "ddp":
+        return DDP(build(dim, blocks))
+    # Built on the meta device, sharded, then each rank's shards made and initialised: no
+    # rank ever holds the whole model (the way to build one larger than a rank's memory).
+    with torch.device("meta"):
+        net = build(dim, blocks)
+    net = sharding.shard(net, torch.device("cpu"), "fp32")
+    net.to_empty(device="cpu")
+    for module in net.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.reset_parameters()
+    return net
 
 
 def _state(strategy: str, model: Any, optimizer: Any) -> dict[str, Any]:
@@ -167,6 +176,11 @@ def run_phase(kind: str, world: int, root: Path, spec: dict[str, Any]) -> dict[s
     import torch.multiprocessing as mp  # deferred: torch
 
     target = saves if kind == "saves" else train
+    # glibc keeps freed heap memory and raises its mmap threshold as large blocks are freed,
+    # so a rank's resident memory would hold every buffer it ever freed (FSDP's gathered
+    # blocks); blocks above 128 KiB mapped on their own go back at once, and the peak
+    # resident memory is then the peak of what was in use (https://man7.org/linux/man-pages/man3/mallopt.3.html).
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     mp.start_processes(target, args=(world, root, spec), nprocs=world, start_method="spawn")
     found: dict[str, Any] = json.loads((root / f"{spec['name']}.json").read_text())
     return found

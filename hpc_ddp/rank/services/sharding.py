@@ -47,7 +47,9 @@ def shard(model: Any, device: Any, precision: str = "fp32", reshard_after_forwar
     gathered parameters after its forward (gathered again in the backward).
     ``activation_checkpointing``: recompute each block's activations in the backward instead
     of keeping them (torch.distributed._composable.checkpoint: the parameter names do not
-    change, so checkpoints stay the same)."""
+    change, so checkpoints stay the same). A model built on the meta device (``with
+    torch.device("meta"):``) is sharded there, so no rank ever holds it whole; then
+    ``model.to_empty(device=...)`` and initialise its parameters (each rank its shards)."""
     # deferred: torch
     import torch
     import torch.distributed as dist
@@ -66,7 +68,8 @@ def shard(model: Any, device: Any, precision: str = "fp32", reshard_after_forwar
         policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         root_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                                            output_dtype=torch.float32)
-    model = model.to(device)
+    if not any(p.is_meta for p in model.parameters()):
+        model = model.to(device)  # one built on the meta device stays there (see above)
     for block in blocks(model):
         if activation_checkpointing:
             from torch.distributed._composable import checkpoint  # deferred: torch
