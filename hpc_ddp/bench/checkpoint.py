@@ -64,7 +64,7 @@ def measure(args: argparse.Namespace, root: Path, say: Any) -> dict[str, Any]:
     for strategy in ("ddp", "fsdp"):
         for name, model_blocks in (("memory", blocks), ("speed", small)):
             spec = {"name": f"{strategy}-{name}", "strategy": strategy, "dim": args.dim,
-                    "blocks": model_blocks, "batch": args.batch,
+                    "blocks": model_blocks, "batch": args.batch, "memory": name == "memory",
                     "warmup": 1 if name == "memory" else 3,
                     "steps": 2 if name == "memory" else args.steps}
             result["train"][f"{strategy} {name}"] = run_phase("train", args.ranks, root, spec)

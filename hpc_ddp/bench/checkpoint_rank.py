@@ -13,8 +13,11 @@ import json
 import os
 import resource
 import time
+import warnings
 from pathlib import Path
 from typing import Any
+
+MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
 
 
 def build(dim: int, blocks: int) -> Any:
@@ -71,6 +74,8 @@ def _model(strategy: str, dim: int, blocks: int) -> Any:
     from hpc_ddp.rank.services import sharding  # deferred: sharding
 
     torch.manual_seed(0)
+    # A CPU mesh initialises its shards with torch's own generator: fine for a benchmark.
+    warnings.filterwarnings("ignore", "DTensor random operators", UserWarning)
     if strategy == "ddp":
         return DDP(build(dim, blocks))
     # Built on the meta device, sharded, then each rank's shards made and initialised: no
@@ -176,11 +181,21 @@ def run_phase(kind: str, world: int, root: Path, spec: dict[str, Any]) -> dict[s
     import torch.multiprocessing as mp  # deferred: torch
 
     target = saves if kind == "saves" else train
-    # glibc keeps freed heap memory and raises its mmap threshold as large blocks are freed,
-    # so a rank's resident memory would hold every buffer it ever freed (FSDP's gathered
-    # blocks); blocks above 128 KiB mapped on their own go back at once, and the peak
-    # resident memory is then the peak of what was in use (https://man7.org/linux/man-pages/man3/mallopt.3.html).
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
-    mp.start_processes(target, args=(world, root, spec), nprocs=world, start_method="spawn")
+    # Memory: glibc keeps freed heap memory and raises its mmap threshold as large blocks
+    # are freed, so a rank's resident memory would hold every buffer it ever freed (FSDP's
+    # gathered blocks). Blocks above 128 KiB mapped on their own go back at once, and the
+    # peak resident memory is then the peak of what was in use
+    # (https://man7.org/linux/man-pages/man3/mallopt.3.html). Only there: mapping every
+    # buffer anew slows the saves and steps the other phases time.
+    saved = os.environ.get(MMAP_THRESHOLD)
+    if spec.get("memory"):
+        os.environ[MMAP_THRESHOLD] = "131072"
+    try:
+        mp.start_processes(target, args=(world, root, spec), nprocs=world,
+                           start_method="spawn")
+    finally:
+        os.environ.pop(MMAP_THRESHOLD, None)
+        if saved is not None:
+            os.environ[MMAP_THRESHOLD] = saved
     found: dict[str, Any] = json.loads((root / f"{spec['name']}.json").read_text())
     return found
