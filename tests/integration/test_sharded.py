@@ -5,6 +5,7 @@ run with trainer.checkpoint_format=dcp; the export command on what they wrote.""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -191,3 +192,19 @@ def test_shards_saved_on_four_ranks_load_exactly_on_two(tmp_path: Path) -> None:
         assert torch.equal(full[name], tensor), name
     for name, state in whole["optimizer"]["state"].items():
         assert torch.equal(moments[name], state["exp_avg"]), name
+
+
+def test_checkpoint_benchmark_small(hpc_ddp: Run, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    done = hpc_ddp("bench", ["checkpoint", "--state-mb", "3", "--dim", "64", "--ranks", "2",
+                             "--saves", "1", "--steps", "1", "--train-blocks", "2",
+                             "--json", str(out)], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for label in ("full ", "full, background", "dcp ", "dcp async", "ddp peak per rank",
+                  "fsdp peak per rank", "samples/s"):
+        assert label in done.stdout, label
+    result = json.loads(out.read_text())
+    assert set(result["saves"]) == {"full", "full, background", "dcp", "dcp async"}
+    assert result["fsdp_over_ddp"] > 0 and result["state_mb"] > 0
+    refused = hpc_ddp("bench", ["checkpoint", "--ranks", "0"])
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --ranks=0")
