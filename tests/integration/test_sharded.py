@@ -20,6 +20,7 @@ import hpc_ddp as api
 from hpc_ddp.rank.services import checkpoint
 from tests.conftest import REPO
 from tests.integration.test_local_run import tb_scalars
+from tests.unit.test_sharded_checkpoints import Blocks
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 PROJECT = REPO / "examples" / "seqproject"
@@ -127,18 +128,6 @@ def test_ddp_with_dcp_checkpoints_resumes_and_exports(hpc_ddp: Run, tmp_path: Pa
     assert all(isinstance(t, torch.Tensor) for t in exported["model"].values())
 
 
-class _Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(12, 12) for _ in range(3))
-        self.head = torch.nn.Linear(12, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = torch.relu(block(x))
-        return self.head(x)
-
-
 def _rank(rank: int, world: int, root: Path, phase: str) -> None:
     import torch.distributed as dist
 
@@ -151,13 +140,13 @@ def _rank(rank: int, world: int, root: Path, phase: str) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         torch.manual_seed(0 if phase == "save" else 1)  # the loading ranks start elsewhere
-        net = sharding.shard(_Net(), torch.device("cpu"), "fp32")
+        net = sharding.shard(Blocks(), torch.device("cpu"), "fp32")
         opt = torch.optim.AdamW(net.parameters(), lr=0.1)
         cfg = compose(["trainer.checkpoint_background=true"])
         saves = LoopCheckpoints(cfg.trainer, RunDir(root / "run"), rank, world, 0, "test")
         if phase == "save":
             torch.manual_seed(2)
-            net(torch.randn(8, 12)).square().mean().backward()
+            net(torch.randn(8, 6)).square().mean().backward()
             opt.step()
             saves.save({"step": 1, **sharding.state_dict(net, opt)}, 1)
             saves.flush()

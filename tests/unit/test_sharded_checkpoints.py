@@ -198,7 +198,9 @@ def test_export_writes_one_plain_file_and_refuses_bad_input(
         assert "pip install safetensors" in capsys.readouterr().err
 
 
-class _Net(torch.nn.Module):
+class Blocks(torch.nn.Module):
+    """Two blocks in a ModuleList and a head: FSDP units for sharding.shard."""
+
     def __init__(self) -> None:
         super().__init__()
         self.blocks = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(2))
@@ -217,7 +219,7 @@ def test_a_sharded_model_round_trips_in_either_format(tmp_path: Path, fmt: str) 
 
     def trained(seed: int) -> tuple[Any, Any]:
         torch.manual_seed(seed)
-        net = sharding.shard(_Net(), torch.device("cpu"), "fp32")
+        net = sharding.shard(Blocks(), torch.device("cpu"), "fp32")
         opt = torch.optim.AdamW(net.parameters(), lr=0.1)
         net(torch.randn(4, 6)).sum().backward()
         opt.step()

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpc_ddp.rank.services.tensor_tree import has_dtensor
+
 
 def blocks(model: Any) -> list[Any]:
     """The modules sharded one by one before the root (see the module docstring)."""
@@ -110,14 +112,11 @@ def load_state_dict(model: Any, optimizer: Any, state: dict[str, Any]) -> None:
     tensors, this only hands them to the model and optimizer). A state of whole tensors (a
     checkpoint in the full format, or loaded without ``into``) is cut into this rank's
     shards."""
-    # deferred: torch
-    from torch.distributed.checkpoint.state_dict import (
+    from torch.distributed.checkpoint.state_dict import (  # deferred: torch
         StateDictOptions,
         set_model_state_dict,
         set_state_dict,
     )
-
-    from hpc_ddp.rank.services.tensor_tree import has_dtensor
 
     whole = is_sharded(model) and not has_dtensor(state.get("model"))
     options = StateDictOptions(full_state_dict=whole)
