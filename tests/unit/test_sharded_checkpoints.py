@@ -243,3 +243,30 @@ def test_a_sharded_model_round_trips_in_either_format(tmp_path: Path, fmt: str) 
     for name, moments in mine["optimizer"]["state"].items():
         assert torch.equal(moments["exp_avg"].full_tensor(),
                            theirs["optimizer"]["state"][name]["exp_avg"].full_tensor()), name
+
+
+@pytest.mark.usefixtures("group")
+def test_activation_checkpointing_keeps_the_gradients_and_the_names() -> None:
+    from hpc_ddp.rank.services import sharding
+
+    calls: list[str] = []
+
+    def gradients(recompute: bool) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        net = sharding.shard(Blocks(), torch.device("cpu"), "fp32",
+                             activation_checkpointing=recompute)
+        block, forward = net.blocks[0], net.blocks[0].forward
+
+        def counted(*args: Any) -> Any:
+            calls.append(str(recompute))
+            return forward(*args)
+
+        block.forward = counted
+        net(torch.ones(3, 6)).square().sum().backward()
+        return {n: p.grad.full_tensor() for n, p in net.named_parameters()}
+
+    plain, recomputed = gradients(False), gradients(True)
+    assert calls == ["False", "True", "True"]  # recomputed in the backward
+    assert plain.keys() == recomputed.keys()  # the checkpoint's names do not change
+    for name, grad in plain.items():
+        assert torch.equal(grad, recomputed[name]), name
