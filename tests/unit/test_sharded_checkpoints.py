@@ -82,6 +82,8 @@ def test_full_format_stays_one_file(tmp_path: Path) -> None:
     latest = checkpoint.latest_path(tmp_path / "run" / "checkpoints")
     assert latest is not None and latest.name == "step_000000001.pt" and latest.is_file()
     assert not saves.sharded(_state(1))  # auto: no DTensor, full
+    # Any keys, as before the sharded format: a dotted one beside the keys it spells too.
+    saves.save({"a.b": torch.zeros(1), "a": {"b": torch.ones(1)}}, 2)
     assert not _saves(tmp_path, "trainer.checkpoint_format=auto").sharded(_state(1))
 
 

@@ -79,10 +79,17 @@ def _mark(value: Any) -> str | None:
 
 
 def has_dtensor(tree: Any) -> bool:
-    """Whether ``tree`` holds a sharded tensor (torch.distributed's DTensor)."""
+    """Whether ``tree`` holds a sharded tensor (torch.distributed's DTensor). Only looks:
+    a state in the full format may use any keys."""
     from torch.distributed.tensor import DTensor  # deferred: torch
 
-    return any(isinstance(t, DTensor) for t in split(tree)[1].values())
+    if isinstance(tree, DTensor):
+        return True
+    if isinstance(tree, dict):
+        return any(has_dtensor(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return any(has_dtensor(v) for v in tree)
+    return False
 
 
 def gathered(tree: Any) -> Any:
