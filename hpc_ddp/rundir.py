@@ -128,7 +128,8 @@ def created_with(umask: str | int) -> Iterator[None]:
         os.umask(previous)
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or creation in ``folder`` durable (its entry list on disk)."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -158,7 +159,7 @@ def write_atomic(path: Path, write: Callable[[Any], None],
             check(tmp)
         os.replace(tmp, path)
         if durable:
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

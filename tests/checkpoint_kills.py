@@ -1,6 +1,6 @@
 """Checkpoint writers killed by SIGKILL at random moments never leave an unusable latest.
 
-    python -m tests.checkpoint_kills FOLDER KILLS SEED     # prints one JSON line
+    python -m tests.checkpoint_kills FOLDER KILLS SEED [sharded]   # prints one JSON line
 
 One interpreter imports torch once; per kill it forks a child (cheap) that checkpoints a
 2-rank world in the background as fast as it can (rank/services/ckpt_writer.py: both ranks' writers
@@ -10,7 +10,9 @@ SIGKILLs the child after a random delay, and checks that
 rank's stream file of that step loads and holds the same step. Each child starts from the
 step after the latest, so the run goes on across kills as a requeued job would. Used by
 tests/unit/test_checkpoint.py (a few kills here) and tests/cluster/test_checkpoint_kills.py
-(one srun step per node, 50+ kills in all).
+(one srun step per node, 50+ kills in all). ``sharded``: one rank saving its tensors in the
+sharded format (DCP, rank/services/dcp_files.py) in the background, staged as an
+asynchronous save is; ``latest`` must name a whole folder that reads back as data.
 """
 
 from __future__ import annotations
@@ -48,7 +50,23 @@ def _child(folder: Path, slow_rank: int) -> None:
         step += 1
 
 
-def check(folder: Path) -> dict[str, Any]:
+def _sharded_child(folder: Path) -> None:
+    import torch
+
+    from hpc_ddp.rank.services import checkpoint, tensor_tree
+    from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
+
+    writer = CheckpointWriter(folder, 0, 1, keep=2, timeout_s=60, background=True)
+    step = (checkpoint.latest_step(folder) or 0) + 1
+    weights = torch.randn(1024, 1024)  # 4 MiB of tensors a save
+    while True:
+        weights.fill_(float(step))
+        plain, tensors = tensor_tree.split({"step": step, "w": weights})
+        writer.save(step, plain, {"step": step, "torch": torch.get_rng_state()}, shards=tensors)
+        step += 1
+
+
+def check(folder: Path, ranks: int = 2) -> dict[str, Any]:
     """What the latest set holds; ``problem`` says what is wrong with it, if anything."""
     from hpc_ddp.rank.services import checkpoint
 
@@ -59,17 +77,22 @@ def check(folder: Path) -> dict[str, Any]:
     state = checkpoint.load_latest(folder)
     if state is None or state["step"] != step or not bool((state["w"] == step).all()):
         return {"step": step, "problem": f"rank 0's file of step {step} holds another state"}
-    for rank in (0, 1):
+    for rank in range(ranks):
         streams = checkpoint.load_streams(folder, rank, step)
         if streams is None or streams["step"] != step:
             return {"step": step, "problem": f"rank {rank}'s streams of step {step} missing"}
     return {"step": step, "problem": None}
 
 
-def kills(folder: Path, count: int, seed: int) -> dict[str, Any]:
+def kills(folder: Path, count: int, seed: int, sharded: bool = False) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)  # no thread pool to inherit half-made into the forked children
+    if sharded:  # imported once here, not in every child before its first save
+        import torch.distributed.checkpoint  # noqa: F401
+        import torch.distributed.checkpoint.staging  # noqa: F401
+
+        from hpc_ddp.rank.services import ckpt_writer, dcp_read  # noqa: F401
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     steps, problems = [], []
@@ -77,13 +100,15 @@ def kills(folder: Path, count: int, seed: int) -> dict[str, Any]:
         pid = os.fork()
         if pid == 0:
             try:
+                if sharded:
+                    _sharded_child(folder)
                 _child(folder, slow_rank=rng.randrange(2))
             finally:
                 os._exit(1)
         time.sleep(rng.uniform(0.05, 0.5))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        found = check(folder)
+        found = check(folder, ranks=1 if sharded else 2)
         steps.append(found["step"])
         if found["problem"]:
             problems.append(found["problem"])
@@ -92,4 +117,4 @@ def kills(folder: Path, count: int, seed: int) -> dict[str, Any]:
 
 if __name__ == "__main__":
     where, n, seed = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(kills(where, n, seed)), flush=True)
+    print(json.dumps(kills(where, n, seed, sharded=sys.argv[4:5] == ["sharded"])), flush=True)

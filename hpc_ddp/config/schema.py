@@ -166,6 +166,20 @@ class TrainerConfig:
     # to the CPU, and `latest` moves once every rank's part is on disk (docs/fault-tolerance.md).
     # false: write before the next step (what `bench train` measures against).
     checkpoint_background: bool = True
+    # How a checkpoint is written (docs/fault-tolerance.md#sharded-checkpoints-dcp). full: one
+    # torch.save file from rank 0 (a sharded model is gathered there first); dcp:
+    # torch.distributed.checkpoint, every rank its own part in parallel, read back by any world
+    # size; auto: dcp when the state is sharded (trainer.strategy=fsdp, ctx.shard), else full.
+    checkpoint_format: str = "auto"
+    # ddp: every rank holds the whole model (DistributedDataParallel). fsdp: FSDP2's
+    # fully_shard per block and on the root; parameters, gradients and optimizer state are
+    # split over the ranks (docs/your-code.md#models-larger-than-one-gpu).
+    strategy: str = "ddp"
+    # fsdp: free each block's gathered parameters after its forward (gathered again for the
+    # backward): less memory, one more all-gather per block and step.
+    reshard_after_forward: bool = True
+    # fsdp: recompute each block's activations in the backward instead of keeping them.
+    activation_checkpointing: bool = False
     seed: int = 0
     # auto (cuda when each task has a GPU) | cpu | cuda
     device: str = "auto"

@@ -15,6 +15,7 @@ from hpc_ddp.config.loggers import validate_logger
 from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.sbatch_extra import check_sbatch_extra
 from hpc_ddp.config.schema import ClusterConfig, Config
+from hpc_ddp.config.sharding_rules import validate_sharding
 from hpc_ddp.errors import UserError, shown
 from hpc_ddp.rundir import parse_umask
 
@@ -88,6 +89,7 @@ def validate(cfg: Config) -> Config:
     _validate_data(cfg)
     _validate_optim(cfg)
     _validate_trainer(cfg)
+    validate_sharding(cfg)
     validate_entry(cfg)
     validate_nccl(cfg.nccl)
     validate_container(cfg.cluster)
@@ -339,15 +341,11 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.batch_size", t.batch_size, 1, "give samples per rank, e.g. 64.")
     _at_least("trainer.grad_accum", t.grad_accum, 1)
     _at_least("trainer.eval_interval", t.eval_interval, 0)
-    _at_least("trainer.checkpoint_interval", t.checkpoint_interval, 1)
-    _at_least("trainer.log_interval", t.log_interval, 1)
-    _at_least("trainer.keep_checkpoints", t.keep_checkpoints, 1)
     _at_least("trainer.seed", t.seed, 0)
-    _at_least("trainer.collective_timeout_s", t.collective_timeout_s, 1)
-    _at_least("trainer.rendezvous_timeout_s", t.rendezvous_timeout_s, 1)
+    for key in ("checkpoint_interval", "log_interval", "keep_checkpoints", "collective_timeout_s",
+                "rendezvous_timeout_s", "threads", "stop_check_interval"):
+        _at_least(f"trainer.{key}", getattr(t, key), 1)
     _at_least("trainer.hang_timeout_s", t.hang_timeout_s, 1, "give seconds (e.g. 600) or null.")
-    _at_least("trainer.threads", t.threads, 1)
-    _at_least("trainer.stop_check_interval", t.stop_check_interval, 1)
     _choice("trainer.device", t.device, DEVICES)
     _choice("trainer.precision", t.precision, PRECISIONS)
     _at_least("trainer.ddp_bucket_cap_mb", t.ddp_bucket_cap_mb, 1)

@@ -28,6 +28,9 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
     latest = checkpoint.latest_path(run.checkpoints)
     if latest is None:
         return
+    if checkpoint.is_sharded(latest):
+        _check_against(cfg, run, latest, None, _sharded_state(latest, run))
+        return
     try:  # refused here, not on every rank after the job waited in the queue
         opened: IO[bytes] | None = open_owned(latest, run.root)
     except Untrusted as exc:
@@ -40,8 +43,11 @@ def check_resumable(cfg: Config, run: RunDir) -> None:
         _check_against(cfg, run, latest, opened)
 
 
-def _check_against(cfg: Config, run: RunDir, latest: Path, opened: IO[bytes] | None) -> None:
-    state = _load_checked(opened, latest, run)
+def _check_against(cfg: Config, run: RunDir, latest: Path, opened: IO[bytes] | None,
+                   state: Any = None) -> None:
+    """``state``: a sharded checkpoint's plain part (else read from ``opened``)."""
+    if opened is not None:
+        state = _load_checked(opened, latest, run)
     before = saved_config(run)
     if before is None or cfg.entry is not None or cfg.script is not None:
         return  # unreadable (the load itself will tell), or the user's own program's state
@@ -108,6 +114,21 @@ def _load_checked(opened: IO[bytes] | None, path: Path, run: RunDir) -> Any:
         return None
 
 
+def _sharded_state(path: Path, run: RunDir) -> Any:
+    """A sharded checkpoint's values that are not tensors, every file of it checked and its
+    index read restricted (rank/services/dcp_read.py); None when it cannot be read."""
+    from hpc_ddp.rank.services import dcp_read  # deferred: torch (dcp_read)
+
+    try:
+        return dcp_read.check(path, run.root)
+    except Untrusted as exc:
+        raise UserError("run_dir", str(run.root), str(exc), "") from None
+    except FileNotFoundError:  # a dangling pointer: the ranks fall back to the one before
+        return None
+    except Exception:  # damaged: the ranks fall back to the one before
+        return None
+
+
 def _epochs_done(state: Any) -> int | None:
     """Full epochs the checkpoint's run completed (its counters); None when it cannot say."""
     try:
@@ -118,9 +139,8 @@ def _epochs_done(state: Any) -> int | None:
 
 
 def _step_of(path: Path | None) -> int | None:
-    """The step in a checkpoint's name (step_000000120.pt)."""
-    digits = path.stem.removeprefix("step_") if path is not None else ""
-    return int(digits) if digits.isdigit() else None
+    """The step in a checkpoint's name (step_000000120.pt, step_000000120.dcp)."""
+    return checkpoint.step_of(path) if path is not None else None
 
 
 def _shapes(cfg: Config) -> dict[str, tuple[int, ...]] | None:

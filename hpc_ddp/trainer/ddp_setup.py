@@ -7,10 +7,13 @@ measurements behind each default.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpc_ddp.config.schema import Config, TrainerConfig
+from hpc_ddp.rank.services.precision import resolve_precision
 from hpc_ddp.trainer.cpu_memory import keep_freed_memory
 from hpc_ddp.trainer.models import is_conv_net
 from hpc_ddp.trainer.optim import use_fused
@@ -36,33 +39,22 @@ class Tuning:
     num_workers: int = 0
     pin_memory: bool = False
     batched_loader: bool = True
+    # trainer.strategy: ddp (DistributedDataParallel) | fsdp (FSDP2, rank/services/sharding.py)
+    strategy: str = "ddp"
+    reshard_after_forward: bool = True
+    activation_checkpointing: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def cpu_has_native_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matrix kernels in hardware, not emulated."""
+def autocast_dtype(precision: str, strategy: str = "ddp") -> Any:
+    """The autocast dtype of a resolved precision (None: fp32, no autocast; and under fsdp,
+    whose mixed-precision policy casts the parameters instead: rank/services/sharding.py)."""
     import torch  # deferred: torch
 
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
-
-
-def resolve_precision(precision: str, device: Any) -> str:
-    """trainer.precision with auto resolved for ``device``."""
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16"
-    # On CPU only where it measured faster: native bf16 (~2x for ResNet-18 on a Zen 4).
-    return "bf16" if cpu_has_native_bf16() else "fp32"
-
-
-def autocast_dtype(precision: str) -> Any:
-    """The autocast dtype of a resolved precision (None: fp32, no autocast)."""
-    import torch  # deferred: torch
-
+    if strategy == "fsdp":
+        return None
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
@@ -70,7 +62,7 @@ def tuning(cfg: Config, device: Any, model: Any) -> Tuning:
     """Resolve the trainer's auto settings for ``device`` and ``model`` (pure apart from CPU
     feature checks)."""
     t: TrainerConfig = cfg.trainer
-    conv = is_conv_net(model)
+    conv = is_conv_net(model) and t.strategy == "ddp"  # fsdp: NCHW (validate refuses true)
     return Tuning(
         precision=resolve_precision(t.precision, device),
         channels_last=conv if t.channels_last is None else t.channels_last and conv,
@@ -83,6 +75,9 @@ def tuning(cfg: Config, device: Any, model: Any) -> Tuning:
         deterministic=t.deterministic,
         fill_uninitialized_memory=t.fill_uninitialized_memory,
         keep_freed_memory=t.keep_freed_memory and device.type == "cpu",
+        strategy=t.strategy,
+        reshard_after_forward=t.reshard_after_forward,
+        activation_checkpointing=t.activation_checkpointing,
     )
 
 
@@ -102,7 +97,8 @@ def apply_process_settings(deterministic: bool, cudnn_benchmark: bool,
 
 
 def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
-    """(the DDP module, the callable to run forward with: the same module, or compiled).
+    """(the DDP module, the callable to run forward with: the same module, or compiled);
+    under trainer.strategy=fsdp the model sharded with FSDP2 (twice).
     Also sets the process-wide switches of ``tune`` (cuDNN autotuning, NaN-filling, the CPU
     allocator)."""
     # deferred: torch
@@ -115,6 +111,12 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
         keep_freed_memory()
     torch.utils.deterministic.fill_uninitialized_memory = (  # type: ignore[attr-defined]
         tune.fill_uninitialized_memory)
+    if tune.strategy == "fsdp":
+        from hpc_ddp.rank.services import sharding  # deferred: sharding (FSDP)
+
+        sharded = sharding.shard(model, device, tune.precision, tune.reshard_after_forward,
+                                 tune.activation_checkpointing)
+        return sharded, sharded
     model = model.to(device)
     if tune.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -128,6 +130,26 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
     # Compiling the DDP module lets dynamo split the graph at bucket boundaries, so the
     # all-reduces still overlap the backward pass (DDPOptimizer).
     return ddp, torch.compile(ddp)
+
+
+def gradient_sync(model: Any, sync: bool) -> Any:
+    """A context in which the backward reduces gradients over the ranks (``sync``) or only
+    accumulates them locally (gradient accumulation's micro-batches before the last): DDP's
+    no_sync, FSDP2's set_requires_gradient_sync."""
+    if sync:
+        return contextlib.nullcontext()
+    if hasattr(model, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(model)
+    return model.no_sync()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model: Any) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _channels_last_gradients(model: Any) -> None:

@@ -36,10 +36,12 @@ class Evaluator:
         self.names: list[str] | None = None
 
     def run(self, forward: Callable[[Any], Any], loader: Any, stats: Stats | None,
-            channels_last: bool, autocast_dtype: Any,
+            channels_last: bool, autocast_dtype: Any, lockstep: bool = False,
             alive: Callable[[], None] = lambda: None) -> dict[str, float]:
-        """{"loss": mean, <metric>: mean, ...} over every rank's shard; ``alive`` is called
-        per batch (a long evaluation is not a hang: Context.alive)."""
+        """{"loss": mean, <metric>: mean, ...} over every rank's shard. ``lockstep``: a
+        forward is a collective (a sharded model gathers its parameters), so every rank runs
+        as many as the rank with the most batches, the extra ones uncounted. ``alive`` is
+        called per batch (a long evaluation is not a hang: Context.alive)."""
         # deferred: torch
         import torch
         import torch.distributed as dist
@@ -47,13 +49,16 @@ class Evaluator:
         sums: dict[str, Any] = {}
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         count = 0
+        extra = _missing_batches(loader) if lockstep else 0
+        last = None
         with torch.no_grad(), torch.autocast(self.device.type, dtype=autocast_dtype,
                                              enabled=autocast_dtype is not None):
             for batch in loader:
                 alive()
                 inputs, targets = input_and_target(batch)
                 inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
-                outputs = forward(prepare_inputs(inputs, stats, channels_last))
+                last = prepare_inputs(inputs, stats, channels_last)
+                outputs = forward(last)
                 n = batch_size(targets)
                 outputs = outputs.float() if isinstance(outputs, torch.Tensor) else outputs
                 loss_sum += self.criterion(outputs, targets).double() * n
@@ -61,6 +66,12 @@ class Evaluator:
                 for name, value in (self.metrics(outputs, targets) if self.metrics else {}).items():
                     term = torch.as_tensor(value, dtype=torch.float64, device=self.device) * n
                     sums[name] = sums[name] + term if name in sums else term
+            for _ in range(extra):
+                if last is None:
+                    raise RuntimeError("a sharded model's evaluation needs an eval batch on "
+                                       "every rank: give data an eval set of at least one "
+                                       "sample per rank")
+                forward(last)
         if self.names is None:
             shared: list[Any] = [sorted(sums)]
             dist.broadcast_object_list(shared, src=0)
@@ -74,3 +85,17 @@ class Evaluator:
         seen = max(values[1], 1.0)
         return {"loss": values[0] / seen,
                 **{name: v / seen for name, v in zip(self.names, values[2:], strict=True)}}
+
+
+def _missing_batches(loader: Any) -> int:
+    """How many batches fewer this rank's eval shard has than the largest (one all-reduce)."""
+    # deferred: torch
+    import torch
+    import torch.distributed as dist
+
+    mine = len(loader)
+    most = torch.tensor([mine], dtype=torch.int64)
+    if dist.get_backend() == "nccl":
+        most = most.cuda()
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most.item()) - mine

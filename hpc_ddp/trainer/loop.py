@@ -13,7 +13,6 @@ later (``window_sync``); evaluations wait, checkpoints only for the copy to the 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -28,7 +27,7 @@ from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.join.joined import Rank
-from hpc_ddp.rank.services import rng, stopping, window_sync
+from hpc_ddp.rank.services import rng, sharding, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup, throughput
@@ -59,8 +58,9 @@ class Trainer:
         rng.seed_all(t.seed)  # the same initial weights everywhere (DDP also broadcasts them)
         model = build_model(cfg.model, cfg.data.image_size, classes)
         tune = ddp_setup.tuning(cfg, device, model)
-        # self.model: the DDP module (state, no_sync); self.forward: what runs the batch
-        # (the same module, or its compiled form).
+        # self.model: the DDP module (state, no_sync), or under trainer.strategy=fsdp the
+        # sharded model; self.forward: what runs the batch (the same module, or compiled).
+        self.sharded = t.strategy == "fsdp"
         self.model, self.forward = ddp_setup.wrap(model, tune, device)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
                                      device.type, cpus or torch.get_num_threads(), self.data)
@@ -78,7 +78,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim,
                                          self.tuning.fused_optimizer, device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, self.total_steps)
-        self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision)
+        self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision, t.strategy)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
         # Counters (all in state_dict).
@@ -109,8 +109,7 @@ class Trainer:
         beside it. References to the live tensors: copy them before they change."""
         self._finish_reduction()  # samples_seen and the loss are counted in
         return {
-            "model": self.model.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            **self._weights(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "counters": {"global_step": self.global_step, "epoch": self.epoch,
@@ -121,9 +120,20 @@ class Trainer:
                          "last_eval": dict(self.last_eval)},
         }
 
+    def _weights(self) -> dict[str, Any]:
+        """The model's and optimizer's state: under fsdp this rank's shards (DTensors, the
+        optimizer's state by parameter name: rank/services/sharding.py)."""
+        if self.sharded:
+            return sharding.state_dict(self.model, self.optimizer)
+        return {"model": self.model.module.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.module.load_state_dict(state["model"])
-        load_optimizer_state(self.optimizer, state["optimizer"])
+        if self.sharded:
+            sharding.load_state_dict(self.model, self.optimizer, state)
+        else:
+            self.model.module.load_state_dict(state["model"])
+            load_optimizer_state(self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         c = state["counters"]
@@ -138,9 +148,18 @@ class Trainer:
         load_state_dict moves the weights and optimizer state to the parameters' device
         itself (optimizer step counters stay on the CPU where torch wants them there)."""
         self.ctx.resume_cause = cause
-        if self.ctx.load(generators=self._generators(), check=self.load_state_dict) is None:
+        # Sharded: a checkpoint's tensors are read into this rank's shards in place.
+        into = self._weights() if self.sharded else None
+        if self.ctx.load(generators=self._generators(), check=self.load_state_dict,
+                         into=into) is None:
             return
         self.checkpoint_step = self.global_step
+        saved_world = self.ctx.checkpoints.resumed_world_size
+        if saved_world is not None and saved_world != self.env.world_size:
+            # Each rank's batches of the epoch so far, counted for the new world size: the
+            # samples of the epoch already trained are skipped (exactly when the counts
+            # divide; docs/fault-tolerance.md#resuming-on-another-world-size).
+            self.micro_in_epoch = self.micro_in_epoch * saved_world // self.env.world_size
         log.info("resumed from step %d (epoch %d, batch %d of the epoch)", self.global_step,
                  self.epoch, self.micro_in_epoch)
 
@@ -178,27 +197,26 @@ class Trainer:
         """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
         a resumed run sums gradients exactly as the uninterrupted one."""
 
-        if self._settled:
+        if self._settled or self.sharded:  # FSDP has no buckets to settle
             return
         self._settled = True
-        inputs, targets = input_and_target(first_batch(self.data.train,
-                                                       self.cfg.trainer.batch_size))
-        inputs, targets = to_device(inputs, self.device), to_device(targets, self.device)
+        x, targets = self._first_batch()
         with torch.autocast(self.device.type, dtype=self.autocast_dtype,
                             enabled=self.autocast_dtype is not None):
-            settle_buckets(self.model, prepare_inputs(inputs, self.data.stats,
-                                                      self.tuning.channels_last),
-                           targets, self.criterion, self._generators())
+            settle_buckets(self.model, x, targets, self.criterion, self._generators())
 
     def _count_flops(self) -> None:
         """FLOPs per sample of the model, on one batch (throughput.count_flops)."""
         if self._flops is None:
-            inputs, _ = input_and_target(first_batch(self.data.train,
-                                                     self.cfg.trainer.batch_size))
-            x = prepare_inputs(to_device(inputs, self.device), self.data.stats,
-                               self.tuning.channels_last)
-            self._flops = throughput.count_flops(self.model, x, self.device,
-                                                 self.autocast_dtype)
+            self._flops = throughput.count_flops(self.model, self._first_batch()[0],
+                                                 self.device, self.autocast_dtype)
+
+    def _first_batch(self) -> tuple[Any, Any]:
+        """The training set's first batch on the device, its inputs as the model takes them."""
+        inputs, targets = input_and_target(first_batch(self.data.train,
+                                                       self.cfg.trainer.batch_size))
+        return (prepare_inputs(to_device(inputs, self.device), self.data.stats,
+                               self.tuning.channels_last), to_device(targets, self.device))
 
     def close(self, finished: bool = True) -> None:
         """Flush what is pending (Context.close); ``finished`` false (the loop raised): the
@@ -247,7 +265,7 @@ class Trainer:
             images = flip_and_crop(images, self.aug_gen)
         x = prepare_inputs(images, self.data.stats, self.tuning.channels_last)
         # no_sync: accumulate locally, all-reduce once per optimizer step.
-        ctx = contextlib.nullcontext() if sync else self.model.no_sync()
+        ctx = ddp_setup.gradient_sync(self.model, sync)
         with ctx, torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                  enabled=self.autocast_dtype is not None):
             self.clock.forward_begins()
@@ -339,14 +357,9 @@ class Trainer:
         self._logged_step = p.step
         self._own_mean_s = sums.own_s / world / steps
         speed = sums.samples / p.elapsed_s
-        values = {"train/loss": self.last_train_loss, "train/lr": p.lr,
-                  "train/samples_per_s": speed,
-                  "train/samples_per_s_per_rank": speed / world,
-                  "train/step_ms": 1e3 * p.elapsed_s / steps,
-                  "train/own_ms": 1e3 * self._own_mean_s}
-        peak = throughput.peak_flops(self.device, self.autocast_dtype is not None)
-        if self._flops and peak:
-            values["train/mfu"] = self._flops * speed / (peak * world)
+        values = throughput.window_values(
+            self.last_train_loss, p.lr, speed, p.elapsed_s / steps, world, self._own_mean_s,
+            self._flops, throughput.peak_flops(self.device, self.autocast_dtype is not None))
         slow = throughput.straggler(sums.own_s, sums.slow, sums.slow_rank, sums.slow_own_s,
                                     world, steps) if self.env.is_master else None
         if slow is not None:
@@ -367,7 +380,7 @@ class Trainer:
         self.model.eval()
         means = self.evaluator.run(self.forward, self.loaders.eval, self.data.stats,
                                    self.tuning.channels_last, self.autocast_dtype,
-                                   self.ctx.alive)
+                                   lockstep=self.sharded, alive=self.ctx.alive)
         self.model.train()
         self.last_eval = {"step": self.global_step, **means}
         self.ctx.log({f"eval/{k}": v for k, v in means.items()}, self.global_step,

@@ -166,3 +166,17 @@ def peak_flops(device: Any, half: bool) -> float | None:
         if part in name:
             return sixteen if half else thirty_two
     return None
+
+
+def window_values(loss: float, lr: float, speed: float, step_s: float, world: int,
+                  own_mean_s: float, flops: float | None, peak: float | None
+                  ) -> dict[str, float]:
+    """A log window's figures, as TensorBoard, the trackers and the progress line show them:
+    ``speed`` in samples/s over every rank; the model FLOP utilisation where the model's
+    FLOPs per sample and the device's peak are known."""
+    values = {"train/loss": loss, "train/lr": lr, "train/samples_per_s": speed,
+              "train/samples_per_s_per_rank": speed / world, "train/step_ms": 1e3 * step_s,
+              "train/own_ms": 1e3 * own_mean_s}
+    if flops and peak:
+        values["train/mfu"] = flops * speed / (peak * world)
+    return values

@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.follow", "hpc_ddp.failures"),
     ("hpc_ddp.api", "hpc_ddp.datacheck"),
     ("hpc_ddp.doctor",),
-    ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs", "hpc_ddp.stoprun"),
+    ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs", "hpc_ddp.stoprun", "hpc_ddp.checkpoint"),
     ("hpc_ddp.submit", "hpc_ddp.env"),
     # The public names (lazy: they import nothing until asked), then what uses them as a
     # user's program would.

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.join.distenv import DistEnv
+from hpc_ddp.rank.services import precision
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.models import builtin_model
@@ -101,7 +102,7 @@ def _cfg(*overrides: str) -> Config:
 ])
 def test_auto_settings(monkeypatch: pytest.MonkeyPatch, overrides: tuple[str, ...], device: str,
                        native: bool, expected: tuple[str, bool, bool]) -> None:
-    monkeypatch.setattr(ddp_setup, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     tune = ddp_setup.tuning(_cfg(*overrides), torch.device(device),
                             builtin_model("tiny_cnn", 10, 32))
     assert (tune.precision, tune.channels_last, tune.fused_optimizer) == expected

@@ -24,28 +24,45 @@ def main(ctx: Any) -> dict[str, float]:
     torch.manual_seed(app.get("seed", 0))
     splits = make_splits(app.get("train_size", 2048), app.get("eval_size", 256),
                          app.get("length", 16), app.get("seed", 0))
-    model = DDP(TinyTransformer(app.get("length", 16), app.get("dim", 32)).to(ctx.device))
+    net = TinyTransformer(app.get("length", 16), app.get("dim", 32))
+    # app.shard=true: parameters, gradients and optimizer state split over the ranks (FSDP2);
+    # else every rank holds the whole model (DDP).
+    shard = bool(app.get("shard", False))
+    model = ctx.shard(net) if shard else DDP(net.to(ctx.device))
     optimizer = torch.optim.AdamW(model.parameters(), lr=app.get("lr", 3e-3))
     sampler = DistributedSampler(splits["train"], ctx.world_size, ctx.rank, seed=0)
     loader = DataLoader(splits["train"], batch_size=app.get("batch_size", 64), sampler=sampler)
     steps = app.get("steps", 200)
     ctx.total_steps = steps
-
-    state = ctx.load()  # None on a fresh start; our own dict after a requeue or resume
     step, epoch, done_in_epoch = 0, 0, 0
-    if state is not None:
-        model.module.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        step, epoch, done_in_epoch = state["step"], state["epoch"], state["done_in_epoch"]
-
-    # One throw-away step, so a resumed run sums gradients as an uninterrupted one.
-    sample_x, sample_y = splits["train"][0:8]
-    ctx.settle_buckets(model, sample_x.to(ctx.device), sample_y.to(ctx.device),
-                       torch.nn.functional.mse_loss)
 
     def snapshot() -> dict[str, Any]:
-        return {"step": step, "epoch": epoch, "done_in_epoch": done_in_epoch,
-                "model": model.module.state_dict(), "optimizer": optimizer.state_dict()}
+        where = {"step": step, "epoch": epoch, "done_in_epoch": done_in_epoch,
+                 "world_size": ctx.world_size}
+        if shard:  # this rank's shards; every rank writes its own (no gather)
+            return {**where, **ctx.state_dict(model, optimizer)}
+        return {**where, "model": model.module.state_dict(),
+                "optimizer": optimizer.state_dict()}
+
+    # None on a fresh start; our own dict after a requeue or resume. A sharded model's
+    # tensors are read into it in place, whatever the world size that saved them.
+    state = ctx.load(into=snapshot() if shard else None)
+    if state is not None:
+        if shard:
+            ctx.load_state_dict(model, optimizer, state)
+        else:
+            model.module.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        step, epoch = state["step"], state["epoch"]
+        # This rank's batches of the epoch: the same samples seen, on another world size too.
+        saved_world = state.get("world_size", ctx.world_size)
+        done_in_epoch = state["done_in_epoch"] * saved_world // ctx.world_size
+
+    # One throw-away step, so a resumed DDP run sums gradients as an uninterrupted one.
+    if not shard:
+        sample_x, sample_y = splits["train"][0:8]
+        ctx.settle_buckets(model, sample_x.to(ctx.device), sample_y.to(ctx.device),
+                           torch.nn.functional.mse_loss)
 
     loss = torch.zeros(())
     while step < steps:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp import events
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
+from hpc_ddp.rank.context.sharded import ShardedModels
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import heartbeat, stopping, trackers, window_sync
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 OnSums = Callable[[window_sync.Reduction, window_sync.Sums], None]
 
 
-class Context:
+class Context(ShardedModels):
     """One rank's view of the job and its services (see the module docstring)."""
 
     def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any,
@@ -240,12 +241,17 @@ class Context:
         uninterrupted one would. Every rank calls it at the same point. The copy to the CPU
         happens here, the writing in the background (``trainer.checkpoint_background``); it
         is complete before the next save, ``ctx.load()``, and the end of the program (or of
-        a stop). What a resume loads back is data only (tensors, numbers, strings, lists,
+        a stop). A state holding a sharded model's tensors (:meth:`shard`,
+        :meth:`state_dict`) is written by every rank, its own shards, with
+        torch.distributed.checkpoint (``trainer.checkpoint_format``). What a resume loads
+        back is data only (tensors, numbers, strings, lists,
         dicts: docs/security.md); a state holding anything else is refused when it is
         written. Returns, on rank 0, the path the checkpoint gets; None on the others."""
         step = self._step_of(state, step)
         self._last_step = step
-        path = self.checkpoints.save(state if self.is_master else None, step, generators)
+        # Every rank's state: a sharded one (DTensors, trainer.checkpoint_format=dcp) is
+        # written by every rank, its own part (loop_checkpoints.py); else rank 0's only.
+        path = self.checkpoints.save(state, step, generators)
         return path if self.is_master else None
 
     def flush(self) -> None:
@@ -262,13 +268,17 @@ class Context:
         return step
 
     def load(self, *, generators: Mapping[str, Any] | None = None,
-             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+             check: Callable[[dict[str, Any]], None] | None = None,
+             into: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The state of the latest checkpoint (None for a fresh run); this rank's random
         streams (and those of ``generators``) are set back to where they were when it was
         saved. ``check``: called with the state, raising if it does not fit (e.g. your
         ``load_state_dict``): then the checkpoint before is tried, as for a truncated file,
-        and the skip is recorded in events.jsonl."""
-        state = self.checkpoints.load(self.resume_cause or "resume", generators, check)
+        and the skip is recorded in events.jsonl. ``into``: for a sharded model, a state
+        shaped like the one you save (``{"model": ..., **ctx.state_dict(model, opt)}``): each
+        of its tensors is filled in place with this rank's part, whatever the world size that
+        saved it; without it, tensors come back whole on the CPU."""
+        state = self.checkpoints.load(self.resume_cause or "resume", generators, check, into)
         if state is not None:
             self._last_step = self.checkpoints.resumed_from_step or 0
             self._recovering = self.is_master and events.after_failure(

@@ -14,6 +14,11 @@ system is slower than the checkpoint interval), and so does :meth:`CheckpointWri
 which the trainer and the context call at the end, at a stop (before a requeue or an exit)
 and before reading a checkpoint back. A write that failed raises there, on that rank.
 
+In the sharded format (dcp_files.py) every rank also writes its part of the tensors, in the
+same thread and before its stream file, with DCP on a Gloo group of its own; the step waits
+only for the copy to host memory, and rank 0 renames the set's folder into place once the
+counter is full, before ``latest`` names it.
+
 The counter lives on the process group's store (torchrun's, hpc_ddp's rendezvous store, or
 a supervisor's), which every rank can reach from any thread: the TCPStore client serialises
 its operations.
@@ -30,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpc_ddp.rank.services import checkpoint
+from hpc_ddp.rank.services import checkpoint, dcp_files
 from hpc_ddp.rank.services.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
@@ -106,12 +111,19 @@ class CheckpointWriter:
         self._error: BaseException | None = None
         self.saves = 0  # saves so far (bench train counts a window's)
         self.step: int | None = None  # the step being (or last) written
+        self._group: Any = None  # the sharded format's Gloo group (made at its first save)
+        self._grouped = False
 
-    def save(self, step: int, state: dict[str, Any] | None, streams: dict[str, Any]) -> Path:
+    def save(self, step: int, state: dict[str, Any] | None, streams: dict[str, Any],
+             shards: dict[str, Any] | None = None) -> Path:
         """Checkpoint ``step``: ``state`` on rank 0 (None on the others), ``streams`` (this
-        rank's rng.capture) everywhere. Every rank calls it at the same step. Returns the
-        path rank 0's file will have once written."""
+        rank's rng.capture) everywhere; ``shards``, in the sharded format: this rank's
+        tensors by name (tensor_tree.py), on every rank, and ``state`` rank 0's plain part.
+        Every rank calls it at the same step. Returns the path rank 0's file (or the set's
+        folder) will have once written."""
         self.wait()
+        if shards is not None and not self._grouped:
+            self._group, self._grouped = dcp_files.checkpoint_group(self.timeout_s), True
         if self.world_size > 1 and self._store is None:
             self._store = group_store()
         # The same key on every rank (saves are collective: the n-th save of this writer is
@@ -120,16 +132,21 @@ class CheckpointWriter:
         key = f"hpc_ddp/checkpoint/{self.attempt}/{self._digest}/{step}/{self.saves}"
         # A copy for the thread; written at once, the state cannot change meanwhile.
         copied = snapshot(state) if state is not None and self.background else state
+        if shards is not None and self.background:
+            shards = dcp_files.stage(shards)
         self.step = step
         if self.world_size > 1 and self._store is None:
-            self._write_with_barrier(step, copied, streams)
+            self._write_with_barrier(step, copied, streams, shards)
         elif self.background:
             self._thread = threading.Thread(target=self._write, name="hpc_ddp-checkpoint",
-                                            args=(step, copied, streams, key), daemon=True)
+                                            args=(step, copied, streams, key, shards),
+                                            daemon=True)
             self._thread.start()
         else:
-            self._write(step, copied, streams, key)
+            self._write(step, copied, streams, key, shards)
             self._raise()
+        if shards is not None:
+            return self.folder / checkpoint.dcp_name(step)
         return self.folder / checkpoint.name_for(step)
 
     def wait(self, timeout_s: float | None = None) -> None:
@@ -154,21 +171,48 @@ class CheckpointWriter:
             raise error
 
     def _write(self, step: int, state: dict[str, Any] | None, streams: dict[str, Any],
-               key: str) -> None:
+               key: str, shards: dict[str, Any] | None = None) -> None:
         try:
-            checkpoint.write_streams(self.folder, self.rank, step, streams)
-            checkpoint.prune_streams(self.folder, self.rank, step, self.keep)
+            temp = self._write_own(step, streams, shards)
             if self.world_size > 1:
                 self._store.add(key, 1)
             if state is None:
                 return
-            path = checkpoint.write_state(self.folder, step, state)
+            path = None
+            if temp is None:
+                path = checkpoint.write_state(self.folder, step, state)
+            else:
+                dcp_files.write_plain(temp, state)
             if self.world_size > 1:
                 self._wait_for_all(key, step)
-            checkpoint.point_latest(self.folder, step, self.keep)
-            log.info("checkpoint %s", path)
+            self._point(step, temp, path)
         except BaseException as exc:
             self._error = exc
+
+    def _write_own(self, step: int, streams: dict[str, Any],
+                   shards: dict[str, Any] | None) -> Path | None:
+        """This rank's part of the set: its tensors (the sharded format: returns the folder
+        they are in) and its stream file."""
+        temp = None
+        if shards is not None:
+            temp = dcp_files.temp_folder(self.folder, step, self.attempt, self.saves)
+            try:
+                dcp_files.write_shards(temp, shards, self._group)
+            except BaseException as exc:  # DCP's CheckpointException is no Exception
+                raise CheckpointError(f"could not save the sharded checkpoint of step {step} "
+                                      f"({checkpoint.os_error_in(exc)}); the previous "
+                                      "checkpoint is still the latest") from exc
+        checkpoint.write_streams(self.folder, self.rank, step, streams)
+        checkpoint.prune_streams(self.folder, self.rank, step, self.keep)
+        return temp
+
+    def _point(self, step: int, temp: Path | None, path: Path | None) -> None:
+        """Rank 0, every rank's part written: the set's folder into place, then ``latest``."""
+        if temp is not None:
+            path = dcp_files.publish(temp, self.folder, step)
+        assert path is not None
+        checkpoint.point_latest(self.folder, path.name, self.keep)
+        log.info("checkpoint %s", path)
 
     def _wait_for_all(self, key: str, step: int) -> None:
         """Rank 0: until every rank's stream file of ``step`` is written."""
@@ -202,12 +246,15 @@ class CheckpointWriter:
         return "missing: rank " + ", ".join(map(str, missing)) + more
 
     def _write_with_barrier(self, step: int, state: dict[str, Any] | None,
-                            streams: dict[str, Any]) -> None:
+                            streams: dict[str, Any], shards: dict[str, Any] | None) -> None:
         """No store to count on: write in the foreground, meet, then rank 0 points latest."""
-        checkpoint.write_streams(self.folder, self.rank, step, streams)
-        checkpoint.prune_streams(self.folder, self.rank, step, self.keep)
+        temp = self._write_own(step, streams, shards)
+        path = None
         if state is not None:
-            checkpoint.write_state(self.folder, step, state)
+            if temp is None:
+                path = checkpoint.write_state(self.folder, step, state)
+            else:
+                dcp_files.write_plain(temp, state)
         if self._barrier is not None:
             self._barrier()
         else:
@@ -215,4 +262,4 @@ class CheckpointWriter:
 
             dist.barrier()
         if state is not None:
-            checkpoint.point_latest(self.folder, step, self.keep)
+            self._point(step, temp, path)

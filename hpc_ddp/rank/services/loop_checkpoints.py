@@ -11,6 +11,14 @@ goes through one :class:`~hpc_ddp.rank.services.ckpt_writer.CheckpointWriter` (a
 ``latest``, every rank's streams in its own file); reading through
 :func:`~hpc_ddp.rank.services.checkpoint.load_for_resume` (data only, the fallback to an
 older checkpoint recorded in events.jsonl).
+
+A state that holds a sharded tensor (a DTensor: FSDP2's ``fully_shard``, ``ctx.shard``), or
+any state under ``trainer.checkpoint_format=dcp``, is written in the sharded format
+(dcp_files.py): every rank passes its own state, writes its own part of the tensors, and
+rank 0 the rest; nothing is gathered. Under ``checkpoint_format=full`` a sharded tensor is
+gathered whole first (a collective) and rank 0 writes one file. Loading a sharded checkpoint
+``into`` a state of sharded tensors fills each with this rank's part, whatever the world size
+that saved it (docs/fault-tolerance.md#sharded-checkpoints-dcp).
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.config.schema import TrainerConfig
-from hpc_ddp.rank.services import checkpoint, rng
+from hpc_ddp.rank.services import checkpoint, dcp_read, rng, tensor_tree
 from hpc_ddp.rank.services.ckpt_writer import CheckpointWriter
 from hpc_ddp.rundir import RunDir
 
@@ -43,6 +51,8 @@ class LoopCheckpoints:
         self.restarts: list[dict[str, Any]] = []  # the history, from the checkpoint on
         self.resumed_from_step: int | None = None
         self.saved_step: int | None = None  # the step of this attempt's last save
+        # The world size the resumed checkpoint was written with (None: fresh run).
+        self.resumed_world_size: int | None = None
 
     @property
     def writer(self) -> CheckpointWriter:
@@ -54,10 +64,10 @@ class LoopCheckpoints:
 
     def save(self, state: Mapping[str, Any] | None, step: int,
              generators: Mapping[str, Any] | None = None) -> Path:
-        """Checkpoint ``step``: ``state`` is rank 0's (None elsewhere: only rank 0's is
-        written), this rank's random streams (and ``generators``') everywhere. The copy to
-        the CPU happens here, the writing in the background; returns the path rank 0's file
-        gets."""
+        """Checkpoint ``step``: ``state`` is this rank's (None on a rank other than 0 means
+        the full format: only rank 0's is written), this rank's random streams (and
+        ``generators``') everywhere. The copy to host memory happens here, the writing in
+        the background; returns the path rank 0's file (or the sharded set's folder) gets."""
         if state is not None and OURS in state:
             raise ValueError(f"a checkpointed state may not use the key {OURS!r} (hpc_ddp "
                              "keeps its own record there): rename that key")
@@ -67,7 +77,19 @@ class LoopCheckpoints:
                     "program": self.program}
             whole = {**state, OURS: ours}
         self.saved_step = step
-        return self.writer.save(step, whole, rng.capture(dict(generators or {})))
+        streams = rng.capture(dict(generators or {}))
+        if whole is not None and self.sharded(whole):
+            plain, tensors = tensor_tree.split(whole)
+            return self.writer.save(step, plain if self.rank == 0 else None, streams,
+                                    shards=tensors)
+        if whole is not None and tensor_tree.has_dtensor(whole):
+            whole = tensor_tree.gathered(whole)  # every rank: full_tensor is a collective
+        return self.writer.save(step, whole if self.rank == 0 else None, streams)
+
+    def sharded(self, state: Mapping[str, Any]) -> bool:
+        """Whether ``state`` is written in the sharded format (trainer.checkpoint_format)."""
+        chosen = self._trainer.checkpoint_format
+        return chosen == "dcp" or (chosen == "auto" and tensor_tree.has_dtensor(state))
 
     def flush(self) -> None:
         """Wait until the last save is on disk (raises if it failed)."""
@@ -75,36 +97,50 @@ class LoopCheckpoints:
             self._writer.wait()
 
     def load(self, cause: str, generators: Mapping[str, Any] | None = None,
-             check: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any] | None:
+             check: Callable[[dict[str, Any]], None] | None = None,
+             into: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """The loop's state of the newest usable checkpoint (None for a fresh run), with this
         rank's random streams set back to where they were when it was saved. ``check``: takes
         the state and raises if it does not fit (then the checkpoint before is tried, and the
-        skip is recorded). ``cause``: why this start resumes (the restart history's)."""
+        skip is recorded). ``cause``: why this start resumes (the restart history's).
+        ``into``: a state shaped like the one saved (the loop's own, e.g. its sharded model's
+        state dict): a sharded checkpoint's tensors of the same name are read into its
+        tensors in place, a DTensor getting only this rank's part; without it every tensor
+        comes back whole, on the CPU."""
         self.flush()
+        templates = tensor_tree.split(dict(into))[1] if into is not None else None
 
         def accept(whole: dict[str, Any]) -> None:
             _ours_of(whole)  # raises for a file that is not a loop's checkpoint
             if check is not None:
                 check(_loop_state(whole))
 
+        def read(path: Path) -> dict[str, Any]:
+            if not checkpoint.is_sharded(path):
+                return checkpoint.read_data(path, self.run.root)
+            return dcp_read.read(path, self.run.root, templates)
+
         whole = checkpoint.load_for_resume(self.run, self.rank == 0, self.attempt,
                                            accept=accept,
-                                           step_of=lambda w: _ours_of(w)["step"])
+                                           step_of=lambda w: _ours_of(w)["step"], read=read)
         if whole is None:
             return None
         ours = _ours_of(whole)
         step = int(ours["step"])
         self.restarts = [*ours.get("restarts", []), checkpoint.restart_record(step, cause)]
         self.resumed_from_step = step
-        self._restore_streams(ours.get("world_size"), step, generators or {})
+        saved_world = ours.get("world_size")
+        self.resumed_world_size = saved_world if isinstance(saved_world, int) else None
+        self._restore_streams(saved_world, step, generators or {})
         log.info("resumed from step %d", step)
         return _loop_state(whole)
 
     def _restore_streams(self, saved_world: Any, step: int,
                          generators: Mapping[str, Any]) -> None:
         if saved_world != self.world_size:
-            log.warning("checkpoint was written with world_size %s, now %d: data order and "
-                        "RNG streams restart; the run is no longer bitwise reproducible",
+            log.warning("checkpoint was written with world_size %s, now %d: the ranks' random "
+                        "streams restart; the run is no longer bitwise reproducible "
+                        "(docs/fault-tolerance.md#resuming-on-another-world-size)",
                         saved_world, self.world_size)
             return
         streams = checkpoint.load_streams(self.run.checkpoints, self.rank, step)

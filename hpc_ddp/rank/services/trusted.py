@@ -64,6 +64,11 @@ def load_data(path: Any, map_location: Any = "cpu", mmap: bool = False,
         raise UntrustedCheckpoint(refusal(shown or path, exc)) from None
 
 
+def refused_global(exc: BaseException) -> bool:
+    """A weights_only refusal of an object (not a damaged file)."""
+    return bool(_GLOBAL.search(str(exc)))
+
+
 def refusal(path: Any, exc: BaseException) -> str:
     """The one sentence for a weights_only refusal of ``path``."""
     found = _GLOBAL.search(str(exc))
