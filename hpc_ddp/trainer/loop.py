@@ -400,12 +400,9 @@ class Trainer:
         self._finish_reduction()
         elapsed = time.perf_counter() - self.started
         return {
-            "world_size": self.env.world_size,
-            "num_nodes": self.env.num_nodes,
-            "global_step": self.global_step,
-            "total_steps": self.total_steps,
-            "epochs_completed": self.epoch,
-            "samples_seen": self.samples_seen,
+            "world_size": self.env.world_size, "num_nodes": self.env.num_nodes,
+            "global_step": self.global_step, "total_steps": self.total_steps,
+            "epochs_completed": self.epoch, "samples_seen": self.samples_seen,
             "final_train_loss": self.last_train_loss,
             "eval_loss": self.last_eval.get("loss"),
             "eval_accuracy": self.last_eval.get("accuracy"),
