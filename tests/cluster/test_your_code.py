@@ -230,17 +230,25 @@ def test_unchanged_script_gets_the_torchrun_variables_on_four_nodes(
     assert summary_of(run_dir)["exit_codes"] == {str(r): 0 for r in range(4)}
 
 
-def test_textbook_script_requeues_and_continues(hpc_ddp: Run, slurm_env: dict[str, str],
-                                                tmp_path: Path) -> None:
+def textbook_script_at_its_first_epoch(hpc_ddp: Run, env: dict[str, str], tmp_path: Path
+                                       ) -> tuple[str, Path, Path]:
+    """examples/seqproject/train_ddp.py on 4 nodes for 6 epochs, once it saved its first:
+    (job, its checkpoint file, the run dir)."""
     saved = tmp_path / "ckpt.pt"
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
                            f"run_dir={run_dir}", "--", "--epochs", "6", "--checkpoint",
-                           str(saved)], slurm_env)
+                           str(saved)], env)
     deadline = time.monotonic() + 240
-    while not saved.exists():  # its first epoch is saved: ask it to stop
+    while not saved.exists():
         assert time.monotonic() < deadline, "the script never saved its first epoch"
         time.sleep(0.3)
+    return job, saved, run_dir
+
+
+def test_textbook_script_requeues_and_continues(hpc_ddp: Run, slurm_env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    job, saved, run_dir = textbook_script_at_its_first_epoch(hpc_ddp, slurm_env, tmp_path)
     requeue_signal(job, slurm_env)
     finish_releasing_requeues(job, run_dir, slurm_env)
     assert squeue_state(job, slurm_env) == ""
@@ -257,15 +265,7 @@ def test_textbook_script_killed_restarts_in_place(hpc_ddp: Run, slurm_env: dict[
                                                   tmp_path: Path) -> None:
     # One rank's script killed abruptly: every rank's script starts again in the same job,
     # and the script resumes from its own checkpoint (docs/your-code.md).
-    saved = tmp_path / "ckpt.pt"
-    run_dir = tmp_path / "run"
-    job = submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
-                           f"run_dir={run_dir}", "--", "--epochs", "6", "--checkpoint",
-                           str(saved)], slurm_env)
-    deadline = time.monotonic() + 240
-    while not saved.exists():
-        assert time.monotonic() < deadline, "the script never saved its first epoch"
-        time.sleep(0.3)
+    job, saved, run_dir = textbook_script_at_its_first_epoch(hpc_ddp, slurm_env, tmp_path)
     scripts = subprocess.run(["pgrep", "-f", f"script_runner .*train_ddp.py .*{saved}"],
                              capture_output=True, text=True, check=False).stdout.split()
     assert len(scripts) == 4, scripts
