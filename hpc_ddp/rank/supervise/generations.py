@@ -44,6 +44,9 @@ DONE, RESTART, REQUEUE, FAIL, LOST = "done", "restart", "requeue", "fail", "lost
 # After a failure, how long rank 0's supervisor waits for every supervisor to report its
 # child's end (they kill it at once: seconds); one that never does lost its node.
 REPORT_WAIT_S = 30.0
+# After a final failure (the program's own error), how long before the other ranks' processes
+# are stopped.
+FINAL_GRACE_S = 2.0
 # After a clean end of rank 0's, how long it keeps the store up for the others' ends.
 DONE_WAIT_S = 60.0
 # After its decision, how long rank 0's supervisor keeps the store up for every supervisor
@@ -206,6 +209,11 @@ class Generation:
             if int(self.store.add(key(self.generation, "failures"), 1)) != 1:
                 return False
             self.store.set(key(self.generation, "failed"), end.as_json())
+            if end.verdict == FINAL:
+                # The program's own error, which every rank usually meets at once: a moment
+                # for the others to end by themselves (each then reports its own error, said
+                # once for all: hpc_ddp/failures.py) before the rest are stopped.
+                time.sleep(FINAL_GRACE_S)
             world = self.rank.env.world_size
             self.store.multi_set([key(self.generation, f"wake/{r}") for r in range(world)],
                                  [_WAKE] * world)

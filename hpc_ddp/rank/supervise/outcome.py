@@ -265,18 +265,23 @@ def reached_step(run_dir: RunDir) -> int | None:
 
 
 def after_generations(decision: Decision, generation: int, budget: int, cfg: Config,
-                      rank: Rank, run_dir: RunDir, environ: MutableMapping[str, str]) -> None:
+                      rank: Rank, run_dir: RunDir, environ: MutableMapping[str, str],
+                      mine: generations.End | None = None) -> None:
     """Act on the supervisors' decision on the last generation: nothing when it is done;
     else the failure recorded (once: rank 0's supervisor, or the fallback reporter when its
     store is gone) and the job requeued within max_restarts when a new attempt may get past
-    it (the restarts in place spent, or a node lost); a final failure fails the job."""
+    it (the restarts in place spent, or a node lost); a final failure fails the job, each
+    rank that failed by itself saying its own error (``mine``: how this rank's ended), the
+    others the first failure."""
     if decision.what == generations.DONE:
         return
     root = decision.root
     said = f"rank {root.rank} on {root.host}: {root.cause}" if root is not None else ""
     if decision.what == generations.FAIL:
-        fail(said, False, cfg, rank, run_dir, environ, report=rank.env.is_master,
-             generation=generation)
+        own = mine is not None and mine.verdict in (generations.FINAL,
+                                                    generations.RESTARTABLE) and mine.cause
+        fail(f"{diagnose.LOCAL_MARK} {mine.cause}" if own and mine else said, False, cfg,
+             rank, run_dir, environ, report=rank.env.is_master, generation=generation)
     lost = decision.what == generations.LOST
     if lost:
         missing = ", ".join(str(r) for r in decision.missing)

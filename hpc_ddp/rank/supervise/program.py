@@ -143,7 +143,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
             on_restart=lambda d, g: record_restart(d, g, rank, run, environ),
             watch=lambda gen: hang_watch(gen, cfg, run, signum),
             blocked=frozenset({stopping.signal_number(cfg.cluster.signal), signal.SIGTERM}))
-        after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ)
+        after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ,
+                          ended.end)
         if ended.code != 0:  # stopped (SIGTERM: Slurm's to act on)
             raise SystemExit(ended.code if ended.code > 0 else 128 - ended.code)
         if rank.env.is_master:

@@ -145,7 +145,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
                                 lambda code, child, gen: classify(cfg, code, child, gen),
                                 stop, budget, started=started,
                                 on_restart=lambda d, g: record_restart(d, g, rank, run, environ))
-        after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ)
+        after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ,
+                          ended.end)
         return _outcome(ended, stop, cfg, rank, run, environ, began, staged)
     return None
 

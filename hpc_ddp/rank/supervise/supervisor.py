@@ -130,6 +130,7 @@ class Supervised:
     decision: generations.Decision
     ends: dict[int, generations.End | None]
     generation: int = 0
+    end: generations.End | None = None  # this rank's, as classified
 
 
 Classify = Callable[[int, Child, generations.Generation], generations.End]
@@ -182,10 +183,10 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
         if stop.code == stopping.TERM:  # Slurm ends the step: no time to wait for the rest
             gen.report(end)
             return Supervised(code, child, generations.Decision(generations.DONE), {},
-                              generation)
+                              generation, end)
         decision = gen.end(end, budget)
         if decision.what != generations.RESTART or stop.code != stopping.NONE:
-            return Supervised(code, child, decision, gen.ends, generation)
+            return Supervised(code, child, decision, gen.ends, generation, end)
         root = decision.root
         assert root is not None
         if rank.env.is_master and on_restart is not None:
