@@ -277,15 +277,6 @@ class Generation:
         return decide(self.ends, self.generation, budget,
                       first_failure(self.store, self.generation))
 
-    def wait_all_ended(self, timeout_s: float) -> bool:
-        """Whether every rank's end is reported within ``timeout_s`` (rank 0 keeps the store
-        up meanwhile)."""
-        try:
-            self.store.wait([key(self.generation, "all_ended")], timedelta(seconds=timeout_s))
-            return True
-        except Exception:
-            return False
-
 
 _WAKE = b"failed"
 

@@ -37,10 +37,7 @@ from hpc_ddp.rank.services.stopping import StopRequest
 from hpc_ddp.rank.supervise import generations
 
 log = logging.getLogger(__name__)
-# Seconds rank 0's supervisor keeps the store up for the other ranks' scripts to finish.
-DONE_WAIT_S = 60.0
-
-
+# The last stderr lines of a training process kept for its error report.
 _TAIL_LINES = 30
 
 
