@@ -3,7 +3,8 @@ its ranks and hosts, the first rank to fail marked (docs/observability.md).
 
 Each failed rank leaves ``logs/rank<N>.error`` ("rank N on host: message", a blank line, the
 traceback). Two ranks failed the same way when their messages agree once the numbers in them
-are set aside (a rank's own number, a PID, a port): a script that raised on all 1,000 ranks
+and each rank's own host name are set aside (a rank's own number, a PID, a port, "on node
+node7"): a script that raised on all 1,000 ranks
 is one entry, "ranks 0-999 of 1000 on node[001-125]: ...", not 1,000 copies. The files are
 read once, when a run has ended; never while it is followed.
 """
@@ -38,7 +39,13 @@ class Failure:
     @property
     def kind(self) -> str:
         """What two ranks that failed the same way share."""
-        return _NUMBER.sub("#", self.message)
+        return _NUMBER.sub("#", self.about("<host>"))
+
+    def about(self, hosts: str) -> str:
+        """The message with this rank's own host name as ``hosts`` (a group's hosts)."""
+        if self.host in ("", "?"):
+            return self.message
+        return re.sub(rf"(?<![\w.-]){re.escape(self.host)}(?![\w-])", hosts, self.message)
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,7 @@ class Group:
         who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranges(ranks)}"
         of = f" of {world_size}" if world_size and len(ranks) > 1 else ""
         hosts = _hosts([f.host for f in self.failures])
-        lines = self.first.message.splitlines()
+        lines = self.first.about(hosts).splitlines()
         lines = lines[:MAX_LINES] + (["..."] if len(lines) > MAX_LINES else [])
         return f"{who}{of} on {hosts}: " + "\n".join(lines)
 

@@ -92,6 +92,17 @@ class RunDir:
 USAGE_SUFFIX = ".usage.json"
 
 
+def rank_records(ranks_dir: Path) -> list[Path]:
+    """Every rank's record (``rank<N>.json``, rank order) in a run's ranks folder; not the
+    usage files beside them."""
+    found = []
+    for path in ranks_dir.glob("rank*.json"):
+        number = path.name[len("rank"):-len(".json")]
+        if number.isdigit():
+            found.append((int(number), path))
+    return [path for _, path in sorted(found)]
+
+
 def resume_command(root: Path | str) -> str:
     """The command that continues the run in ``root``, quoted for a shell."""
     return f"python -m hpc_ddp.submit {shlex.quote(f'run_dir={root}')} resume=true"

@@ -34,6 +34,7 @@ from typing import Any
 
 from hpc_ddp.config.schema import DataConfig, ModelConfig, OptimConfig
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.rank.services.process_exit import leave
 
 MODELS = ("null", "tiny_cnn", "resnet18", "resnet50")
 DEVICES = ("auto", "cpu", "cuda")
@@ -244,6 +245,11 @@ def _spawned(index: int, world: int, port: int, args: argparse.Namespace, queue:
         result = run_rank(index, world, index, world, args)
     finally:
         queue.put(result)  # also after a failure: the parent waits for one answer per rank
+        queue.close()
+        queue.join_thread()  # the answer is in the pipe before this process leaves
+    # A rank that finished leaves without the interpreter's teardown, which can abort a
+    # process that used Gloo (rank/services/process_exit.py).
+    leave(0)
 
 
 def format_result(r: dict[str, Any]) -> str:

@@ -17,6 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.rank.services.process_exit import leave
+
 MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
 
 
@@ -176,11 +178,17 @@ def _join(rank: int, world: int, store_path: Path) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
 
 
+def _phase_rank(rank: int, kind: str, world: int, root: Path, spec: dict[str, Any]) -> None:
+    """One rank of a phase; a rank that finished leaves without the interpreter's teardown,
+    which can abort a process that used Gloo (rank/services/process_exit.py)."""
+    (saves if kind == "saves" else train)(rank, world, root, spec)
+    leave(0)
+
+
 def run_phase(kind: str, world: int, root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """Run one phase (``saves`` or ``train``) on ``world`` fresh ranks; what rank 0 measured."""
     import torch.multiprocessing as mp  # deferred: torch
 
-    target = saves if kind == "saves" else train
     # Memory: glibc keeps freed heap memory and raises its mmap threshold as large blocks
     # are freed, so a rank's resident memory would hold every buffer it ever freed (FSDP's
     # gathered blocks). Blocks above 128 KiB mapped on their own go back at once, and the
@@ -191,7 +199,7 @@ def run_phase(kind: str, world: int, root: Path, spec: dict[str, Any]) -> dict[s
     if spec.get("memory"):
         os.environ[MMAP_THRESHOLD] = "131072"
     try:
-        mp.start_processes(target, args=(world, root, spec), nprocs=world,
+        mp.start_processes(_phase_rank, args=(kind, world, root, spec), nprocs=world,
                            start_method="spawn")
     finally:
         os.environ.pop(MMAP_THRESHOLD, None)

@@ -31,14 +31,13 @@ from hpc_ddp.config.container_schema import ContainerConfig, parse_mount
 from hpc_ddp.config.schema import Config
 from hpc_ddp.config.secrets import REFERENCE, shell_lines
 from hpc_ddp.launch import nodeenv
+from hpc_ddp.rank.contract import CONTAINER_ENV
 
 # Passed into every container: what Slurm, submitit, hpc_ddp, NCCL, CUDA and torch read.
 # (Apptainer and pyxis pass the whole job environment themselves; podman takes patterns.)
 PASSED_ENV = ("SLURM*", "SUBMITIT_*", "HPC_DDP_*", "NCCL_*", "TORCH_*", "GLOO_*", "CUDA_*",
               "NVIDIA_*", "OMP_NUM_THREADS", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED",
               "PYTHONFAULTHANDLER")
-# Inside the container, hpc_ddp's own marker (rank records show where a rank ran).
-RUNTIME_ENV = "HPC_DDP_CONTAINER"
 _DEFAULT_RUNTIME = {"apptainer": "apptainer", "podman": "podman"}
 # GPUs: apptainer binds the driver with --nv; podman uses the NVIDIA Container Toolkit's CDI
 # spec (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/cdi-support.html);
@@ -139,7 +138,7 @@ def exports(cfg: Config) -> dict[str, str]:
     if not enabled(cfg):
         return {}
     return {**{k: str(v) for k, v in cfg.cluster.container.env.items()},
-            RUNTIME_ENV: cfg.cluster.container.kind}
+            CONTAINER_ENV: cfg.cluster.container.kind}
 
 
 def _by_reference(value: str) -> bool:

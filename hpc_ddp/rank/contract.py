@@ -47,6 +47,9 @@ DATA_ROOT_ENV = "HPC_DDP_DATA_ROOT"
 # the batch script (slurm/driver.py): after a node is lost, the driver starts the step again
 # or requeues the job, so the ranks leave that to it.
 DRIVEN_ENV = "HPC_DDP_DRIVEN"
+# Inside a container: its kind (pyxis, apptainer, podman). Rank records show where a rank
+# ran, and a supervisor in podman passes Slurm's signals on to its child (distenv.py).
+CONTAINER_ENV = "HPC_DDP_CONTAINER"
 
 # -- exit codes -------------------------------------------------------------------------------
 # A script (or a function entry's process) asks for a requeue after it checkpointed:

@@ -20,12 +20,13 @@ and on a requeue two ``scontrol`` calls (requeue, update). Nothing per rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,16 +130,21 @@ def requeue_without(job: str, nodes: Sequence[str], environ: Mapping[str, str]) 
     """Requeue the job, then exclude ``nodes`` from it; None once it is requeued, else
     Slurm's answer. A running job's ExcNodeList cannot be changed ("no longer pending"), a
     requeued one's can, and it waits for its begin time (about two minutes) before it may
-    start. The requeue signals this process too (it goes on: the batch step is killed
-    only after KillWait); if it is killed before the exclusion, the job is requeued
-    without it, never lost in a hold."""
+    start. The requeue ends the batch step: SIGTERM to every process of it, SIGKILL after
+    KillWait (https://slurm.schedmd.com/slurm.conf.html#OPT_KillWait). This process goes on
+    (its handler waits), and the ``scontrol update`` it starts ignores SIGTERM (an ignored
+    signal stays ignored across exec): the update, started while the requeue's SIGTERM
+    arrives, was killed by it and the requeued job landed on the lost node again. If this
+    process is killed before the exclusion, the job is requeued without it, never lost in a
+    hold."""
     env = dict(environ)
     for argv in (["scontrol", "requeue", job],
                  *([["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(nodes)}"]]
                    if nodes else [])):
         try:
-            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60,
-                                  check=False)
+            with _ignoring(signal.SIGTERM):
+                done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                                      timeout=60, check=False)
             problem = None if done.returncode == 0 else (
                 (done.stderr or done.stdout).strip() or f"exit code {done.returncode}")
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -148,6 +154,17 @@ def requeue_without(job: str, nodes: Sequence[str], environ: Mapping[str, str]) 
         if problem:
             log.error("job %s is requeued but %s failed: %s", job, " ".join(argv), problem)
     return None
+
+
+@contextlib.contextmanager
+def _ignoring(signum: int) -> Iterator[None]:
+    """``signum`` ignored by this process, and so by the processes it starts, until the end
+    of the block; then its handler again."""
+    before = signal.signal(signum, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signum, before)
 
 
 def _note(run_root: Path | None, event: dict[str, Any]) -> None:

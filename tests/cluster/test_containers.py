@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from hpc_ddp import events
+from hpc_ddp.rundir import rank_records
 from hpc_ddp.testcluster import podman
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed
@@ -56,7 +57,7 @@ def in_podman(slurm_cluster: TestCluster) -> tuple[list[str], dict[str, str], An
 
 
 def records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in rank_records(run_dir / "ranks")]
 
 
 def test_podman_trains_requeues_through_the_relay_and_sweeps(

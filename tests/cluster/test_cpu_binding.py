@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.rundir import rank_records
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed
 from tests.cluster.test_slurm_submit import SMALL, job_id_of
@@ -33,7 +34,7 @@ def bound_cluster(slurm_cluster: TestCluster) -> Iterator[TestCluster]:
 
 
 def records(run_dir: Path) -> list[dict]:  # type: ignore[type-arg]
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "ranks").glob("rank*.json"))]
+    return [json.loads(p.read_text()) for p in rank_records(run_dir / "ranks")]
 
 
 @pytest.mark.parametrize(("nodes", "tasks", "cpus"), [(2, 1, 2), (1, 2, 1)])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.rundir import rank_records
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import SMALL, job_id_of
@@ -86,7 +87,7 @@ def test_local_ranks_inside_an_allocation_are_their_own_world(
     assert done.returncode == 0, done.stdout + done.stderr
     got = summary(run_dir)
     assert got["world_size"] == 2 and got["global_step"] == 6
-    ranks = sorted(p.name for p in (run_dir / "ranks").iterdir())
+    ranks = [p.name for p in rank_records(run_dir / "ranks")]
     assert ranks == ["rank0.json", "rank1.json"], ranks
     assert "local job" in done.stdout
     assert_completed(allocation_of(done), slurm_env)  # local ranks: no step of their own

@@ -55,6 +55,18 @@ def test_the_first_to_fail_among_alike(tmp_path: Path) -> None:
     assert report[0].startswith("first to fail: rank 1 on node1 (at ")
 
 
+def test_a_message_that_names_each_ranks_own_node_is_one_entry_naming_them_all(
+        tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.logs.mkdir(parents=True)
+    for rank in range(4):
+        _failed(run, rank, f"gpu{rank + 7}", f"no venv there on node gpu{rank + 7}.", 1.0 + rank)
+    _failed(run, 4, "gpu12", "no venv there on node gpu12x.", 9.0)  # not its own name
+    first, other = failures.grouped(failures.read(run, list(range(5))))
+    assert first.head(None) == "ranks 0-3 on gpu[7-10]: no venv there on node gpu[7-10]."
+    assert other.head(None) == "rank 4 on gpu12: no venv there on node gpu12x."
+
+
 def test_an_event_keeps_one_line_and_points_to_the_rest(tmp_path: Path) -> None:
     message = "the script exited with code 1; its last lines:\n" + \
         "\n".join(f"line {i}" for i in range(30)) + "\nValueError: x"

@@ -156,3 +156,14 @@ def test_a_store_every_rank_had_joined_is_not_joined_again() -> None:
     with pytest.raises(rendezvous.RendezvousError, match="two processes were started as "
                        "the same rank"):
         checkin.check_in(store, env_of(0, 2), "{}", 1.0)
+
+
+def test_in_podman_only_the_supervisor_has_slurms_signals() -> None:
+    from hpc_ddp.rank.join.distenv import step_signals_every_process
+
+    step = {"SLURM_STEP_ID": "0", "SLURM_JOB_ID": "7"}
+    assert step_signals_every_process(step)
+    assert step_signals_every_process({**step, "HPC_DDP_CONTAINER": "pyxis"})
+    assert step_signals_every_process({**step, "HPC_DDP_CONTAINER": "apptainer"})
+    assert not step_signals_every_process({**step, "HPC_DDP_CONTAINER": "podman"})
+    assert not step_signals_every_process({"SLURM_JOB_ID": "7"})  # a batch or salloc shell

@@ -175,3 +175,22 @@ def test_a_supervised_slurm_job_runs_its_step_through_the_driver_with_its_spares
                                                "cluster.supervise=false"]))
     assert plain["nodes"] == 2 and "no_kill" not in plain["additional_parameters"]
     assert not any("hpc_ddp.slurm.driver" in x for x in plain["setup"])
+
+
+def test_the_exclusion_after_a_requeue_outlives_the_requeues_sigterm(tmp_path: Any,
+                                                                      monkeypatch: Any) -> None:
+    # The requeue SIGTERMs the whole batch step, the driver's own scontrol calls included:
+    # here a stand-in scontrol that is SIGTERMed while it works (as the update was) still
+    # records its call, and the driver's own handler is back afterwards.
+    import os
+    import signal
+
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\nkill -TERM $$\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    before = signal.getsignal(signal.SIGTERM)
+    assert driver.requeue_without("7", ["n2", "n3"], dict(os.environ)) is None
+    assert calls.read_text().splitlines() == ["requeue 7", "update JobId=7 ExcNodeList=n2,n3"]
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpc_ddp import hostlist
-from hpc_ddp.rank.contract import GENERATION_ENV, LAUNCH_ID_ENV
+from hpc_ddp.rank.contract import CONTAINER_ENV, GENERATION_ENV, LAUNCH_ID_ENV
 
 
 class LaunchError(RuntimeError):
@@ -151,6 +151,16 @@ def in_slurm_step(environ: Mapping[str, str]) -> bool:
     """A process of a Slurm job step (an srun task, or the batch script's step): slurmstepd
     signals every process of it. https://slurm.schedmd.com/srun.html#OPT_SLURM_STEP_ID"""
     return "SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ
+
+
+def step_signals_every_process(environ: Mapping[str, str]) -> bool:
+    """Slurm's signals to this task (the requeue signal, SIGTERM) reach every process it
+    started: a Slurm step, outside a container whose runtime passes a signal on to the
+    container's main process only. Podman's does (--sig-proxy,
+    https://docs.podman.io/en/latest/markdown/podman-run.1.html#sig-proxy): its conmon and
+    the container's processes live apart from the step's, so the supervisor, the main process,
+    must pass it on to its child. Apptainer and pyxis run the processes inside the step."""
+    return in_slurm_step(environ) and environ.get(CONTAINER_ENV) != "podman"
 
 
 def _slurm_wants_tasks(environ: Mapping[str, str]) -> bool:

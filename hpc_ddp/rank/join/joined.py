@@ -23,7 +23,7 @@ from typing import Any
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
-from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV, STORE_KEY_ENV
+from hpc_ddp.rank.contract import CONTAINER_ENV, PROGRAM_CONFIG_ENV, STORE_KEY_ENV
 from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
@@ -287,7 +287,7 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
         "cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
         # Where it ran: the container runtime (launch/container.py sets it inside) and
         # Python's prefix (an activated venv or conda env shows here).
-        "container": environ.get("HPC_DDP_CONTAINER"), "python": sys.executable,
+        "container": environ.get(CONTAINER_ENV), "python": sys.executable,
         "env_overrides": [{"name": c.name, "old": None if c.old is None else
                            nccl.mask(c.name, c.old), "new": nccl.mask(c.name, c.new)}
                           for c in changes],

@@ -2,14 +2,11 @@
 script as ``python SCRIPT args`` would, then leave without the interpreter's C++ teardown.
 
 Why: with torch 2.14 a DDP script that ends normally can die at exit with SIGABRT
-("terminate called without an active exception": DDP's reducer keeps the Gloo process group
-and its threads alive past ``destroy_process_group``, and a joinable thread is destroyed at
-interpreter teardown). Seen here in 2 to 3 of 10 plain torchrun runs of a two-rank script.
-The supervisor must read such a death as a crash (an NCCL watchdog abort looks the same), so
-a finished run would be reported failed. Here the script runs as ``__main__`` (runpy:
-``sys.argv``, ``sys.path[0]`` and multiprocessing's spawn as under ``python``), then the
-normal shutdown steps a program can observe are taken — non-daemon threads joined, atexit
-handlers run, open files flushed — and the process exits with the script's code.
+(rank/services/process_exit.py); seen here in 2 to 3 of 10 plain torchrun runs of a two-rank
+script. The supervisor must read such a death as a crash (an NCCL watchdog abort looks the
+same), so a finished run would be reported failed. Here the script runs as ``__main__``
+(runpy: ``sys.argv``, ``sys.path[0]`` and multiprocessing's spawn as under ``python``), then
+the process leaves with the script's code through process_exit.leave.
 
 Its ``init_process_group()`` (env://) joins the supervisor's store as a client that knows the
 store's key (rank/join/job_store.py): the store lets in no one else. A secret
@@ -19,19 +16,15 @@ here, so no command line holds it.
 
 from __future__ import annotations
 
-import _io
-import atexit
-import gc
 import os
 import runpy
 import sys
-import threading
 import traceback
-import warnings
 from collections.abc import Sequence
 
 from hpc_ddp.config import secrets
 from hpc_ddp.rank.join import job_store
+from hpc_ddp.rank.services.process_exit import leave
 
 
 def main(argv: Sequence[str]) -> int:
@@ -77,31 +70,6 @@ def _exit_code(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
-
-
-def leave(code: int) -> None:
-    """The shutdown a program sees, without the interpreter's own teardown."""
-    main_thread = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main_thread and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():  # files a script left open are flushed, as at an exit
-            # io's C base type: no ABC __instancecheck__ runs on other objects' classes.
-            if isinstance(obj, _io._IOBase):
-                try:
-                    if not obj.closed and obj.writable():
-                        obj.flush()
-                except (OSError, ValueError):
-                    pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ class StopRequest:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal_number(requeue_signal),
                                                     signal.SIGTERM})
 
+    def forward_to(self, forward: Callable[[int], None] | None) -> None:
+        """Pass each signal handled from now on to ``forward`` too (installed already)."""
+        self._forward = forward
+
     def _on_requeue(self, signum: int, frame: Any) -> None:
         self.code = max(self.code, REQUEUE)
         self.received.append((signal.Signals(signum).name, time.time()))

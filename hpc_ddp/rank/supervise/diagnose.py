@@ -20,6 +20,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.rundir import rank_records
+
 _ADDRESS = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
 # How a failed collective or a lost peer reads, from gloo, NCCL and the c10d store. Gloo's
 # text depends on where the wait ended: "Timed out waiting ... for recv" in a buffer,
@@ -163,7 +165,7 @@ def ranks_at(address: str, ranks_dir: Path) -> list[tuple[int, str]]:
     record first (the store died with its process, so it is the likely one: one read), else
     every record (the fallback reporter alone does this)."""
     found = _recorded_at(address, [ranks_dir / "rank0.json"])
-    return found or _recorded_at(address, sorted(ranks_dir.glob("rank*.json")))
+    return found or _recorded_at(address, rank_records(ranks_dir))
 
 
 def _recorded_at(address: str, paths: list[Path]) -> list[tuple[int, str]]:

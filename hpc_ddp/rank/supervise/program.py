@@ -47,7 +47,7 @@ from hpc_ddp.rank.contract import (
     RESTART_EXIT_CODE,
     RESUME_CAUSE_ENV,
 )
-from hpc_ddp.rank.join.distenv import in_slurm_step
+from hpc_ddp.rank.join.distenv import in_slurm_step, step_signals_every_process
 from hpc_ddp.rank.join.joined import joined
 from hpc_ddp.rank.services import stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
@@ -120,7 +120,7 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
               stop: StopRequest) -> dict[str, Any] | None:
     """Run this rank's training in a child and act on how it ended; the summary on rank 0.
     ``stop``: this process's, installed (slurmstepd signals every process of the step: the
-    child acts, this one only notes it)."""
+    child acts, this one only notes it; in podman only this one has it, and passes it on)."""
     with joined(cfg, run, environ, group=False) as rank:
         def command(generation: int, cause: str | None) -> tuple[list[str], dict[str, str]]:
             extra = {PROGRAM_CONFIG_ENV: to_yaml(cfg), PROGRAM_RUN_DIR_ENV: str(run.root)}
@@ -132,6 +132,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
             return child_command(), env
 
         def started(child: Child) -> None:
+            if not step_signals_every_process(environ):  # in podman: passed on from here
+                stop.forward_to(child.signal)
             log.info("training in process %d under this supervisor (rank %d of %d)",
                      child.proc.pid, rank.env.rank, rank.env.world_size)
 

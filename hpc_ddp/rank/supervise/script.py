@@ -45,7 +45,7 @@ from hpc_ddp.rank.contract import (
     RUN_DIR_ENV,
     STOP_FILE_ENV,
 )
-from hpc_ddp.rank.join.distenv import in_slurm_step
+from hpc_ddp.rank.join.distenv import step_signals_every_process
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.join.rendezvous import endpoint_file
 from hpc_ddp.rank.services import checkpoint, stopping, trackers
@@ -119,8 +119,9 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
             child.signal(signum)
 
     stop = stop or StopRequest()
-    on_slurm = in_slurm_step(environ)
-    stop.install(cfg.cluster.signal, forward=None if on_slurm else forward)
+    # Where Slurm signals every process of the step, the script has the signal already.
+    everyone = step_signals_every_process(environ)
+    stop.install(cfg.cluster.signal, forward=None if everyone else forward)
     with joined(cfg, run, environ, group=False) as rank:
         from hpc_ddp.data.stage_run import stage_data  # deferred: concurrent, tarfile
 
@@ -133,7 +134,7 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
 
         def started(child: Child) -> None:
             children.append(child)
-            if stop.code != stopping.NONE and not on_slurm:  # signalled while joining
+            if stop.code != stopping.NONE and not everyone:  # signalled while joining
                 child.signal(signal.SIGTERM if stop.code == stopping.TERM else
                              stopping.signal_number(cfg.cluster.signal))
             log.info("running %s on rank %d of %d", shown(cfg), rank.env.rank,
