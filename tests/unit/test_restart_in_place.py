@@ -93,6 +93,13 @@ def test_a_beat_is_one_store_write_at_most_every_interval(monkeypatch: pytest.Mo
     assert store.values[heartbeat.key(3)].split()[0] == "3"
     heartbeat.Heartbeat(None, 0, 5.0).beat(1)  # no supervisor: nothing, no error
     assert heartbeat.interval(None) == heartbeat.BEAT_S and heartbeat.interval(8.0) == 2.0
+    # Rank 0's store takes at most STORE_BEATS_PER_S beats a second at any world size; a
+    # rank's own cost stays one write per interval; a hang timeout set still bounds it.
+    for world in (8, 1024, 8192, 65536):
+        every = heartbeat.interval(None, world)
+        assert every >= heartbeat.BEAT_S and world / every <= heartbeat.STORE_BEATS_PER_S
+    assert heartbeat.interval(None, 8192) < hangs.MIN_DERIVED_S / 4
+    assert heartbeat.interval(8.0, 8192) == 2.0
 
 
 def _events(*kinds_and_fields: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:

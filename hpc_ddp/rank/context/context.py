@@ -87,7 +87,8 @@ class Context(ShardedModels):
         # Under a supervisor, its hang watch reads these beats (services/heartbeat.py).
         store = joined.store if joined is not None and env.supervised else None
         self._heartbeat = heartbeat.Heartbeat(store, env.rank,
-                                              heartbeat.interval(cfg.trainer.hang_timeout_s))
+                                              heartbeat.interval(cfg.trainer.hang_timeout_s,
+                                                                 env.world_size))
         self._heartbeat.beat(heartbeat.STARTING)  # a rank that hangs before its first step
 
     # -- who this rank is ------------------------------------------------------------------

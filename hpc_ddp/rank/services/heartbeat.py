@@ -17,6 +17,10 @@ from typing import Any
 STARTING = -1
 # At most one beat per this many seconds (fewer with a short trainer.hang_timeout_s).
 BEAT_S = 5.0
+# The beats rank 0's store takes per second at most, whatever the world size: with more ranks
+# each beats less often (8,000 ranks: one beat per rank every 40 s). A rank's own cost stays
+# one write per interval; the default hang timeout (5 minutes or more) stays far above it.
+STORE_BEATS_PER_S = 200.0
 
 
 def key(rank: int) -> str:
@@ -24,9 +28,11 @@ def key(rank: int) -> str:
     return f"hpc_ddp/beat/{rank}"
 
 
-def interval(hang_timeout_s: float | None) -> float:
-    """Seconds between beats: BEAT_S, or a quarter of a shorter hang timeout."""
-    return BEAT_S if hang_timeout_s is None else max(0.5, min(BEAT_S, hang_timeout_s / 4))
+def interval(hang_timeout_s: float | None, world_size: int = 1) -> float:
+    """Seconds between beats: BEAT_S, longer in a world whose beats would pass
+    STORE_BEATS_PER_S, and at most a quarter of a hang timeout the user set."""
+    every = max(BEAT_S, world_size / STORE_BEATS_PER_S)
+    return every if hang_timeout_s is None else max(0.5, min(every, hang_timeout_s / 4))
 
 
 class Heartbeat:

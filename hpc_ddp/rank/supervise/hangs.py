@@ -71,7 +71,7 @@ class HangWatch:
         self.rank, self.prefix, self.timeout_s = rank, child_prefix, timeout_s
         self.logs, self.ranks_dir, self.stack_signal = logs, ranks_dir, stack_signal
         self.on_hang = on_hang
-        self.poll_s = heartbeat.interval(timeout_s)
+        self.poll_s = heartbeat.interval(timeout_s, rank.env.world_size)
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         if rank.endpoint is not None and rank.env.is_master:
@@ -104,8 +104,8 @@ class HangWatch:
                 return  # the store is gone with the generation
             now = time.monotonic()
             if beats != seen:
-                if seen is not None:
-                    longest = max(longest, now - moved_at)
+                if seen is not None:  # a gap between beats is a pause only past the interval
+                    longest = max(longest, now - moved_at - self.poll_s)
                 seen, moved_at = beats, now
                 continue
             allowed = limit(self.timeout_s, longest)
