@@ -64,7 +64,10 @@ def test_each_node_stages_once_shares_it_and_a_requeue_reuses_it(
         hpc_ddp: Run, slurm_env: dict[str, str], data: Path, tmp_path: Path,
         request: pytest.FixtureRequest) -> None:
     stage_dir, run_dir = tmp_path / "stage", tmp_path / "run"
+    # 8 ranks on the 2 shared cores: each in its own process, without a supervisor (staging is
+    # what is tested here; a requeue still goes through the stop agreement).
     done = hpc_ddp("submit", [*COMMON, "nodes=4", "cluster.tasks_per_node=2", "data=shards",
+                              "cluster.supervise=false",
                               f"data.root={data / 'shards'}", "data.stage=true",
                               f"data.stage_dir={stage_dir}", "data.image_size=32",
                               "model=tiny_cnn", "trainer.batch_size=4", "trainer.max_steps=60",

@@ -35,8 +35,11 @@ def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, 
                        f'exec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     started = time.monotonic()
+    # Each rank trains in its own process, without a supervisor (the sweep is what is tested
+    # here; supervision in test_fault_tolerance.py): 12 jobs start half the processes.
     done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05,0.02",
                               "trainer.seed=0,1,2", "trainer.max_steps=10", *SMALL,
+                              "cluster.supervise=false",
                               f"cluster.python={wrapper}", f"sweep.dir={sweep}"], env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
     returned_after = time.monotonic() - started
