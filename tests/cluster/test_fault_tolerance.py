@@ -56,7 +56,10 @@ def uninterrupted(args: list[str], run_dir: Path, env: dict[str, str]) -> dict[s
 def reference(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The uninterrupted run every interrupted one must match (its folder under "run_dir")."""
     run_dir = tmp_path_factory.mktemp("ft") / "reference"
-    state = uninterrupted(ARGS, run_dir, {**os.environ, **slurm_cluster.env()})
+    # Each rank in its own process, without a supervisor: the same training, half the
+    # processes (the runs compared with it are supervised: restarts_in_place is on).
+    state = uninterrupted([*ARGS, "cluster.supervise=false"], run_dir,
+                          {**os.environ, **slurm_cluster.env()})
     return {**state, "run_dir": run_dir}
 
 

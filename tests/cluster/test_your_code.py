@@ -46,6 +46,9 @@ TARGET = ["--config-dir", "conf", "cluster=slurm", "nodes=4", "trainer.max_steps
           "trainer.checkpoint_interval=10", "trainer.log_interval=10",
           "trainer.eval_interval=60", "trainer.stop_check_interval=2",
           "trainer.collective_timeout_s=30", "trainer.rendezvous_timeout_s=60"]
+# A reference run (the uninterrupted one a resumed run is compared with, bitwise): each rank
+# in its own process, without a supervisor; the same training, half the processes.
+UNSUPERVISED = ["cluster.supervise=false"]
 ENTRY = ["--config-dir", "conf", "cluster=slurm", "nodes=4", "entry=seqproj.loop:main",
          "app.steps=150", "app.checkpoint_every=20", "trainer.stop_check_interval=2",
          "trainer.collective_timeout_s=30"]
@@ -74,7 +77,7 @@ def requeue_signal(job: str, env: dict[str, str]) -> None:
 def test_target_project_trains_requeues_and_resumes_bitwise(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
     reference_dir = tmp_path / "reference"
-    run_to_end(hpc_ddp, TARGET, slurm_env, reference_dir)
+    run_to_end(hpc_ddp, [*TARGET, *UNSUPERVISED], slurm_env, reference_dir)
     reference = checkpoint.load_latest(reference_dir / "checkpoints")
     assert reference is not None
     summary = summary_of(reference_dir)
@@ -136,7 +139,7 @@ def _hparam_tags(run_dir: Path) -> set[str]:
 def test_function_entry_requeues_and_ends_as_uninterrupted(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
     reference_dir = tmp_path / "reference"
-    run_to_end(hpc_ddp, ENTRY, slurm_env, reference_dir)
+    run_to_end(hpc_ddp, [*ENTRY, *UNSUPERVISED], slurm_env, reference_dir)
     reference = _user_state(reference_dir)
     summary = summary_of(reference_dir)
     assert summary["program"] == "entry seqproj.loop:main" and summary["global_step"] == 150
