@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU checks, in one go, in at most 8 minutes on one GPU, from the lent machine's bare
+# The GPU checks, in one go, in at most 10 minutes on one GPU, from the lent machine's bare
 # image (docs/performance.md, "Running the GPU check"):
 #   0. bootstrap: the carried wheels (.gpu_wheels, scripts/gpu_wheels.sh) into .gpu_site,
 #      the image's own torch                                                    ~10 s
@@ -8,10 +8,12 @@
 #      torch.compile, CUDA-event timing, exact stretches of steps, resume, fp16) <= 2 min
 #   3. a 1-rank NCCL run stopped mid-way (SIGTERM: checkpoint) and resumed       <= 50 s
 #   4. the training benchmark, 1 rank: null, tiny_cnn, resnet18 at 32x32         <= 1.5 min
-#   5. resnet50 at 224x224, bf16 + channels_last against the plain loop          <= 2 min
+#   5. resnet50 at 224x224, bf16 + channels_last against the plain loop          <= 100 s
 #      (target on an H200: >= 3000 img/s)
 #   6. your code: a function entry, and a torchrun-style script under script=
 #      against the same script under torchrun (samples/s, target ratio >= 0.99)  <= 1 min
+#   7. the combination matrix's sharded rows on CUDA, bf16 (tests/integration/
+#      test_matrix.py: every model x sgd/adamw under fsdp, and ctx.shard)        <= 2.3 min
 # Each step has its own timeout, so a slow one cannot eat the others' time; its seconds are
 # in the summary. $OUT (the device machine's result folder, else ./gpu_results) gets 8
 # files at most: summary.txt (torch version, every figure, every target met or not) and one
@@ -125,7 +127,7 @@ grep -E '^(model|null|tiny_cnn|resnet18) |^target|^framework' "$out/bench-32px.t
 
 # 5. ResNet-50 at 224x224: the plain fp32 loop, the tuned defaults (deterministic, as a run
 #    trains by default) and the tuned defaults without determinism (cuDNN autotuning).
-timeout 120 "$py" -m hpc_ddp.bench.train --models resnet50 --rounds 3 --window-s 3 \
+timeout 100 "$py" -m hpc_ddp.bench.train --models resnet50 --rounds 3 --window-s 3 \
     --settings tuned --variant 'tuned_nondet:tuned trainer.deterministic=false' \
     cluster=local cluster.tasks_per_node=1 cluster.gpus_per_node=1 cluster.cpus_per_task=8 \
     data.image_size=224 data.train_size=2048 data.eval_size=64 trainer.batch_size=256 \
@@ -176,6 +178,21 @@ ratio = ours / bare
 print(f"script= {ours:.0f} samples/s vs torchrun {bare:.0f}: ratio {ratio:.3f} "
       f"(target >= 0.99): {'met' if ratio >= 0.99 else 'NOT met'}")
 EOF
+
+# 7. The combination matrix's sharded rows (tests/integration/test_matrix.py) on the GPU: every
+#    built-in model (timm too: the image has it) x sgd/adamw under trainer.strategy=fsdp at the
+#    default precision (bf16 on CUDA), and a user's loop with ctx.shard; one rank, NCCL; each
+#    trained, stopped, resumed and compared bitwise with the uninterrupted run.      <= 2.3 min
+if [ $cpu = 0 ]; then
+HPC_DDP_MATRIX_DEVICE=cuda timeout 135 "$py" -m pytest -q -rA -p no:cacheprovider \
+    tests/integration/test_matrix.py -k "(test_trains_stops and fsdp and auto) or ctx.shard" \
+    >"$work/matrix-fsdp.txt" 2>&1
+ran $? "matrix: fsdp rows on CUDA"
+grep -E "^(PASSED|FAILED|ERROR|SKIPPED)" "$work/matrix-fsdp.txt" | sed 's/^/  /' | tee -a "$summary"
+tail -1 "$work/matrix-fsdp.txt" | tee -a "$summary"
+# Its log after the GPU tests' (8 files at most come back)
+{ echo; echo "=== matrix: fsdp rows on CUDA"; cat "$work/matrix-fsdp.txt"; } >>"$out/gpu-tests.txt"
+fi
 
 say "gpu_check done: exit $status in ${SECONDS}s; results in $out"
 rm -rf "$work"

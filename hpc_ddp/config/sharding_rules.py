@@ -26,16 +26,6 @@ def validate_sharding(cfg: Config) -> None:
             raise UserError(key, value, "unknown value.", f"use one of {', '.join(allowed)}.")
     if t.strategy != "fsdp" or cfg.entry is not None or cfg.script is not None:
         return
-    if t.precision == "fp16":
-        # fp16 needs a GradScaler whose inf check sees every rank's gradient shard; torch's
-        # GradScaler checks only this rank's, so ranks could disagree on skipping a step.
-        raise UserError("trainer.precision", t.precision, "does not work with "
-                        "trainer.strategy=fsdp (the loss scaler would see only this rank's "
-                        "shard of the gradients).", "use trainer.precision=bf16 (no scaler "
-                        "needed) or fp32.")
-    if t.compile:
-        raise UserError("trainer.compile", shown(t.compile), "is not supported with "
-                        "trainer.strategy=fsdp yet.", "set trainer.compile=false.")
     if t.channels_last:
         raise UserError("trainer.channels_last", shown(t.channels_last), "is not supported "
                         "with trainer.strategy=fsdp.", "leave trainer.channels_last unset "

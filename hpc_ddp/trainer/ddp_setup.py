@@ -8,15 +8,19 @@ measurements behind each default.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from hpc_ddp.config.schema import Config, TrainerConfig
+from hpc_ddp.rank.services import rng
 from hpc_ddp.rank.services.precision import resolve_precision
 from hpc_ddp.trainer.cpu_memory import keep_freed_memory
 from hpc_ddp.trainer.models import is_conv_net
-from hpc_ddp.trainer.optim import use_fused
+from hpc_ddp.trainer.optim import fused_on_sharded, use_fused
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def apply_process_settings(deterministic: bool, cudnn_benchmark: bool,
     import torch
     import torch.utils.deterministic
 
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    rng.deterministic_kernels(deterministic)
     torch.backends.cudnn.benchmark = cudnn_benchmark
     torch.utils.deterministic.fill_uninitialized_memory = (  # type: ignore[attr-defined]
         fill_uninitialized_memory)
@@ -115,7 +119,7 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
         from hpc_ddp.rank.services import sharding  # deferred: sharding (FSDP)
 
         sharded = sharding.shard(model, device, tune.precision, tune.reshard_after_forward,
-                                 tune.activation_checkpointing)
+                                 tune.activation_checkpointing, tune.compile)
         return sharded, sharded
     model = model.to(device)
     if tune.channels_last:
@@ -130,6 +134,56 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
     # Compiling the DDP module lets dynamo split the graph at bucket boundaries, so the
     # all-reduces still overlap the backward pass (DDPOptimizer).
     return ddp, torch.compile(ddp)
+
+
+def fused_optimizer(tune: Tuning, model: Any, cfg: Config, device: Any) -> Tuning:
+    """``tune`` with the fused optimizer kept only where it computes the update right, else
+    torch's foreach implementation, and why said once in the rank's log (a warning where
+    trainer.fused_optimizer=true asked for it). Two cases fall back:
+
+    - fp16 with SGD's momentum: the loss scaler skips the first step when its initial scale
+      overflows (the usual case), and torch's fused SGD has by then allocated its momentum
+      buffers empty without writing them; the next step reads that memory as momentum
+      (weights of 1e30 after 4 steps, seen here; torch/optim/sgd.py ``_fused_sgd``).
+    - under fsdp, a kernel with no sharding rule for DTensors (optim.fused_on_sharded).
+    """
+    if not tune.fused_optimizer or cfg.optim.target is not None:
+        return tune
+    why = None
+    if tune.precision == "fp16" and cfg.optim.name == "sgd" and cfg.optim.momentum > 0:
+        why = ("with the fp16 loss scaler, a first step it skips leaves the fused kernel's "
+               "momentum buffers unwritten")
+    elif tune.strategy == "fsdp":
+        found = fused_on_sharded(cfg.optim, model, device.type)
+        why = found and f"it does not run on sharded parameters: {found}"
+    if why is None:
+        return tune
+    say = log.warning if cfg.trainer.fused_optimizer else log.info
+    say("optimizer: not %s's fused kernel in torch %s (%s); using its foreach "
+        "implementation", cfg.optim.name, _torch_version(), why)
+    return replace(tune, fused_optimizer=False)
+
+
+def _torch_version() -> str:
+    import torch  # deferred: torch
+
+    return str(torch.__version__)
+
+
+def grad_scaler(tune: Tuning, device: Any) -> Any:
+    """The loss scaler: on for fp16 only (bf16 and fp32 need none). Under fsdp torch's
+    ShardedGradScaler, whose inf/NaN check is all-reduced, so that every rank skips the same
+    steps (GradScaler would look at this rank's shard of the gradients only)."""
+    import torch  # deferred: torch
+
+    fp16 = tune.precision == "fp16"
+    if tune.strategy == "fsdp" and fp16:
+        from torch.distributed.fsdp.sharded_grad_scaler import (  # deferred: torch
+            ShardedGradScaler,
+        )
+
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type, enabled=fp16)
 
 
 def gradient_sync(model: Any, sync: bool) -> Any:

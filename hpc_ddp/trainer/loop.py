@@ -27,7 +27,7 @@ from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.join.joined import Rank
-from hpc_ddp.rank.services import rng, sharding, stopping, window_sync
+from hpc_ddp.rank.services import rng, sharded_norms, sharding, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup, throughput
@@ -47,7 +47,6 @@ class Trainer:
         """``cpus``: the task's CPUs, for the loader's auto settings (default: the intra-op
         thread count rank.py set from them); ``joined``: the joined rank (its store carries
         the heartbeat a supervisor watches)."""
-
         self.cfg, self.env, self.run, self.device = cfg, env, run, device
         self.stop = stop
         self.ctx = Context(cfg, run, env, device, stop=stop, joined=joined)
@@ -62,6 +61,7 @@ class Trainer:
         # sharded model; self.forward: what runs the batch (the same module, or compiled).
         self.sharded = t.strategy == "fsdp"
         self.model, self.forward = ddp_setup.wrap(model, tune, device)
+        tune = ddp_setup.fused_optimizer(tune, self.model, cfg, device)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
                                      device.type, cpus or torch.get_num_threads(), self.data)
         ls = self.loaders.settings
@@ -79,7 +79,7 @@ class Trainer:
                                          self.tuning.fused_optimizer, device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.scheduler, self.total_steps)
         self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision, t.strategy)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
+        self.scaler = ddp_setup.grad_scaler(self.tuning, device)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
         # Counters (all in state_dict).
         self.global_step = 0
@@ -125,6 +125,8 @@ class Trainer:
         optimizer's state by parameter name: rank/services/sharding.py)."""
         if self.sharded:
             return sharding.state_dict(self.model, self.optimizer)
+        # Rank 0's buffers everywhere first: a DCP checkpoint writes each from any rank.
+        sharded_norms.broadcast_buffers(self.model.module)
         return {"model": self.model.module.state_dict(),
                 "optimizer": self.optimizer.state_dict()}
 
@@ -258,7 +260,6 @@ class Trainer:
                     return
 
     def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
-
         images = to_device(images, self.device)
         labels = to_device(labels, self.device)
         if self.data.batch_augment:

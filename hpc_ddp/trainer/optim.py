@@ -46,6 +46,34 @@ def use_fused(fused: bool | None, device_type: str) -> bool:
     return device_type in _get_fused_kernels_supported_devices()
 
 
+def fused_on_sharded(cfg: OptimConfig, model: Any, device_type: str) -> str | None:
+    """None when the built-in optimizer's fused kernel runs on ``model``'s sharded parameters
+    (DTensors), else why not. torch registers sharding rules for some fused kernels only
+    (AdamW's, not SGD's: "Operator aten._fused_sgd_.default does not have a sharding strategy
+    registered"); rather than keep a list per torch version, the kernel is tried once on a
+    one-element DTensor laid out as the model's first parameter (no collective: each rank
+    steps its own element)."""
+    # deferred: torch
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    first = next((p for p in model.parameters() if isinstance(p, DTensor)), None)
+    if first is None:
+        return None
+
+    def like(value: float) -> Any:
+        local = torch.full((1,), value, device=first.to_local().device)
+        return DTensor.from_local(local, first.device_mesh, first.placements, run_check=False)
+
+    probe = torch.nn.Parameter(like(1.0))
+    probe.grad = like(0.5)
+    try:
+        build_optimizer([probe], cfg, True, device_type).step()
+    except (NotImplementedError, RuntimeError) as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return None
+
+
 # The param-group keys that choose how the update runs, not what it computes. torch saves them
 # in the optimizer's state_dict and load_state_dict would bring them back; the run's current
 # config (and device) decides them instead, so a checkpoint written with a fused kernel on a
@@ -60,6 +88,21 @@ def load_optimizer_state(optimizer: Any, state: dict[str, Any]) -> None:
     optimizer.load_state_dict(state)
     for group, keys in zip(optimizer.param_groups, chosen, strict=True):
         group.update(keys)
+    _strides_of_parameters(optimizer)
+
+
+def _strides_of_parameters(optimizer: Any) -> None:
+    """Each state tensor shaped like its parameter laid out like it. A checkpoint read
+    through DCP gives contiguous tensors, while a channels_last convolution's weight is not;
+    torch's fused and foreach kernels walk a parameter and its momentum as flat memory, so
+    the mismatch mixes up elements (a resumed run's first step differed, seen here)."""
+    import torch  # deferred: torch
+
+    for param, values in optimizer.state.items():
+        for key, value in list(values.items()):
+            if (isinstance(value, torch.Tensor) and value.shape == param.shape
+                    and value.stride() != param.stride()):
+                values[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
 
 
 def lr_factor(step: int, total_steps: int, cfg: SchedulerConfig) -> float:

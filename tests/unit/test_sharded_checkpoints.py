@@ -165,8 +165,7 @@ def test_sigkill_during_sharded_background_saves_never_breaks_latest(tmp_path: P
 @pytest.mark.parametrize(("overrides", "key"), [
     (["trainer.strategy=zero3"], "trainer.strategy=zero3"),
     (["trainer.checkpoint_format=npz"], "trainer.checkpoint_format=npz"),
-    (["trainer.strategy=fsdp", "trainer.precision=fp16"], "trainer.precision=fp16"),
-    (["trainer.strategy=fsdp", "trainer.compile=true"], "trainer.compile=true"),
+    (["trainer.strategy=fsdp", "trainer.channels_last=true"], "trainer.channels_last=true"),
 ])
 def test_sharding_keys_refused_in_one_line(overrides: list[str], key: str) -> None:
     message = compose_refusal(overrides)
@@ -174,8 +173,15 @@ def test_sharding_keys_refused_in_one_line(overrides: list[str], key: str) -> No
 
 
 def test_a_loop_of_its_own_is_not_held_to_the_trainers_limits() -> None:
-    cfg = compose(["entry=t:main", "trainer.strategy=fsdp", "trainer.precision=fp16"])
+    cfg = compose(["entry=t:main", "trainer.strategy=fsdp", "trainer.channels_last=true"])
     assert cfg.trainer.strategy == "fsdp"
+
+
+def test_fsdp_takes_fp16_and_compile() -> None:
+    """Both train sharded (the matrix's fsdp-fp16 and fsdp-compile rows): fp16 with torch's
+    ShardedGradScaler, compile per block before fully_shard."""
+    cfg = compose(["trainer.strategy=fsdp", "trainer.precision=fp16", "trainer.compile=true"])
+    assert (cfg.trainer.precision, cfg.trainer.compile) == ("fp16", True)
 
 
 @pytest.mark.usefixtures("group")

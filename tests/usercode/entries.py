@@ -15,7 +15,7 @@ def two_args(ctx: Any, other: Any) -> None:
 
 def report(ctx: Any) -> dict[str, Any]:
     """One all-reduce, the torchrun variables and the context as the entry sees them."""
-    total = torch.tensor([float(ctx.rank)])
+    total = torch.tensor([float(ctx.rank)], device=ctx.device)  # NCCL takes GPU tensors only
     dist.all_reduce(total)
     return {"total": total.item(), "env_rank": os.environ["RANK"],
             "env_world": os.environ["WORLD_SIZE"], "ctx_world": ctx.world_size,

@@ -27,7 +27,7 @@ from hpc_ddp.rank.contract import CONTAINER_ENV, PROGRAM_CONFIG_ENV, STORE_KEY_E
 from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
-from hpc_ddp.rank.services import stacks
+from hpc_ddp.rank.services import rng, stacks
 from hpc_ddp.rundir import RunDir, write_json
 
 log = logging.getLogger(__name__)
@@ -224,7 +224,7 @@ def _prepare_torch(cfg: Config, environ: MutableMapping[str, str]) -> None:
     import torch  # deferred: torch
 
     torch.set_num_threads(threads_for(cfg, environ))
-    torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
+    rng.deterministic_kernels(cfg.trainer.deterministic)
 
 
 def _agent_store(environ: MutableMapping[str, str]) -> str | None:

@@ -62,3 +62,16 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def deterministic_kernels(on: bool) -> None:
+    """trainer.deterministic: torch's deterministic algorithms (warnings where an op has
+    none), and oneDNN's, which torch's switch leaves alone: its bf16 CPU kernels otherwise
+    pick an algorithm by memory alignment, and two identical runs drift apart (seen here:
+    torchvision's ResNet-18 in bf16, two runs differing after 4 steps).
+    https://pytorch.org/docs/stable/notes/randomness.html"""
+    import torch  # deferred: torch
+
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    if hasattr(torch.backends.mkldnn, "deterministic"):  # torch >= 2.6
+        torch.backends.mkldnn.deterministic = on  # type: ignore[assignment]

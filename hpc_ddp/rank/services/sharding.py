@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpc_ddp.rank.services import sharded_norms
 from hpc_ddp.rank.services.tensor_tree import has_dtensor
 
 
@@ -41,7 +42,7 @@ def precision_dtype(precision: str) -> Any:
 
 
 def shard(model: Any, device: Any, precision: str = "fp32", reshard_after_forward: bool = True,
-          activation_checkpointing: bool = False) -> Any:
+          activation_checkpointing: bool = False, compile: bool = False) -> Any:
     """``model`` moved to ``device`` and sharded over every rank of the default process group
     (a collective: every rank calls it with the same model, initialised alike). ``precision``
     bf16/fp16: the forward and backward run in it, gradients are reduced and the optimizer
@@ -49,7 +50,11 @@ def shard(model: Any, device: Any, precision: str = "fp32", reshard_after_forwar
     gathered parameters after its forward (gathered again in the backward).
     ``activation_checkpointing``: recompute each block's activations in the backward instead
     of keeping them (torch.distributed._composable.checkpoint: the parameter names do not
-    change, so checkpoints stay the same). A model built on the meta device (``with
+    change, so checkpoints stay the same). ``compile``: each block's forward compiled
+    (torch.compile) before it is sharded, torchtitan's combination: FSDP's hooks stay outside
+    the compiled code, the parameter names do not change. Layers with running statistics
+    (BatchNorm) stay in fp32 and every rank trains with rank 0's buffers, as under DDP
+    (sharded_norms.py). A model built on the meta device (``with
     torch.device("meta"):``) is sharded there, so no rank ever holds it whole; then
     ``model.to_empty(device=...)`` and initialise its parameters (each rank its shards)."""
     # deferred: torch
@@ -72,16 +77,22 @@ def shard(model: Any, device: Any, precision: str = "fp32", reshard_after_forwar
                                            output_dtype=torch.float32)
     if not any(p.is_meta for p in model.parameters()):
         model = model.to(device)  # one built on the meta device stays there (see above)
+    # Innermost first, as fully_shard wants: the fp32 norm layers, the blocks, the root.
+    norms = sharded_norms.shard_norms(model, mesh, dtype, reshard_after_forward)
     for block in blocks(model):
         if activation_checkpointing:
             from torch.distributed._composable import checkpoint  # deferred: torch
 
             checkpoint(block)
-        fully_shard(block, mesh=mesh, mp_policy=policy,
-                    reshard_after_forward=reshard_after_forward)
+        if compile:
+            block.forward = torch.compile(block.forward)
+        if id(block) not in norms:  # a norm layer that is a block: sharded already
+            fully_shard(block, mesh=mesh, mp_policy=policy,
+                        reshard_after_forward=reshard_after_forward)
     # The root: what no block holds; its parameters stay gathered after the forward (the
     # backward needs them first).
     fully_shard(model, mesh=mesh, mp_policy=root_policy, reshard_after_forward=False)
+    sharded_norms.keep_buffers_alike(model)
     return model
 
 
@@ -101,6 +112,8 @@ def state_dict(model: Any, optimizer: Any = None) -> dict[str, Any]:
         get_state_dict,
     )
 
+    if is_sharded(model):  # one copy of the buffers, whichever rank writes it
+        sharded_norms.broadcast_buffers(model)
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
     model_state, optim_state = get_state_dict(model, optimizer)
