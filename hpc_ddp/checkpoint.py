@@ -4,6 +4,7 @@
     python -m hpc_ddp.checkpoint export outputs/try1 model.pt              # the latest
     python -m hpc_ddp.checkpoint export outputs/try1 --step 200 model.pt
     python -m hpc_ddp.checkpoint export outputs/try1 model.safetensors     # tensors only
+    python -m hpc_ddp.checkpoint export outputs/try1 model.pt --force      # replace model.pt
 
 Either format a run writes (one file from rank 0, or a sharded DCP folder written by every
 rank: docs/fault-tolerance.md#sharded-checkpoints-dcp) comes out as one state dict with every
@@ -50,8 +51,9 @@ def chosen(run: RunDir, step: int | None) -> Path:
     return kept[-1]
 
 
-def export(run_dir: Path, out: Path, step: int | None = None) -> Path:
-    """Write the checkpoint (see the module docstring) to ``out``; returns the file read."""
+def export(run_dir: Path, out: Path, step: int | None = None, force: bool = False) -> Path:
+    """Write the checkpoint (see the module docstring) to ``out``; returns the file read. An
+    existing ``out`` is replaced only with ``force`` (it may be an earlier export in use)."""
     if out.suffix == ".safetensors":
         try:
             import safetensors.torch  # noqa: F401  optional: safetensors
@@ -63,6 +65,9 @@ def export(run_dir: Path, out: Path, step: int | None = None) -> Path:
                         f"create {out.parent} first.")
     run = RunDir(run_dir.absolute())
     path = chosen(run, step)
+    if out.exists() and not force:
+        raise UserError("OUT", str(out), "exists already.", "pass --force to replace it, or "
+                        "name another file.")
     from hpc_ddp.rank.services import checkpoint  # deferred: torch (checkpoint)
 
     try:
@@ -98,13 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     exporting.add_argument("run", type=Path, help="the run dir")
     exporting.add_argument("out", type=Path, help="the file to write (.pt or .safetensors)")
     exporting.add_argument("--step", type=int, help="the step (default: the latest)")
+    exporting.add_argument("--force", action="store_true", help="replace an existing OUT")
     args = parser.parse_args(argv)
     try:
-        path = export(args.run, args.out, args.step)
+        replaced = args.out.exists()
+        path = export(args.run, args.out, args.step, args.force)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
-    print(f"wrote {args.out} from {path}")
+    print(f"{'replaced' if replaced else 'wrote'} {args.out} from {path}")
     return 0
 
 

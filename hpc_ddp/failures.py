@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from hpc_ddp import hostlist
-from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
+from hpc_ddp.rank.supervise.diagnose import FULL_TRACEBACK, LOCAL_MARK
 from hpc_ddp.ranklines import ranges
 from hpc_ddp.rundir import RunDir, read_json
 
@@ -35,6 +35,12 @@ class Failure:
     host: str
     message: str
     when: float
+    # The program's traceback (its frames, not those it was called through; "" for a
+    # refusal or diagnosis whose message says it all).
+    traceback: str = ""
+    # The file had the program's traceback looked for (error files since 2026-12-04):
+    # without one, the rank log's last lines add nothing but frames.
+    sorted_out: bool = False
 
     @property
     def kind(self) -> str:
@@ -83,11 +89,13 @@ def read(run: RunDir, ranks: list[int]) -> list[Failure]:
             when = path.stat().st_mtime
         except OSError:
             continue
-        first = text.split("\n\n", 1)[0].replace(f"{LOCAL_MARK} ", "")
+        first, _, rest = text.partition("\n\n")
+        first = first.replace(f"{LOCAL_MARK} ", "")
         head = _HEAD.match(first)
         host = head[2] if head else "?"
         message = first[head.end():] if head else first
-        found.append(Failure(rank, host, message, when))
+        trace = rest.split(f"\n\n{FULL}", 1)[0] if rest.startswith(TRACEBACK) else ""
+        found.append(Failure(rank, host, message, when, trace, FULL in rest))
     return sorted(found, key=lambda f: (f.when, f.rank))
 
 
@@ -116,12 +124,21 @@ def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
         shown = next((f.rank for f in group.failures if run.rank_log(f.rank).exists()), None)
         if shown is None:  # a rank that never started Python has no log
             continue
-        if "its last lines:" not in group.first.message:
+        trace = group.first.traceback
+        if trace:  # the program's frames; its last line is the message above
+            lines += trace.splitlines()[:-1] if trace.endswith(group.first.message) else [trace]
+        elif "its last lines:" not in group.first.message and not group.first.sorted_out:
             lines += [f"last lines of {run.rank_log(shown)}:", tail(run.rank_log(shown),
                                                                    log_lines)]
         lines.append(f"all of rank {shown}'s lines: python -m hpc_ddp.logs "
                      f"{shlex.quote(str(run.root))} --rank {shown}")
     return lines
+
+
+# An error file's blocks (rank/join/joined.py): the message, the program's traceback when
+# there is one, then the whole chain under FULL.
+TRACEBACK = "Traceback (most recent call last):"
+FULL = FULL_TRACEBACK
 
 
 def world_size(run: RunDir) -> int | None:

@@ -53,6 +53,7 @@ class Shown:
 
     line: ranklines.Line
     attempt: str
+    began: str = ""  # its ATTEMPT line's time on this rank ("" when that line was not read)
 
 
 @dataclass
@@ -62,6 +63,7 @@ class RankFile:
     path: Path
     offset: int = 0
     attempt: str = ""
+    began: str = ""
     last: ranklines.Line | None = None
     partial: bytes = field(default=b"", repr=False)
     _cut: bool = field(default=False, repr=False)
@@ -106,9 +108,9 @@ class RankFile:
                 parsed = self.last._replace(text=raw)
             self.last = parsed
             if parsed.kind == ranklines.ATTEMPT:
-                self.attempt = parsed.text
+                self.attempt, self.began = parsed.text, parsed.time
                 continue
-            found.append(Shown(parsed, self.attempt))
+            found.append(Shown(parsed, self.attempt, self.began))
         return found
 
 
@@ -123,7 +125,7 @@ class RankFile:
             if marker in raw:
                 parsed = ranklines.parse(raw)
                 if parsed is not None and parsed.kind == ranklines.ATTEMPT:
-                    self.attempt = parsed.text
+                    self.attempt, self.began = parsed.text, parsed.time
                     break
         return raws[start:]
 
@@ -203,7 +205,7 @@ class Printer:
         for s in lines:
             if s.attempt != self.attempt:
                 self.attempt = s.attempt
-                text.append(attempt_marker(s.attempt, s.line.time))
+                text.append(attempt_marker(s.attempt, s.began or s.line.time))
             ln = s.line
             text.append(f"{ln.time[11:]} [rank {ln.rank} {ln.host}] {ln.kind} {ln.text}")
         if text:
@@ -212,7 +214,8 @@ class Printer:
 
 def attempt_marker(attempt: str, when: str) -> str:
     """"--- attempt: job 42.0, restart 1, generation 0 (2026-11-30 10:00:01) ---": the
-    attempt the next lines belong to, and the first one's time."""
+    attempt the next lines belong to, and ``when``: when it began (its ATTEMPT line's time),
+    else the first line's."""
     if attempt == EARLIER:
         return f"--- the attempt that began before these lines ({when[:19]}) ---"
     if not attempt:
@@ -310,11 +313,27 @@ def checked(args: argparse.Namespace) -> tuple[list[int] | None, str | None,
     return ranks, since, grep
 
 
+def _check_ranks(run: RunDir, ranks: list[int] | None) -> None:
+    """UserError for a rank the run does not have (rank 0's record gives the world size;
+    before it is written nothing is refused)."""
+    record = read_json(run.ranks / "rank0.json")
+    world = record.get("world_size") if isinstance(record, dict) else None
+    if ranks is None or not isinstance(world, int):
+        return
+    beyond = [r for r in ranks if r >= world]
+    if beyond:
+        one = len(ranks) == 1
+        key, value = ("--rank", beyond[0]) if one else ("--ranks", ranklines.ranges(ranks))
+        raise UserError(key, value, f"the run has {world} rank{'s' if world > 1 else ''} "
+                        f"(0-{world - 1}).", f"give ranks below {world}.")
+
+
 def show(run: RunDir, ranks: list[int] | None, since: str | None,
          grep: re.Pattern[str] | None, tail: int | None = None, follow: bool = False,
          out: TextIO = sys.stdout) -> int:
     """Print the lines (the last ``tail``), then with ``follow`` the new ones until the run
     has ended."""
+    _check_ranks(run, ranks)
     files = [RankFile(p) for p in rank_files(run.logs, ranks)]
     printer = Printer(out)
     if follow and tail is None:

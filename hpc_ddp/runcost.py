@@ -72,24 +72,42 @@ def _gpus_per_node(config: str) -> int:
 
 
 def local_cost(run: RunDir, job: dict[str, Any] | None, ended: float | None) -> Cost | None:
-    """A local run's wall time (submission to ``ended``, or now) and its ranks' CPU time."""
+    """A local run's cost: wall time from the first submission to ``ended`` (or now); running
+    time summed over its attempts (each from its submission to its last rank's exit: the
+    idle time between a run and its resume is not running); every attempt's CPU time."""
     if not job or not job.get("submitted"):
         return None
-    first = float((job.get("history") or [job])[0].get("submitted") or job["submitted"])
+    history = job.get("history") or [job]
+    first = float(history[0].get("submitted") or job["submitted"])
     wall = max(0.0, (ended or time.time()) - first)
-    cpu_s, last = 0.0, 0.0
+    usage = _usage(run)
+    cpu_s = sum(float(u.get("cpu_s") or 0.0) for u in usage)
+    exits = sorted(float(u.get("time") or 0.0) for u in usage)
+    starts = [float(e.get("submitted") or first) for e in history]
+    running = 0.0
+    for i, began in enumerate(starts):  # an attempt ends at its ranks' last exit before the next
+        until = starts[i + 1] if i + 1 < len(starts) else float("inf")
+        mine = [t for t in exits if began <= t < until]
+        last = i == len(starts) - 1
+        end = mine[-1] if mine else ((ended or time.time()) if last else began)
+        running += max(0.0, end - began)
+    if ended is not None and exits:  # the last rank's exit, not when a file was touched
+        wall = max(0.0, exits[-1] - first)
+    return Cost(wall, 0.0, running, cpu_s / 3600, 0.0, len(history))
+
+
+def _usage(run: RunDir) -> list[dict[str, Any]]:
+    """Every rank's CPU time per attempt (rank/join/joined.py writes them at exit)."""
     try:
         names = [e.name for e in os.scandir(run.ranks) if e.name.endswith(USAGE_SUFFIX)]
     except OSError:
-        names = []
+        return []
+    found = []
     for name in names:
         usage = read_json(run.ranks / name)
-        if isinstance(usage, dict):
-            cpu_s += float(usage.get("cpu_s") or 0.0)
-            last = max(last, float(usage.get("time") or 0.0))
-    if ended is not None and last:  # the last rank's exit, not when a file was touched
-        wall = max(0.0, last - first)
-    return Cost(wall, 0.0, wall, cpu_s / 3600, 0.0, len(job.get("history") or [job]))
+        if isinstance(usage, dict):  # {"attempts": {...}}; before: one attempt's fields
+            found += list(usage.get("attempts", {}).values()) if "attempts" in usage else [usage]
+    return found
 
 
 def record(run: RunDir, cost: Cost) -> None:

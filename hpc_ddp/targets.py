@@ -35,8 +35,14 @@ def locate(path: str, key: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_path)
     except ImportError as exc:
+        whole = path.replace(":", ".")  # a correction is judged on everything typed
+        near = closest_module(getattr(exc, "name", None) or "", whole)
+        hint = ""
+        if near:  # the corrected module, then the rest as typed (its colon kept)
+            module = near[:len(module_path) + len(near) - len(whole)]
+            hint = f"did you mean {module}{path[len(module_path):]}? "
         raise TargetError(key, path, f"cannot be imported ({_first_line(exc)}).",
-                          _IMPORTABLE_FIX + ".") from None
+                          f"{hint}{_IMPORTABLE_FIX}.") from None
     except Exception as exc:  # the module raised while importing
         raise TargetError(key, path, f"importing {module_path} raised "
                           f"{type(exc).__name__}: {_first_line(exc)}.",
@@ -67,6 +73,36 @@ def _split_module(path: str, key: str) -> tuple[str, str]:
         if has_module(module):
             return module, ".".join(parts[cut:])
     return parts[0], ".".join(parts[1:])  # import_module names what is missing
+
+
+def closest_module(missing: str, module_path: str) -> str | None:
+    """``module_path`` with its missing part (``missing``: ImportError.name, e.g. my_pkg.nett)
+    replaced by the closest module that exists beside it (my_pkg.net); None when none is
+    close, or the missing module is not a part of ``module_path`` (an import inside it)."""
+    import pkgutil  # deferred: pkgutil
+
+    if not missing or not (module_path == missing or module_path.startswith(missing + ".")):
+        return None
+    parent, _, name = missing.rpartition(".")
+    try:
+        where = importlib.import_module(parent).__path__ if parent else None
+    except Exception:  # a parent that does not import: no list to look in
+        return None
+    names = [m.name for m in pkgutil.iter_modules(where)]
+    paths = [f"{parent + '.' if parent else ''}{close}{module_path[len(missing):]}"
+             for close in difflib.get_close_matches(name, names, n=3)]
+    # The one of the closest names under which most of the path imports (testz.usercode:
+    # tests.usercode, not the standard library's test).
+    return max(paths, key=_importable_depth, default=None)
+
+
+def _importable_depth(path: str) -> int:
+    """How many leading parts of ``path`` name modules that exist (tests.usercode.x: 2)."""
+    parts = path.split(".")
+    depth = 0
+    while depth < len(parts) and has_module(".".join(parts[:depth + 1])):
+        depth += 1
+    return depth
 
 
 def has_module(name: str) -> bool:

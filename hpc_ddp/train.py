@@ -50,6 +50,24 @@ def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
         check_writable(root, checked.run_dir)
 
 
+def record_job(run_dir: RunDir, job: str) -> None:
+    """job.json as a submission writes it, for a job started by sbatch: the run is then one
+    of ``status``, ``logs`` and ``Run.from_dir`` like any other (a requeue, the same job,
+    is recorded once; a later sbatch on the same run dir joins its history)."""
+    import time
+
+    from hpc_ddp.rundir import read_json, write_json
+
+    path = run_dir.root / "job.json"
+    found = read_json(path)
+    history = found.get("history", []) if isinstance(found, dict) else []
+    if any(str(h.get("job_id")) == job for h in history):
+        return
+    record = {"kind": "slurm", "job_id": job, "submitted": time.time(), "started_by": "sbatch"}
+    run_dir.root.mkdir(parents=True, exist_ok=True)
+    write_json(path, {**record, "history": [*history, record]})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # deferred: hostlist; start-up: config.compose, config.secrets, inputs.command_line,
     # rank.join.device, rank.join.distenv
@@ -92,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_dir = RunDir(root.absolute())
         check_run_dir(cfg, run_dir.root, env.restart)
         check_inputs(cfg)
+        if env.is_master and job:  # status, logs and Run.from_dir know it as submit's
+            record_job(run_dir, job)
         if env.is_master and resume_cause(cfg, run_dir, env) is None:
             # A fresh run: record its config and overrides (submit resume=true can go on
             # from them). A resumed or requeued run keeps what it was started with.
@@ -105,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DeviceError as exc:  # this node's environment, not the command: one line, exit 1
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        from hpc_ddp.rank.main.submitted import recorded  # deferred (start-up): submitted
+
+        if recorded(exc):  # in the rank's log and error file, with the program's traceback
+            return 1
+        raise
     if summary is not None:
         from hpc_ddp.rank.supervise.outcome import summary_line  # deferred: hostlist
 

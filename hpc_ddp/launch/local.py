@@ -20,6 +20,7 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
+from hpc_ddp.launch.target import counted
 from hpc_ddp.procs import pid_alive, start_time
 from hpc_ddp.rank.contract import LAUNCH_ID_ENV
 from hpc_ddp.rank.join.device import visible_devices
@@ -189,8 +190,8 @@ def describe(cfg: Config) -> str:
         "on CPU with gloo")
     if cfg.nodes > 1:
         return (f"{cfg.nodes * tasks} ranks on this machine {on}, simulating {cfg.nodes} "
-                f"nodes x {tasks} tasks (submitit's local executor runs one node)")
-    return f"{tasks} rank{'s' if tasks > 1 else ''} on this machine {on}"
+                f"nodes x {counted(tasks, 'task')} (submitit's local executor runs one node)")
+    return f"{counted(tasks, 'rank')} on this machine {on}"
 
 
 def dry_run(cfg: Config, run: RunDir) -> str:

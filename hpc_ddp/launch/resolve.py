@@ -207,9 +207,18 @@ def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
     return {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
 
 
+# Where a GPU driver shows itself without loading anything: NVIDIA's (the device files and
+# the driver's /proc entry) and ROCm's (HIP builds of torch answer torch.cuda too).
+GPU_DRIVER_PATHS = ("/dev/nvidia0", "/proc/driver/nvidia/gpus", "/dev/kfd")
+
+
 @functools.cache
 def cuda_device_count() -> int:
-    """The CUDA devices torch can use from this process (0 without CUDA); asked once."""
+    """The CUDA devices torch can use from this process (0 without CUDA); asked once. On a
+    machine with no GPU driver at all the answer is 0 without importing torch (a second of
+    start-up saved for every command that plans a local run there: --cfg, dry runs)."""
+    if not any(os.path.exists(p) for p in GPU_DRIVER_PATHS):
+        return 0
     # deferred: torch
     import torch
 

@@ -27,6 +27,7 @@ from hpc_ddp.config.supervision import supervised
 from hpc_ddp.config.validate import SLURM_NAMED
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
+from hpc_ddp.launch.target import counted
 from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
@@ -259,4 +260,5 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None,
 def describe(cfg: Config) -> str:
     tasks = cfg.cluster.tasks_per_node or 1
     gpus = f", {cfg.cluster.gpus_per_node} GPUs/node" if cfg.cluster.gpus_per_node else ""
-    return f"{cfg.nodes} node(s) x {tasks} task(s){gpus} = {cfg.nodes * tasks} ranks"
+    return (f"{counted(cfg.nodes, 'node')} x {counted(tasks, 'task')}{gpus} = "
+            f"{counted(cfg.nodes * tasks, 'rank')}")

@@ -31,6 +31,7 @@ from hpc_ddp import hostlist
 from hpc_ddp.config.schema import Config
 from hpc_ddp.config.secrets import shell_lines
 from hpc_ddp.errors import UserError
+from hpc_ddp.launch.target import counted
 from hpc_ddp.procs import pid_alive, start_time
 from hpc_ddp.rank.contract import STEP_OF_ENV, TASK_ENV
 from hpc_ddp.rundir import RunDir, read_json
@@ -258,8 +259,9 @@ def describe(cfg: Config) -> str:
     where = f"allocation {alloc.job_id} ({len(alloc.nodes)} nodes)" if alloc else "allocation"
     on = "a GPU each with NCCL" if c.gpus_per_node and cfg.trainer.device != "cpu" else (
         "CPU with gloo")
-    return (f"{cfg.nodes * (c.tasks_per_node or 1)} ranks on {cfg.nodes} node(s) x "
-            f"{c.tasks_per_node or 1} task(s), on {on}, as a step of this shell's Slurm "
+    tasks = c.tasks_per_node or 1
+    return (f"{counted(cfg.nodes * tasks, 'rank')} on {counted(cfg.nodes, 'node')} x "
+            f"{counted(tasks, 'task')}, on {on}, as a step of this shell's Slurm "
             f"{where}: no new job, no queue wait")
 
 

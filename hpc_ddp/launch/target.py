@@ -32,7 +32,7 @@ class LaunchTarget(Protocol):
         ...
 
     def describe(self, cfg: Config) -> str:
-        """The run's shape in a few words ("2 node(s) x 1 task(s) = 2 ranks")."""
+        """The run's shape in a few words ("2 nodes x 1 task = 2 ranks")."""
         ...
 
     def dry_run(self, cfg: Config, run: RunDir) -> str:
@@ -46,3 +46,8 @@ def target(kind: str) -> LaunchTarget:
         raise ValueError(f"cluster.kind={kind!r} has no launch target; known: "
                          f"{', '.join(TARGETS)}")
     return cast(LaunchTarget, importlib.import_module(TARGETS[kind]))
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 node", "2 nodes": a count with its noun in the number it takes."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

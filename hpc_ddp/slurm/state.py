@@ -31,11 +31,18 @@ SQUEUE_FORMAT = "%i|%T|%r|%P"
 SACCT_FIELDS = "JobID,State,ExitCode,Reason"
 
 
+# Slurm's states shown as another: COMPLETING is a job whose processes Slurm is still
+# cleaning up, which ends as COMPLETED or FAILED; until then it runs (docs/api.md#states).
+FOLDED = {"COMPLETING": "RUNNING"}
+
+
 def normalise(raw: str) -> str:
     """Slurm's state text as one word scripts can compare: "CANCELLED by 1000" -> CANCELLED,
-    "CANCELLED+" (a fixed-width column cut it) -> CANCELLED; "" stays ""."""
+    "CANCELLED+" (a fixed-width column cut it) -> CANCELLED, COMPLETING -> RUNNING (FOLDED);
+    "" stays ""."""
     words = raw.split()
-    return words[0].rstrip("+").upper() if words else ""
+    word = words[0].rstrip("+").upper() if words else ""
+    return FOLDED.get(word, word)
 
 
 @dataclass(frozen=True)

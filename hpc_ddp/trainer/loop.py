@@ -47,8 +47,7 @@ class Trainer:
         """``cpus``: the task's CPUs, for the loader's auto settings (default: the intra-op
         thread count rank.py set from them); ``joined``: the joined rank (its store carries
         the heartbeat a supervisor watches)."""
-        self.cfg, self.env, self.run, self.device = cfg, env, run, device
-        self.stop = stop
+        self.cfg, self.env, self.run, self.device, self.stop = cfg, env, run, device, stop
         self.ctx = Context(cfg, run, env, device, stop=stop, joined=joined)
         t = cfg.trainer
         rng.seed_all(t.seed)
@@ -96,6 +95,7 @@ class Trainer:
         # per step in the last window (what "behind" is measured against), FLOPs per sample.
         self.clock = throughput.RankClock(device)
         self._own_mean_s: float | None = None
+        self.stragglers = throughput.Stragglers()  # rank 0 names them
         self._logged_step = 0
         self._flops: float | None = None
 
@@ -361,8 +361,9 @@ class Trainer:
         values = throughput.window_values(
             self.last_train_loss, p.lr, speed, p.elapsed_s / steps, world, self._own_mean_s,
             self._flops, throughput.peak_flops(self.device, self.autocast_dtype is not None))
-        slow = throughput.straggler(sums.own_s, sums.slow, sums.slow_rank, sums.slow_own_s,
-                                    world, steps) if self.env.is_master else None
+        slow = self.stragglers.confirmed(throughput.straggler(
+            sums.own_s, sums.slow, sums.slow_rank, sums.slow_own_s, world, steps)
+            if self.env.is_master else None)
         if slow is not None:
             values.update({"train/slowest_rank": float(slow.rank),
                            "train/slowest_behind": slow.behind})

@@ -93,15 +93,32 @@ class Straggler:
     own_ms: float  # its own time per step
     others_ms: float  # the others' mean
     host: str = "?"
+    world_size: int = 0
 
     @property
     def behind(self) -> float:
         return self.own_ms / self.others_ms - 1 if self.others_ms > 0 else 0.0
 
     def text(self) -> str:
-        return (f"rank {self.rank} on {self.host} is {100 * self.behind:.0f}% behind the others "
+        others = f"rank {1 - self.rank}" if self.world_size == 2 else "the others"
+        return (f"rank {self.rank} on {self.host} is {100 * self.behind:.0f}% behind {others} "
                 f"({self.own_ms:.1f} ms vs {self.others_ms:.1f} ms of data wait + forward "
                 "per step)")
+
+
+class Stragglers:
+    """Rank 0's view over the windows: a rank is named only when it was the one behind in
+    this window and the one before. One window's figure is noisy where ranks share cores or
+    a file system (a 2-rank run on one host swung between +30 % and +122 % from run to run);
+    a rank that stays behind is a straggler, a rank behind once is not."""
+
+    def __init__(self) -> None:
+        self._last: Straggler | None = None
+
+    def confirmed(self, found: Straggler | None) -> Straggler | None:
+        before, self._last = self._last, found
+        return found if found is not None and before is not None and (
+            before.rank == found.rank) else None
 
 
 def straggler(own_sum_s: float, slow: float, slow_rank_sum: float, slow_own_s: float,
@@ -111,7 +128,8 @@ def straggler(own_sum_s: float, slow: float, slow_rank_sum: float, slow_own_s: f
     if round(slow) != 1 or world_size < 2 or steps < 1:
         return None
     others = (own_sum_s - slow_own_s) / (world_size - 1) / steps
-    found = Straggler(int(round(slow_rank_sum)), 1e3 * slow_own_s / steps, 1e3 * others)
+    found = Straggler(int(round(slow_rank_sum)), 1e3 * slow_own_s / steps, 1e3 * others,
+                      world_size=world_size)
     return found if found.behind > BEHIND else None
 
 

@@ -50,6 +50,26 @@ def test_merged_in_time_order_with_attempt_markers(tmp_path: Path) -> None:
         "[rank 1 n2] ERR Traceback on 1", "[rank 1 n2] ERR   File x, line 1"]
 
 
+def test_the_attempt_marker_says_when_the_attempt_began(tmp_path: Path) -> None:
+    """Not when its first shown line was printed: the second attempt began at T0 + 100, its
+    first line came 10 s later."""
+    run = _run(tmp_path / "run")
+    _, lines = _show(str(run))
+    markers = [ln for ln in lines if ln.startswith("--- attempt")]
+    assert markers[1].endswith(f"({ranklines.stamp(T0 + 100)[:19]}) ---"), markers
+
+
+def test_a_rank_the_run_does_not_have_is_refused(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "run")
+    (run / "ranks").mkdir()
+    (run / "ranks" / "rank0.json").write_text(json.dumps({"world_size": 2}))
+    code, _ = _show(str(run), "--rank", "3")
+    assert code == USAGE_EXIT_CODE
+    assert capsys.readouterr().err.strip() == (
+        "error: --rank=3: the run has 2 ranks (0-1). Fix: give ranks below 2.")
+
+
 def test_one_rank_grep_since_tail(tmp_path: Path) -> None:
     run = _run(tmp_path / "run")
     (run / "logs" / "rank0.log").chmod(0)  # --rank 1 never opens rank 0's file

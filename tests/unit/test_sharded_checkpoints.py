@@ -199,6 +199,14 @@ def test_export_writes_one_plain_file_and_refuses_bad_input(
     assert exported["step"] == 1 and torch.equal(exported["model"]["w"], torch.ones(3, 4))
     assert export_cli.main(["export", str(run), "--step", "7", str(out)]) == 2
     assert "pick one of 1, 2" in capsys.readouterr().err
+    # An existing file is kept unless asked: said in one line, exit 2.
+    assert export_cli.main(["export", str(run), str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: OUT={out}: exists already. Fix: pass "
+                                              "--force")
+    assert torch.load(out, weights_only=True)["step"] == 1
+    assert export_cli.main(["export", str(run), str(out), "--force"]) == 0
+    assert capsys.readouterr().out.startswith(f"replaced {out}")
+    assert torch.load(out, weights_only=True)["step"] == 2
     try:
         import safetensors  # noqa: F401
     except ImportError:

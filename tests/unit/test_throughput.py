@@ -58,6 +58,22 @@ def test_no_straggler_named(slow: int, own: float, expected: None) -> None:
     assert throughput.straggler(0.5 * 3 + own, slow, 2.0 * slow, own, 4, 1) is expected
 
 
+def test_a_straggler_is_named_when_it_stays_behind() -> None:
+    watch = throughput.Stragglers()
+    three = throughput.Straggler(3, 12.0, 10.0, world_size=8)
+    assert watch.confirmed(three) is None  # one window: noise, maybe
+    assert watch.confirmed(throughput.Straggler(5, 12.0, 10.0, world_size=8)) is None
+    assert watch.confirmed(three) is None  # rank 5 was the one before
+    assert watch.confirmed(three) is three  # twice in a row: named
+    assert watch.confirmed(None) is None and watch.confirmed(three) is None
+
+
+def test_with_two_ranks_the_other_is_named() -> None:
+    text = throughput.Straggler(1, 13.0, 10.0, "node2", world_size=2).text()
+    assert text.startswith("rank 1 on node2 is 30% behind rank 0 (13.0 ms vs 10.0 ms")
+    assert "the others" in throughput.Straggler(1, 13.0, 10.0, "node2", world_size=4).text()
+
+
 def test_flops_counted_without_touching_state() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
                                 torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4))

@@ -140,3 +140,14 @@ def secrets_reached(ctx: Any) -> dict[str, Any]:
     return {"sha256": {**env, "model.api_token": model.token_sha,
                        **{f"app.{k}": v for k, v in app.items()}},
             "argv_holding": command_lines_holding(list(planted.values()))}
+
+
+def _helper_that_fails(ctx: Any) -> int:
+    if ctx.rank == 1:
+        return {}["missing"]  # a KeyError in the user's own frames
+    return 0
+
+
+def fails_in_own_code(ctx: Any) -> dict[str, Any]:
+    """Rank 1 raises from a helper of the entry: the report must show these frames."""
+    return {"x": _helper_that_fails(ctx)}

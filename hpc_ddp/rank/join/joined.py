@@ -28,7 +28,8 @@ from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, re
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.services import rng, stacks
-from hpc_ddp.rundir import RunDir, write_json
+from hpc_ddp.rank.supervise import diagnose
+from hpc_ddp.rundir import RunDir, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -147,17 +148,22 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-        _record_usage(run_dir, env.rank)
+        _record_usage(run_dir, env)
 
 
-def _record_usage(run_dir: RunDir, rank: int) -> None:
-    """This rank's CPU time, its own and its children's (a script under its supervisor):
-    what a local run's cost counts (hpc_ddp/runcost.py, docs/observability.md)."""
+def _record_usage(run_dir: RunDir, env: DistEnv) -> None:
+    """This rank's CPU time, its own and its children's (a script under its supervisor), kept
+    per attempt (a resume is a new job, a requeue a new start of it): what a local run's cost
+    counts, every attempt's (hpc_ddp/runcost.py, docs/observability.md)."""
     me, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
                                                           resource.RUSAGE_CHILDREN))
     cpu = me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+    path = run_dir.rank_usage(env.rank)
     try:
-        write_json(run_dir.rank_usage(rank), {"cpu_s": round(cpu, 3), "time": time.time()})
+        found = read_json(path)
+        attempts = found.get("attempts", {}) if isinstance(found, dict) else {}
+        attempts[f"{env.job_id}.{env.restart}"] = {"cpu_s": round(cpu, 3), "time": time.time()}
+        write_json(path, {"attempts": attempts})
     except OSError:
         pass
 
@@ -301,8 +307,19 @@ def _record_failure(run_dir: RunDir, env: DistEnv, host: str, exc: BaseException
         log.warning("rank %d on %s %s", env.rank, host, exc)
         return
     text = "".join(traceback.format_exception(exc))
-    log.error("rank %d on %s failed: %s", env.rank, host, exc)
+    program = diagnose.program_traceback(exc)
+    shown = str(exc).replace(f"{diagnose.LOCAL_MARK} ", "")
+    log.error("rank %d on %s failed: %s%s", env.rank, host, shown,
+              f"\n{program}" if program else "")
+    # The error file: the message, the program's traceback (the failure report shows it),
+    # then the whole chain with hpc_ddp's frames (for a bug of ours).
+    blocks = [f"rank {env.rank} on {host}: {exc}", *([program] if program else []),
+              f"{diagnose.FULL_TRACEBACK}\n{text}"]
     try:
-        run_dir.rank_error(env.rank).write_text(f"rank {env.rank} on {host}: {exc}\n\n{text}")
+        run_dir.rank_error(env.rank).write_text("\n\n".join(blocks))
     except OSError:
+        pass
+    try:
+        setattr(exc, diagnose.RECORDED, True)
+    except AttributeError:  # an exception type without a __dict__: printed once more
         pass

@@ -15,11 +15,17 @@ def main() -> int:
     # deferred: hostlist, the typed schemas; start-up: rank.contract, rundir
     from hpc_ddp.config.compose import from_yaml
     from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV, PROGRAM_RUN_DIR_ENV
+    from hpc_ddp.rank.main.submitted import recorded
     from hpc_ddp.rank.main.task import run
     from hpc_ddp.rundir import RunDir
 
     cfg = from_yaml(os.environ[PROGRAM_CONFIG_ENV])
-    run(cfg, RunDir(Path(os.environ[PROGRAM_RUN_DIR_ENV])), os.environ)
+    try:
+        run(cfg, RunDir(Path(os.environ[PROGRAM_RUN_DIR_ENV])), os.environ)
+    except Exception as exc:
+        if recorded(exc):  # in this rank's log and error file already
+            return 1
+        raise
     return 0
 
 

@@ -54,7 +54,19 @@ def main(argv: Sequence[str]) -> int:
     except Untrusted as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if recorded(exc):  # in the rank's log and error file, with the program's traceback
+            return 1
+        raise
     return 0
+
+
+def recorded(exc: BaseException) -> bool:
+    """Whether the rank recorded ``exc`` already (rank/join/joined.py): printing it again
+    would bury the program's own traceback under the frames it was called through."""
+    from hpc_ddp.rank.supervise.diagnose import RECORDED  # deferred (start-up): diagnose
+
+    return bool(getattr(exc, RECORDED, False))
 
 
 if __name__ == "__main__":

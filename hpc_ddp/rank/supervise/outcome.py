@@ -9,6 +9,7 @@ rank that stopped answering) and requeued when a new attempt may get past it.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import MutableMapping
 from typing import Any, NoReturn
@@ -121,6 +122,9 @@ def after_failure(exc: Exception, cfg: Config, rank: Rank, run_dir: RunDir,
          environ, exc)
 
 
+_ABOUT = re.compile(r"rank (\d+) on (\S+?): ")
+
+
 def _fallback(env: Any) -> int:
     return diagnose.fallback_reporter(env.num_nodes, env.local_world_size, env.world_size)
 
@@ -152,9 +156,13 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
         # exits non-zero). That decision stands: no second record, and no requeue of a
         # failure judged final.
         raise RuntimeError(message) from exc
+    # The rank the failure is about (a peer's own error, a rank that stopped answering),
+    # else this one: status names the same rank as the submit command's report.
+    about = _ABOUT.match(message.replace(f"{diagnose.LOCAL_MARK} ", ""))
     record: dict[str, Any] = {
-        "attempt": rank.env.restart, "generation": generation, "rank": rank.env.rank,
-        "host": rank.host, **events.cause_fields(
+        "attempt": rank.env.restart, "generation": generation,
+        "rank": int(about[1]) if about else rank.env.rank,
+        "host": about[2] if about else rank.host, **events.cause_fields(
             run_dir.root, message.replace(diagnose.LOCAL_MARK, ""), rank.env.restart,
             rank.env.rank, generation),
         "job": job, "step": checkpoint.latest_step(run_dir.checkpoints),

@@ -173,11 +173,16 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
         return gen.end_of(generations.RESTARTABLE if abrupt else generations.FINAL, code, (
             f"the script died from {name}" + (" (an abort: NCCL's watchdog after a failed "
                                               "or timed-out collective, or a crash)" if abrupt
-                                              else "") + f"; its last lines:\n{tail}"))
+                                              else "") + last_lines(tail)))
     # Its own error, unless what it printed last is a lost peer or a failed collective.
     lost_peer = diagnose.reads_as_comm_failure(tail)
     return gen.end_of(generations.RESTARTABLE if lost_peer else generations.FINAL, code,
-                      f"the script exited with code {code}; its last lines:\n{tail}")
+                      f"the script exited with code {code}{last_lines(tail)}")
+
+
+def last_lines(tail: str) -> str:
+    """"; its last lines:" and them, or that it printed nothing."""
+    return f"; its last lines:\n{tail}" if tail.strip() else " (it printed nothing)"
 
 
 def _outcome(ended: Supervised, stop: StopRequest, cfg: Config, rank: Rank, run: RunDir,
