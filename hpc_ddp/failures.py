@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from hpc_ddp import hostlist
-from hpc_ddp.rank.supervise.diagnose import FULL_TRACEBACK, LOCAL_MARK
+from hpc_ddp.rank.join.tracebacks import FULL_TRACEBACK, LOCAL_MARK
 from hpc_ddp.ranklines import ranges
 from hpc_ddp.rundir import RunDir, read_json
 

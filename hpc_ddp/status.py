@@ -165,7 +165,8 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
 
 def first_failure(run_dir: Path) -> list[dict[str, Any]]:
     """The first rank to fail by its error file, as events.recovery's failure records."""
-    from hpc_ddp import failures  # deferred (start-up): failures
+    # deferred (start-up): failures, follow
+    from hpc_ddp import failures
     from hpc_ddp.follow import failed_ranks
 
     run = RunDir(run_dir)

@@ -13,6 +13,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -79,8 +80,6 @@ def closest_module(missing: str, module_path: str) -> str | None:
     """``module_path`` with its missing part (``missing``: ImportError.name, e.g. my_pkg.nett)
     replaced by the closest module that exists beside it (my_pkg.net); None when none is
     close, or the missing module is not a part of ``module_path`` (an import inside it)."""
-    import pkgutil  # deferred: pkgutil
-
     if not missing or not (module_path == missing or module_path.startswith(missing + ".")):
         return None
     parent, _, name = missing.rpartition(".")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from hpc_ddp.inputs.run_dir import (
     write_run_config,
 )
 from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
-from hpc_ddp.rundir import RunDir, created_with, default_root
+from hpc_ddp.rundir import RunDir, created_with, default_root, read_json, write_json
 
 
 def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
@@ -54,10 +55,6 @@ def record_job(run_dir: RunDir, job: str) -> None:
     """job.json as a submission writes it, for a job started by sbatch: the run is then one
     of ``status``, ``logs`` and ``Run.from_dir`` like any other (a requeue, the same job,
     is recorded once; a later sbatch on the same run dir joins its history)."""
-    import time
-
-    from hpc_ddp.rundir import read_json, write_json
-
     path = run_dir.root / "job.json"
     found = read_json(path)
     history = found.get("history", []) if isinstance(found, dict) else []

@@ -31,7 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any
 
-from hpc_ddp.data import staging
+from hpc_ddp.data import stage_folders, staging
 from hpc_ddp.data.staging import Source, Staged
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.join.distenv import DistEnv
@@ -134,11 +134,12 @@ def _on_node(source: Source, fp: str, base: str, leader: bool, host: str, store:
              node_key: str, report: Callable[[dict[str, Any]], None] | None) -> Staged:
     home = staging.home_of(base, host, source)
     try:
-        home.mkdir(parents=True, exist_ok=True)
+        Path(base).expanduser().mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError("data.stage_dir", base, f"cannot be made on node {host} "
                         f"({exc.strerror or exc}).", "choose a node-local folder you can "
                         "write (the default is $SLURM_TMPDIR, else $TMPDIR, else /tmp).") from None
+    stage_folders.own_folders(stage_folders.top_of(base), home, base, host)
     inuse = _open_lock(home / f"{fp}.inuse", base, host)
     _flock(inuse, fcntl.LOCK_SH, base, host)  # no other job removes this version meanwhile
     _HELD.append(inuse)
@@ -178,7 +179,11 @@ def _use_or_make(source: Source, fp: str, home: Path, base: str, host: str, stor
     """Holding the node's lock: reuse a complete copy of this version, or make one."""
     version = home / fp
     manifest = staging.read_manifest(version, fp)
-    if manifest is not None:
+    changed = staging.verify_copy(version, manifest) if manifest is not None else None
+    if changed:
+        log.warning("staging: the copy of %s on %s at %s is not what was staged (%s); "
+                    "staging it again", source.path, host, version, changed)
+    if manifest is not None and not changed:
         staged = _reuse(version, source, host, manifest, quiet=False)
     else:
         staged = _make(source, fp, home, base, host, report)

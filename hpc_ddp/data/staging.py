@@ -3,10 +3,15 @@ folder copied, a tar extracted), the manifest that lets a later start reuse it.
 
 Layout under ``data.stage_dir`` (docs/data.md)::
 
-    <stage_dir>/hpc_ddp-stage/<host>/<name>-<hash of the source path>/
+    <stage_dir>/hpc_ddp-stage-<uid>/<host>/<name>-<hash of the source path>/
         .lock                 held while one rank checks or stages (stage_node.py)
         <fingerprint>/        one staged version: data/ (the copy) + manifest.json
         <fingerprint>.inuse   every rank using that version holds a shared lock on it
+
+Every folder from ``hpc_ddp-stage-<uid>`` down is this user's, mode 0700, checked at each
+start (stage_folders.py). The manifest holds every copied file's SHA-256, computed from the
+copy when it was made; a later start reuses a copy only when each file still has its size
+and checksum (verify_copy), else it stages again.
 
 The host is part of the path so that a stage_dir on a shared file system (by mistake, or the
 test cluster's nodes, which share one machine) still gives every node its own copy. A version
@@ -37,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.data.stage_folders import top_of
 from hpc_ddp.errors import UserError
 from hpc_ddp.rundir import write_text
 
@@ -53,7 +59,7 @@ COPY_THREADS = 8
 PROGRESS_EVERY_S = 5.0
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # 2: the manifest holds each file's checksum
 
 
 class StageSpaceError(UserError):
@@ -109,7 +115,7 @@ def default_stage_dir(environ: Mapping[str, str]) -> str:
 
 
 def home_of(stage_dir: str, host: str, source: Source) -> Path:
-    return Path(stage_dir).expanduser() / "hpc_ddp-stage" / host / source.key
+    return top_of(stage_dir) / host / source.key
 
 
 def fingerprint(source: Source, stat_files_up_to: int = STAT_FILES_UP_TO) -> str:
@@ -145,13 +151,15 @@ def _walk(top: Path) -> Iterator[tuple[str, int, list[os.DirEntry[str]]]]:
 
 
 def read_manifest(version: Path, fp: str) -> dict[str, Any] | None:
-    """The manifest of a complete copy of fingerprint ``fp`` (None: missing, other, broken).
-    A copy whose file count no longer matches (a tmp cleaner removed files) is not reused."""
+    """The manifest of a complete copy of fingerprint ``fp`` (None: missing, other, broken,
+    or of a format without checksums). A copy whose file count no longer matches (a tmp
+    cleaner removed files) is not reused."""
     try:
         manifest = json.loads((version / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp:
+    if not isinstance(manifest, dict) or manifest.get("fingerprint") != fp or not isinstance(
+            manifest.get("checksums"), dict):
         return None
     data = version / "data"
     try:
@@ -290,10 +298,45 @@ def data_root(version: Path, kind: str) -> Path:
 
 def write_manifest(version: Path, source: Source, fp: str, files: int, size: int,
                    seconds: float, host: str) -> None:
+    """The copy's record, with each file's size and SHA-256 (read back from the copy)."""
     write_text(version / MANIFEST, json.dumps({
         "format": FORMAT, "source": str(source.path), "kind": source.kind, "fingerprint": fp,
         "files": files, "bytes": size, "seconds": round(seconds, 3), "host": host,
-        "staged_at": time.time()}, indent=2) + "\n")
+        "staged_at": time.time(), "checksums": checksums(version / "data")}, indent=2) + "\n")
+
+
+def checksums(data: Path) -> dict[str, list[Any]]:
+    """{path relative to ``data``: [size, SHA-256]} of every file of a copy (read in
+    parallel: the node's local disk, the other ranks idle meanwhile)."""
+    files = list(_files(data))
+
+    def one(item: tuple[Path, str, int]) -> tuple[str, list[Any]]:
+        digest = hashlib.sha256()
+        with open(item[0], "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        return item[1], [item[2], digest.hexdigest()]
+
+    with ThreadPoolExecutor(COPY_THREADS) as pool:
+        return dict(pool.map(one, files))
+
+
+def verify_copy(version: Path, manifest: dict[str, Any]) -> str | None:
+    """None when every file of the copy has the size and checksum the manifest recorded when
+    it was made; else the first difference, in words."""
+    try:
+        found = checksums(version / "data")
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    wanted = manifest["checksums"]
+    for rel in sorted(set(wanted) | set(found)):
+        if rel not in found:
+            return f"{rel} is missing"
+        if rel not in wanted:
+            return f"{rel} was not staged"
+        if list(found[rel]) != list(wanted[rel]):
+            return f"{rel} differs from what was staged"
+    return None
 
 
 def is_no_space(exc: BaseException) -> bool:

@@ -126,5 +126,5 @@ def timm_model(arch: str, num_classes: int | None = None, **kwargs: Any) -> Any:
     if not timm.is_model(arch):
         raise UserError("model.arch", arch, "is not a timm model.",
                         "timm.list_models() lists them (e.g. resnet18, vit_tiny_patch16_224).")
-    extra = {"num_classes": num_classes} if num_classes else {}
+    extra: dict[str, Any] = {"num_classes": num_classes} if num_classes else {}
     return timm.create_model(arch, pretrained=False, **extra, **kwargs)

@@ -180,3 +180,37 @@ def test_pyxis_and_apptainer_command_lines_through_stand_ins(
         assert options["--pwd"] == [str(REPO)] and "HELLO=apptainer world" in options["--env"]
         assert f"{tmp_path / 'apptainer'}:{tmp_path / 'apptainer'}" in options["--bind"]
     assert len(list(seen.glob("apptainer-*.json"))) == 2
+
+
+def test_podman_runs_the_sharded_trainer_and_a_script(
+        hpc_ddp: Run, in_podman: tuple[list[str], dict[str, str], Any], tmp_path: Path) -> None:
+    """The combinations the matrix cannot run locally: trainer.strategy=fsdp inside
+    containers (NCCL-less here: gloo between the containers of 2 nodes), and script= (the
+    example project's torchrun-style script, its supervisor and the script itself in the
+    container). Both jobs go out at once and end COMPLETED 0:0."""
+    overrides, env, setup = in_podman
+    project = REPO / "examples" / "seqproject"
+    sharded, script = tmp_path / "fsdp", tmp_path / "script"
+    jobs = []
+    for args, cwd in (
+            (["trainer.strategy=fsdp", "model=resnet18", "data.image_size=16", *TINY,
+              "trainer.max_steps=10", f"run_dir={sharded}"], REPO),
+            (["script=train_ddp.py", f"run_dir={script}", "--", "--epochs", "1",
+              "--checkpoint", str(tmp_path / "script.pt")], project)):
+        done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", *overrides, *args], env=env,
+                       cwd=cwd)
+        assert done.returncode == 0, done.stdout + done.stderr
+        jobs.append(job_id_of(done.stdout))
+    deadline = time.monotonic() + 300
+    while not all((d / "summary.json").exists() for d in (sharded, script)):
+        assert time.monotonic() < deadline, "the containers' jobs did not finish"
+        time.sleep(1)
+    for job in jobs:
+        assert_completed(job, env)
+    trained = summary_of(sharded)
+    assert trained["global_step"] == 10 and trained["settings"]["strategy"] == "fsdp"
+    assert trained["world_size"] == 2
+    assert {r["container"] for r in records(sharded)} == {"podman"}
+    assert {r["container"] for r in records(script)} == {"podman"}
+    assert (tmp_path / "script.pt").is_file()  # the script saved its own checkpoint
+    assert podman.leftover_containers(setup, env) == []

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from hpc_ddp.rank.services import checkpoint, dcp_read
+from tests.cluster.slurm_final import assert_completed
 from tests.cluster.test_checkpoints_and_secrets import Payload
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,
@@ -37,6 +38,7 @@ from tests.cluster.test_fault_tolerance import (
     squeue_state,
     wait_for_step,
 )
+from tests.cluster.test_slurm_submit import job_id_of
 from tests.cluster.test_your_code import PROJECT, requeue_signal, run_to_end, submit
 from tests.integration.test_local_run import tb_scalars
 
@@ -172,3 +174,29 @@ def test_ctx_shard_entry_requeued_killed_mid_save_resumes_bitwise_continues_and_
                               "resume=true"], env=slurm_env, cwd=PROJECT)
     assert done.returncode == 2 and "planted" in done.stderr, done.stdout + done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not marker.exists()
+
+
+@pytest.mark.parametrize("model", [[], ["model=resnet50", "data.image_size=16"]],
+                         ids=["defaults", "resnet50"])
+def test_fsdp_with_the_defaults_trains_checkpoints_and_resumes_on_four_nodes(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, model: list[str]) -> None:
+    """What a new user types: trainer.strategy=fsdp and nothing else of ours (the tiny CNN with
+    SGD, whose fused kernel has no DTensor rule; ResNet-50 with its BatchNorm layers), run from
+    the repository (not the example project), then resumed: both jobs COMPLETED 0:0."""
+    run_dir = tmp_path / "run"
+    args = ["cluster=slurm", "nodes=4", "trainer.strategy=fsdp", *model, f"run_dir={run_dir}",
+            "trainer.batch_size=16", "trainer.checkpoint_interval=4", "wait=true"]
+    for steps, resume in ((4, []), (8, ["resume=true"])):
+        done = hpc_ddp("submit", [*args, f"trainer.max_steps={steps}", *resume],
+                       env=slurm_env, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["world_size"], summary["global_step"], summary["resumed_from_step"]) == (
+        4, 8, 4)
+    assert summary["settings"]["strategy"] == "fsdp"
+    assert summary["final_train_loss"] == summary["final_train_loss"]  # not NaN
+    latest = checkpoint.latest_path(run_dir / "checkpoints")
+    assert latest is not None and latest.name.endswith(".dcp")
+    assert sorted(p.name for p in latest.glob("*.distcp")) == [
+        f"__{r}_0.distcp" for r in range(4)]  # every node wrote its own shards

@@ -3,7 +3,7 @@ of a node share its copy, a requeue and a later job reuse it, a function entry s
 its context, and a node without the space is named.
 
 The test cluster's nodes share this machine's file system, so every node keeps its copy under
-its own host folder of one stage_dir (stage_dir/hpc_ddp-stage/<host>/, as on a real cluster
+its own host folder of one stage_dir (stage_dir/hpc_ddp-stage-<uid>/<host>/, as on a real cluster
 where stage_dir is each node's own disk), and the full disk is a 16 KiB tmpfs mounted on
 node3's folder only: the space check reads that node's own free space, as it would on a
 node's local disk.
@@ -12,6 +12,7 @@ node's local disk.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -30,6 +31,8 @@ from tests.cluster.test_fault_tolerance import (
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
 
 pytestmark = pytest.mark.cluster
+# This user's folder under a stage_dir (hpc_ddp/data/stage_folders.py).
+TOP = f"hpc_ddp-stage-{os.geteuid()}"
 Run = Callable[..., subprocess.CompletedProcess[str]]
 NODES = ["node1", "node2", "node3", "node4"]
 COMMON = ["cluster=slurm", "trainer.collective_timeout_s=60", "trainer.rendezvous_timeout_s=60"]
@@ -85,8 +88,8 @@ def test_each_node_stages_once_shares_it_and_a_requeue_reuses_it(
         ranks = {r: v for r, v in first.items() if v[0] == node}
         assert len(ranks) == 2 and len({v[1] for v in ranks.values()}) == 1, ranks
         assert sorted(v[2] for v in ranks.values()) == ["copied here", "this node's copy"]
-        assert f"/hpc_ddp-stage/{node}/" in next(iter(ranks.values()))[1]
-        manifest = next((stage_dir / "hpc_ddp-stage" / node).glob("shards-*/*/manifest.json"))
+        assert f"/{TOP}/{node}/" in next(iter(ranks.values()))[1]
+        manifest = next((stage_dir / TOP / node).glob("shards-*/*/manifest.json"))
         assert json.loads(manifest.read_text())["host"] == node
     progress = (run_dir / "logs" / "rank0.log").read_text()
     assert re.search(r"INFO staging \S+shards: .* of .* \(100%\), [\d.]+ MB/s", progress)
@@ -120,8 +123,8 @@ def test_a_function_entry_stages_through_its_context_and_reuses_other_jobs_copie
     assert again["data_stage"]["nodes_reused"] == 2 and again["data_stage"]["nodes_staged"] == 0
     result = first["result"]
     node = first["nodes"][0]
-    assert result["data_root"].startswith(f"{stage_dir}/hpc_ddp-stage/{node}/images-")
-    assert result["extra"].startswith(f"{stage_dir}/hpc_ddp-stage/{node}/shards-")
+    assert result["data_root"].startswith(f"{stage_dir}/{TOP}/{node}/images-")
+    assert result["extra"].startswith(f"{stage_dir}/{TOP}/{node}/shards-")
     assert "index.json" in result["extra_files"]
 
 
@@ -129,7 +132,7 @@ def test_a_function_entry_stages_through_its_context_and_reuses_other_jobs_copie
 def full_node3(tmp_path: Path) -> Iterator[Path]:
     """A stage_dir whose node3 folder is a 16 KiB tmpfs (that node's small, full disk)."""
     stage_dir = tmp_path / "stage"
-    mount = stage_dir / "hpc_ddp-stage" / "node3"
+    mount = stage_dir / TOP / "node3"
     mount.mkdir(parents=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], check=True)
     try:
@@ -160,5 +163,5 @@ def test_a_node_without_the_space_is_named(hpc_ddp: Run, slurm_env: dict[str, st
     errors = {p.name: p.read_text() for p in (run_dir / "logs").glob("rank*.error")}
     assert len(errors) == 4 and all("node node3 has" in e for e in errors.values())
     for node in ("node1", "node2", "node4"):  # the others staged; node3 holds nothing
-        assert list((full_node3 / "hpc_ddp-stage" / node).glob("images-*/*/manifest.json"))
-    assert not list((full_node3 / "hpc_ddp-stage" / "node3").rglob("*.partial"))
+        assert list((full_node3 / TOP / node).glob("images-*/*/manifest.json"))
+    assert not list((full_node3 / TOP / "node3").rglob("*.partial"))

@@ -7,7 +7,7 @@ The axes are read from the config groups and the schema's lists (conf/model, con
 conf/scheduler, sharding_rules.STRATEGIES, validate.PRECISIONS): a new model, optimizer,
 scheduler or strategy is in the matrix the day it is added. Each row is a real run — planned
 by api.plan as the submit command plans it, run by the rank path in warm rank processes
-(tests/matrix_pool.py) — on tiny inputs (16x16 images, 4 per rank, 4 steps).
+(tests/matrix_pool.py) — on tiny inputs (16x16 images, 4 per rank, 3 steps).
 
 Precision: ``auto`` always, and each explicit value that ``auto`` does not already resolve to
 on this machine (bf16 where the CPU has native bf16, else fp32): the same run otherwise.
@@ -21,6 +21,8 @@ one rank on the GPU with NCCL (one GPU cannot hold two NCCL ranks).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,14 +41,14 @@ from tests.matrix_pool import RankPool
 
 DEVICE = os.environ.get("HPC_DDP_MATRIX_DEVICE", "cpu")
 WORLD = 1 if DEVICE == "cuda" else 2
-STEPS = 4
-# Tiny and quick, the subject being the combination: 16x16 images, 4 a rank, 24 a epoch (an
-# epoch ends at step 3 on 2 ranks: the resumed part crosses it), an eval at each epoch's end;
+STEPS = 3
+# Tiny and quick, the subject being the combination: 16x16 images, 4 a rank, 16 an epoch (an
+# epoch ends at step 2 on 2 ranks: the resumed part crosses it), an eval at each epoch's end;
 # a checkpoint where the run stops and at its end only (each a model's size on disk).
 SMALL = [f"trainer.max_steps={STEPS}", "trainer.batch_size=4",
          f"trainer.checkpoint_interval={STEPS}",
          "trainer.log_interval=2", "trainer.stop_check_interval=1", "data.image_size=16",
-         "data.train_size=24", "data.eval_size=8", "trainer.collective_timeout_s=120"]
+         "data.train_size=16", "data.eval_size=8", "trainer.collective_timeout_s=120"]
 
 
 # Models with ImageNet's stem (a stride-2 7x7 convolution and a max-pool) at 32x32: at 16x16
@@ -92,6 +94,22 @@ def row(model: str, *values: str) -> Any:
 CROSS = [row(m, strategy, optim, precision)
          for m in group("model") for strategy in STRATEGIES
          for optim in group("optim") for precision in precisions()]
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Iterator[Path]:
+    """Run dirs in memory where the machine has /dev/shm: a row writes its model's state
+    several times (ResNet-50 with AdamW: 280 MB a checkpoint), and the subject here is the
+    combination, not the disk (fsync on tmpfs returns at once)."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    folder = Path(tempfile.mkdtemp(prefix="hpc_ddp_matrix_", dir=shm))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -113,3 +113,33 @@ def test_a_scripts_secret_arguments_reach_it_and_no_command_line(tmp_path: Path)
     args = yaml.safe_load((run_dir / "config.yaml").read_text())["script_args"]
     assert args == [str(out), "--hf-token", "${oc.env:HPC_DDP_SECRET_ARG_HF_TOKEN}", "--epochs",
                     "1", "${oc.env:HPC_DDP_SECRET_ARG_5}"]
+
+
+FAILURE_TOKEN = "planted-failure-4d2e8a61"
+SCRIPT_TOKEN = "hf_plantedRejectedArgument0"
+
+
+def test_a_secret_in_an_error_message_is_masked_everywhere(tmp_path: Path) -> None:
+    """A function entry raises with its app.api_token in the message; a script's argparse
+    rejects a --hf-token flag and echoes it: the failure is reported, recorded and pickled
+    (events.jsonl, logs/rank*.error, the failure's lines file, submitit's result pickle,
+    the console), and the literal is in none of them."""
+    for args in (
+            ["entry=tests.usercode.entries:fails_with_its_token",
+             f"app.api_token={FAILURE_TOKEN}", "cluster=local", "cluster.tasks_per_node=1",
+             f"run_dir={tmp_path / 'entry'}"],
+            ["script=tests/usercode/strict_script.py", "cluster=local",
+             "cluster.tasks_per_node=1", f"run_dir={tmp_path / 'script'}", "--",
+             "--hf-token", SCRIPT_TOKEN]):
+        done = submit(args, tmp_path, {})
+        assert done.returncode == 1, done.stdout + done.stderr
+        said = done.stdout + done.stderr
+        assert FAILURE_TOKEN not in said and SCRIPT_TOKEN not in said, said
+        assert "****" in said or "auth failed" not in said
+    assert "auth failed for ****" in (tmp_path / "entry" / "logs" / "rank0.error").read_text()
+    script_error = (tmp_path / "script" / "logs" / "rank0.error").read_text()
+    assert "unrecognized arguments: --hf-token ****" in script_error, script_error
+    for run in ("entry", "script"):
+        assert (tmp_path / run / "events.jsonl").read_text().count('"failure"') == 1
+        assert list((tmp_path / run / "submitit").rglob("*_result.pkl"))
+    assert files_holding(tmp_path, [FAILURE_TOKEN, SCRIPT_TOKEN]) == []

@@ -4,6 +4,7 @@ on a real TCPStore (the Slurm proof is tests/cluster/test_staging.py)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import tarfile
@@ -16,6 +17,9 @@ import pytest
 from hpc_ddp.data import stage_node, staging
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.join.distenv import DistEnv
+
+MINE = f"hpc_ddp-stage-{os.geteuid()}"  # this user's folder under a stage_dir
+OTHER_UID = 4242  # a second user, made with chown (the tests run as root)
 
 
 def alone(node: int = 0) -> DistEnv:
@@ -46,7 +50,7 @@ def test_a_folder_is_copied_once_then_reused_and_a_change_restages(tmp_path: Pat
     assert first.by_me and not first.reused and first.files == 5
     assert sorted(p.name for p in first.root.rglob("*.bin")) == [f"{i}.bin" for i in range(5)]
     assert (first.root / "c1" / "3.bin").read_bytes() == bytes([3]) * 103
-    assert first.root.is_relative_to(tmp_path / "stage" / "hpc_ddp-stage" / "nodeA")
+    assert first.root.is_relative_to(tmp_path / "stage" / MINE / "nodeA")
     again = stage(src, tmp_path / "stage")
     assert again.reused and not again.by_me and again.root == first.root
     stage_node.release()  # that job ended
@@ -70,6 +74,62 @@ def test_a_damaged_copy_is_not_reused(tmp_path: Path) -> None:
     (first.root / "c0" / "0.bin").unlink()  # a tmp cleaner took a file
     stage_node.release()
     assert stage(src, tmp_path / "stage").by_me
+
+
+def _chown_tree(top: Path, uid: int) -> None:
+    for folder_, dirs, files in os.walk(top):
+        for name in [*dirs, *files]:
+            os.lchown(Path(folder_) / name, uid, uid)
+    os.lchown(top, uid, uid)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a second user's files needs root")
+@pytest.mark.parametrize("planted", ["top", "node", "copy"])
+def test_a_copy_planted_by_another_user_is_refused_and_never_read(tmp_path: Path,
+                                                                  planted: str) -> None:
+    """Another user makes the stage folder first (its whole tree, or one folder of it) with a
+    "copy" whose fingerprint, file count and checksums all match the source but whose data is
+    theirs: refused in one line naming the folder, the planted bytes never returned."""
+    src = folder(tmp_path / "src")
+    made = stage(src, tmp_path / "other")  # a genuine copy, moved into place as theirs
+    stage_node.release()
+    payload = bytes([0xEE]) * 100  # same size as 0.bin: only a checksum could tell
+    (made.root / "c0" / "0.bin").write_bytes(payload)
+    manifest = next((tmp_path / "other").rglob("manifest.json"))
+    record = json.loads(manifest.read_text())
+    record["checksums"] = staging.checksums(manifest.parent / "data")
+    manifest.write_text(json.dumps(record))
+    os.rename(tmp_path / "other", tmp_path / "stage")
+    top = tmp_path / "stage" / MINE
+    key = made.root.relative_to(tmp_path / "other" / MINE / "nodeA").parts[0]
+    victim = {"top": top, "node": top / "nodeA", "copy": top / "nodeA" / key}[planted]
+    _chown_tree(victim, OTHER_UID)
+    with pytest.raises(UserError) as raised:
+        stage(src, tmp_path / "stage")
+    message = raised.value.message
+    assert f"{victim} on node nodeA belongs to uid {OTHER_UID}, not to you" in message
+    assert f"Fix: remove {victim}" in message and "\n" not in message
+    planted_file = next((top / "nodeA" / key).rglob("0.bin"))
+    assert planted_file.read_bytes() == payload  # untouched, unread
+
+
+def test_a_copy_changed_after_it_was_staged_is_staged_again(tmp_path: Path) -> None:
+    """Same size, same count, same fingerprint; only the checksum tells."""
+    src = folder(tmp_path / "src")
+    first = stage(src, tmp_path / "stage")
+    (first.root / "c1" / "3.bin").write_bytes(bytes([0xEE]) * 103)
+    stage_node.release()
+    again = stage(src, tmp_path / "stage")
+    assert again.by_me and not again.reused
+    assert (again.root / "c1" / "3.bin").read_bytes() == bytes([3]) * 103
+
+
+def test_a_stage_folder_others_can_write_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "stage" / MINE).mkdir(parents=True)
+    (tmp_path / "stage" / MINE).chmod(0o777)
+    with pytest.raises(UserError) as raised:
+        stage(folder(tmp_path / "src"), tmp_path / "stage")
+    assert "can be written by others (mode 0777)" in raised.value.message
 
 
 def test_nodes_have_their_own_copies_in_one_stage_dir(tmp_path: Path) -> None:
@@ -114,7 +174,7 @@ def test_a_node_without_the_space_fails_at_once_naming_it(tmp_path: Path) -> Non
     message = info.value.message
     assert "node node7" in message and f"{needed} bytes needed" in message
     assert "free" in message and "Fix:" in message and "\n" not in message
-    home = tmp_path / "stage" / "hpc_ddp-stage" / "node7"
+    home = tmp_path / "stage" / f"hpc_ddp-stage-{os.geteuid()}" / "node7"
     assert not [p for p in home.rglob("*") if p.is_dir() and p.name.endswith(".partial")]
 
 
@@ -203,12 +263,12 @@ def test_each_node_stages_once_and_its_ranks_share_the_copy(tmp_path: Path) -> N
 
 def test_a_failing_node_fails_every_rank_with_its_message(tmp_path: Path) -> None:
     src = folder(tmp_path / "src")
-    (tmp_path / "stage" / "hpc_ddp-stage").mkdir(parents=True)
-    (tmp_path / "stage" / "hpc_ddp-stage" / "nodeB").write_text("not a folder")
+    (tmp_path / "stage" / f"hpc_ddp-stage-{os.geteuid()}").mkdir(parents=True)
+    (tmp_path / "stage" / f"hpc_ddp-stage-{os.geteuid()}" / "nodeB").write_text("not a folder")
     results = _run_ranks(src, tmp_path / "stage", group=True)
     for rank, (_, _, error) in results.items():
         assert error is not None, rank
-        assert "cannot be made on node nodeB" in error, error
+        assert "nodeB on node nodeB is not a folder: no copy can be kept there" in error, error
 
 
 class _Alone:

@@ -151,3 +151,8 @@ def _helper_that_fails(ctx: Any) -> int:
 def fails_in_own_code(ctx: Any) -> dict[str, Any]:
     """Rank 1 raises from a helper of the entry: the report must show these frames."""
     return {"x": _helper_that_fails(ctx)}
+
+
+def fails_with_its_token(ctx: Any) -> None:
+    """Raises with the run's secret in the message, as an auth error of a client may."""
+    raise RuntimeError(f"auth failed for {ctx.app['api_token']}")

@@ -24,11 +24,10 @@ from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.contract import CONTAINER_ENV, PROGRAM_CONFIG_ENV, STORE_KEY_ENV
-from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous
+from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous, tracebacks
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.services import rng, stacks
-from hpc_ddp.rank.supervise import diagnose
 from hpc_ddp.rundir import RunDir, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -300,26 +299,35 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
     })
 
 
+def record_error(run_dir: RunDir, rank: int, host: str, message: str,
+                 exc: BaseException | None) -> None:
+    """Log this rank's failure (the message, and the program's traceback once) and write its
+    error file: the message, the program's traceback (the failure report shows it), then the
+    whole chain with hpc_ddp's frames (for a bug of ours); every part with the run's secrets
+    masked (ranklog.masked)."""
+    program = ranklog.masked(tracebacks.program_traceback(exc)) if exc is not None else ""
+    shown = ranklog.masked(message.replace(f"{tracebacks.LOCAL_MARK} ", ""))
+    log.error("rank %d on %s failed: %s%s", rank, host, shown,
+              f"\n{program}" if program else "")
+    blocks = [f"rank {rank} on {host}: {ranklog.masked(message)}",
+              *([program] if program else [])]
+    if exc is not None:
+        text = ranklog.masked("".join(traceback.format_exception(exc)))
+        blocks.append(f"{tracebacks.FULL_TRACEBACK}\n{text}")
+    try:
+        run_dir.rank_error(rank).write_text("\n\n".join(blocks))
+    except OSError:
+        pass
+
+
 def _record_failure(run_dir: RunDir, env: DistEnv, host: str, exc: BaseException) -> None:
     if isinstance(exc, KeyboardInterrupt | SystemExit) and not isinstance(exc, RunStopped):
         return
     if isinstance(exc, RunStopped) and exc.requested:  # events.jsonl holds the stop
         log.warning("rank %d on %s %s", env.rank, host, exc)
         return
-    text = "".join(traceback.format_exception(exc))
-    program = diagnose.program_traceback(exc)
-    shown = str(exc).replace(f"{diagnose.LOCAL_MARK} ", "")
-    log.error("rank %d on %s failed: %s%s", env.rank, host, shown,
-              f"\n{program}" if program else "")
-    # The error file: the message, the program's traceback (the failure report shows it),
-    # then the whole chain with hpc_ddp's frames (for a bug of ours).
-    blocks = [f"rank {env.rank} on {host}: {exc}", *([program] if program else []),
-              f"{diagnose.FULL_TRACEBACK}\n{text}"]
+    record_error(run_dir, env.rank, host, str(exc), exc)
     try:
-        run_dir.rank_error(env.rank).write_text("\n\n".join(blocks))
-    except OSError:
-        pass
-    try:
-        setattr(exc, diagnose.RECORDED, True)
+        setattr(exc, tracebacks.RECORDED, True)
     except AttributeError:  # an exception type without a __dict__: printed once more
         pass

@@ -34,6 +34,7 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
     for handler in list(root.handlers):
         root.removeHandler(handler)
     hidden = _Masked(values_to_mask(os.environ, marks=marks))
+    _MASKED[:] = hidden.values  # for the error file, events and the exception (masked())
     file_handler = logging.FileHandler(path)
     file_handler.setFormatter(fmt)
     file_handler.addFilter(hidden)
@@ -44,6 +45,17 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
         stream.addFilter(hidden)
         root.addHandler(stream)
     root.setLevel(logging.INFO)
+
+
+# The secret values this process's log hides (setup() sets them): every other record of an
+# error (logs/rank<N>.error, events.jsonl, its lines file, the exception submitit pickles,
+# the report a submit prints) hides the same ones, through masked().
+_MASKED: list[str] = []
+
+
+def masked(text: str) -> str:
+    """``text`` with this rank's secrets and any secret-shaped part as **** (docs/security.md)."""
+    return mask(text, _MASKED)
 
 
 class LineFormatter(logging.Formatter):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 def main() -> int:
-    # deferred: hostlist, the typed schemas; start-up: rank.contract, rundir
+    # deferred: hostlist, the typed schemas; start-up: rank.contract, rundir,
+    # rank.main.submitted
     from hpc_ddp.config.compose import from_yaml
     from hpc_ddp.rank.contract import PROGRAM_CONFIG_ENV, PROGRAM_RUN_DIR_ENV
     from hpc_ddp.rank.main.submitted import recorded

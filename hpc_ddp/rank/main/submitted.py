@@ -64,7 +64,7 @@ def main(argv: Sequence[str]) -> int:
 def recorded(exc: BaseException) -> bool:
     """Whether the rank recorded ``exc`` already (rank/join/joined.py): printing it again
     would bury the program's own traceback under the frames it was called through."""
-    from hpc_ddp.rank.supervise.diagnose import RECORDED  # deferred (start-up): diagnose
+    from hpc_ddp.rank.join.tracebacks import RECORDED  # deferred (start-up): tracebacks
 
     return bool(getattr(exc, RECORDED, False))
 

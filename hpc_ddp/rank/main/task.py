@@ -22,6 +22,8 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.rank.contract import DRIVEN_ENV, EARLY_STOP_ENV, RESUME_CAUSE_ENV
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.join.joined import Rank, joined
+from hpc_ddp.rank.join.ranklog import masked
+from hpc_ddp.rank.join.tracebacks import RECORDED
 from hpc_ddp.rank.services import checkpoint, stopping
 from hpc_ddp.rank.services.stopping import StopRequest, StopTraining
 from hpc_ddp.rank.supervise.outcome import after_failure, after_stop, write_summary
@@ -42,8 +44,25 @@ class RankProgram:
         self.options = options
 
     def __call__(self) -> Any:
-        return self.program(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)),
-                            os.environ, self.options)
+        try:
+            return self.program(from_yaml(self.config_yaml), RunDir(Path(self.run_dir)),
+                                os.environ, self.options)
+        except Exception as exc:
+            raise without_secrets(exc) from None
+
+
+class RankFailed(RuntimeError):
+    """What submitit records (in its result pickle) of a rank's failure: the message with the
+    run's secrets masked, none of the chain (the rank's error file keeps the traceback)."""
+
+
+def without_secrets(exc: Exception) -> Exception:
+    """``exc`` as submitit may keep it: its message masked (ranklog.masked), its chain left
+    out; marked as recorded when the rank recorded it (submitted.py prints nothing more)."""
+    clean = RankFailed(masked(f"{type(exc).__name__}: {exc}"))
+    if getattr(exc, RECORDED, False):
+        setattr(clean, RECORDED, True)
+    return clean
 
 
 def training_task(config_yaml: str, run_dir: str) -> RankProgram:

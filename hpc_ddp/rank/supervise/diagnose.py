@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.rank.join.tracebacks import LOCAL_MARK
 from hpc_ddp.rundir import rank_records
 
 _ADDRESS = re.compile(r"\[?(\d{1,3}(?:\.\d{1,3}){3})\]?:\d+")
@@ -77,43 +78,6 @@ def own_error(error: BaseException, max_lines: int = 8, max_chars: int = 1200) -
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-# The frames a rank's program is called through (submitit's task, our rank path, the
-# supervisors): a user's traceback starts below them. Paths relative to site-packages or the
-# repository, as a traceback shows them.
-_WRAPPERS = ("hpc_ddp/rank/main/", "hpc_ddp/rank/join/joined.py", "hpc_ddp/rank/supervise/",
-             "submitit/", "<frozen runpy>", "/runpy.py")
-# Marks an exception whose rank recorded it (error file, rank log): the process that ends
-# with it exits 1 without printing it again (rank/main/submitted.py, child.py).
-RECORDED = "_hpc_ddp_recorded"
-# Heads the last block of an error file: the whole chain (hpc_ddp/failures.py reads it).
-FULL_TRACEBACK = "Full traceback (hpc_ddp's frames too):"
-
-
-def program_traceback(error: BaseException) -> str:
-    """The traceback a user reads: of the error the program raised (the first of a chain of
-    ours), from the program's first frame down (the frames it was called through dropped);
-    "" for a refusal of ours (a UserError: its message is complete) or without frames."""
-    import traceback  # deferred: traceback
-
-    from hpc_ddp.errors import UserError  # deferred (start-up): errors
-
-    root = error
-    while root.__cause__ is not None:
-        root = root.__cause__
-    if isinstance(root, UserError) or root.__traceback__ is None:
-        return ""
-    frames = traceback.extract_tb(root.__traceback__)
-    keep = 0
-    while keep < len(frames) and any(w in frames[keep].filename for w in _WRAPPERS):
-        keep += 1
-    if keep == len(frames):
-        return ""
-    lines = ["Traceback (most recent call last):\n",
-             *traceback.StackSummary.from_list(frames[keep:]).format(),
-             *traceback.format_exception_only(type(root), root)]
-    return "".join(lines).rstrip("\n")
-
-
 def peer_error(store: Any, logs: Path) -> str | None:
     """The error of a rank that failed by itself in this attempt, if one did: the cause of
     this rank's failed collective. It publishes its first line on the store (one read here,
@@ -145,8 +109,6 @@ def publish_own_failure(store: Any, line: str) -> None:
         pass
 
 
-# Marks an error file whose rank failed on its own (not because a peer went away).
-LOCAL_MARK = "[own failure]"
 
 
 # Store keys of a failure: the survivors' check-ins (a list and a count), the rank that names

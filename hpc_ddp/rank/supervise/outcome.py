@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DRIVEN_ENV, RESTART_EXIT_CODE
-from hpc_ddp.rank.join import checkin, device, nccl
-from hpc_ddp.rank.join.joined import Rank, RunStopped
+from hpc_ddp.rank.join import checkin, device, nccl, ranklog
+from hpc_ddp.rank.join.joined import Rank, RunStopped, record_error
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
 from hpc_ddp.rank.supervise import diagnose, generations
@@ -143,6 +143,7 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
     rank 0's records the failure. ``generation``: the supervisors' generation that failed
     (default: this process's). ``deferred``: the job's driver acts on it (a node lost:
     slurm/driver.py); recorded as such, not requeued here."""
+    message = ranklog.masked(message)  # it reaches events.jsonl, files and the console
     if rank.env.supervised:
         _tell_supervisor(message, retry, rank, run_dir, exc)
     job = requeue.slurm_job(environ)
@@ -191,13 +192,10 @@ def _tell_supervisor(message: str, retry: bool, rank: Rank, run_dir: RunDir,
     place gets past is not this rank's last word), then the exit code that says whether a new
     start may get past it."""
     text = message.replace(diagnose.LOCAL_MARK, "").strip()
-    log.error("rank %d on %s failed: %s", rank.env.rank, rank.host, text)
-    if not retry:
-        try:
-            run_dir.rank_error(rank.env.rank).write_text(
-                f"rank {rank.env.rank} on {rank.host}: {text}\n")
-        except OSError:
-            pass
+    if retry:
+        log.error("rank %d on %s failed: %s", rank.env.rank, rank.host, text)
+    else:
+        record_error(run_dir, rank.env.rank, rank.host, message, exc)
     try:
         if rank.store is not None:
             rank.store.set(cause_key(rank.env.rank), text)

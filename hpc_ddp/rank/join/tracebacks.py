@@ -1,0 +1,45 @@
+"""What a rank's failure says of the program that failed: the traceback a user reads (the
+program's own frames, not those it was called through), and the marks its records carry
+(rank/join/joined.py writes them, hpc_ddp/failures.py and the supervisors read them)."""
+
+from __future__ import annotations
+
+import traceback
+
+# Marks an error file whose rank failed on its own (not because a peer went away).
+LOCAL_MARK = "[own failure]"
+# The frames a rank's program is called through (submitit's task, our rank path, the
+# supervisors): a user's traceback starts below them. Paths relative to site-packages or the
+# repository, as a traceback shows them.
+_WRAPPERS = ("hpc_ddp/rank/main/", "hpc_ddp/rank/join/joined.py", "hpc_ddp/rank/supervise/",
+             "submitit/", "<frozen runpy>", "/runpy.py")
+# Marks an exception whose rank recorded it (error file, rank log): the process that ends
+# with it exits 1 without printing it again (rank/main/submitted.py, child.py).
+RECORDED = "_hpc_ddp_recorded"
+# Heads the last block of an error file: the whole chain (hpc_ddp/failures.py reads it).
+FULL_TRACEBACK = "Full traceback (hpc_ddp's frames too):"
+
+
+def program_traceback(error: BaseException) -> str:
+    """The traceback a user reads: of the error the program raised (the first of a chain of
+    ours), from the program's first frame down (the frames it was called through dropped);
+    "" for a refusal of ours (a UserError: its message is complete) or without frames."""
+    from hpc_ddp.errors import UserError  # deferred (start-up): errors
+
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    if isinstance(root, UserError) or root.__traceback__ is None:
+        return ""
+    frames = traceback.extract_tb(root.__traceback__)
+    keep = 0
+    while keep < len(frames) and any(w in frames[keep].filename for w in _WRAPPERS):
+        keep += 1
+    if keep == len(frames):
+        return ""
+    lines = ["Traceback (most recent call last):\n",
+             *traceback.StackSummary.from_list(frames[keep:]).format(),
+             *traceback.format_exception_only(type(root), root)]
+    return "".join(lines).rstrip("\n")
+
+
