@@ -154,3 +154,11 @@ def _hosts(hosts: list[str]) -> str:
     except Exception:  # a name the hostlist library cannot fold: the names as they are
         return ",".join(sorted(set(hosts)))
 
+
+def first_failure(run: RunDir) -> list[dict[str, object]]:
+    """The first rank to fail by its error file, as events.recovery's failure records (for a
+    run that failed before it could record one: while joining, a refusal)."""
+    found = read(run, sorted(int(p.stem[4:]) for p in run.logs.glob("rank*.error")
+                             if p.stem[4:].isdigit()))
+    return [{"rank": f.rank, "host": f.host, "cause": f.message.splitlines()[0]}
+            for f in found[:1]]

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.rank.join.ranklog import tail
 from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
+from hpc_ddp.ranklines import for_terminal
 from hpc_ddp.rundir import RunDir, read_json, resume_command
 
 POLL_S = 0.5
@@ -74,7 +75,7 @@ def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL
         for line in tracker_lines(run):
             print(line, file=out)
         return 0
-    print(failure_report(run, job), file=out)
+    print(for_terminal(failure_report(run, job)), file=out)  # the ranks' words, defused
     if cost:
         print(f"cost: {cost}", file=out)
     return 1

@@ -196,8 +196,8 @@ def merged(files: Sequence[RankFile], since: str | None = None,
 class Printer:
     """Prints lines, with a marker each time the attempt changes."""
 
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
+    def __init__(self, out: TextIO, raw: bool = False) -> None:
+        self.out, self.raw = out, raw
         self.attempt: str | None = None
 
     def show(self, lines: Iterable[Shown]) -> None:
@@ -209,7 +209,9 @@ class Printer:
             ln = s.line
             text.append(f"{ln.time[11:]} [rank {ln.rank} {ln.host}] {ln.kind} {ln.text}")
         if text:
-            print("\n".join(text), file=self.out, flush=True)
+            shown = "\n".join(text)
+            print(shown if self.raw else ranklines.for_terminal(shown), file=self.out,
+                  flush=True)
 
 
 def attempt_marker(attempt: str, when: str) -> str:
@@ -263,11 +265,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     parser.add_argument("--follow", "-f", action="store_true",
                         help="print new lines as they come, until the run ends")
     parser.add_argument("--point", type=int, help="a sweep's point")
+    parser.add_argument("--raw", action="store_true",
+                        help="print control characters as written (escape sequences act on "
+                        "your terminal); without it they are shown as \\xNN")
     args = parser.parse_args(argv)
     try:
         options = checked(args)
         run_dir = run_dir_of(args.path.absolute(), args.point)
-        return show(RunDir(run_dir), *options, tail=args.tail, follow=args.follow, out=out)
+        return show(RunDir(run_dir), *options, tail=args.tail, follow=args.follow, out=out,
+                    raw=args.raw)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return USAGE_EXIT_CODE
@@ -330,12 +336,12 @@ def _check_ranks(run: RunDir, ranks: list[int] | None) -> None:
 
 def show(run: RunDir, ranks: list[int] | None, since: str | None,
          grep: re.Pattern[str] | None, tail: int | None = None, follow: bool = False,
-         out: TextIO = sys.stdout) -> int:
+         out: TextIO = sys.stdout, raw: bool = False) -> int:
     """Print the lines (the last ``tail``), then with ``follow`` the new ones until the run
-    has ended."""
+    has ended; control characters shown as ``\\xNN`` unless ``raw``."""
     _check_ranks(run, ranks)
     files = [RankFile(p) for p in rank_files(run.logs, ranks)]
-    printer = Printer(out)
+    printer = Printer(out, raw)
     if follow and tail is None:
         tail = 10
     if tail is not None and since is None and grep is None:

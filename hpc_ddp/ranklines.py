@@ -17,6 +17,7 @@ order. Pure functions, the standard library only.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from typing import NamedTuple
@@ -89,3 +90,26 @@ def ranges(ranks: list[int]) -> str:
         else:
             parts.append(str(rank))
     return ",".join(parts)
+
+
+# What a terminal acts on instead of showing: C0 controls but tab and newline, DEL, C1
+# controls (U+0080-U+009F, which some terminals take as CSI/OSC introducers), and the bidi
+# overrides that reorder what is shown. ESC starts the sequences that move the cursor, retitle
+# the window or write the clipboard (OSC 52).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def for_terminal(text: str) -> str:
+    """``text`` with every control character shown as ``\\xNN`` (``\\uNNNN``): a rank's output
+    printed to a terminal cannot drive it (the files keep the bytes as written; ``logs --raw``
+    prints them)."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else
+                         f"\\u{ord(m[0]):04x}", text)
+
+
+def open_for_append(path: str | os.PathLike[str]) -> int:
+    """A rank log's descriptor, opened to append without following a symbolic link (one
+    planted at ``logs/rank<N>.log`` would have every line written where it points: ELOOP
+    instead, docs/security.md)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW,
+                   0o666)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpc_ddp.ranklines import for_terminal
+
 
 def restarts_cell(r: dict[str, Any]) -> str:
     """The restarts column: all of them, and how many were in place."""
@@ -26,8 +28,8 @@ def failure_lines(rows: list[dict[str, Any]], last: int = 5) -> list[str]:
                 cost = f", training again {f['seconds_to_first_step']:.1f}s later"
             if f.get("steps_lost") is not None:
                 cost += f", {f['steps_lost']} steps lost"
-            lines.append(f"failure: rank {f.get('rank')} on {f.get('host')}: "
-                         f"{str(f.get('cause'))[:160]} ({how}{cost})")
+            lines.append(for_terminal(f"failure: rank {f.get('rank')} on {f.get('host')}: "
+                                      f"{str(f.get('cause'))[:160]} ({how}{cost})"))
         if recovery.get("excluded_nodes"):
             lines.append(f"nodes left out after failing: {', '.join(recovery['excluded_nodes'])}")
     return lines

@@ -7,11 +7,14 @@ The rules (docs/security.md "Secrets"):
   SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), PRIVATE, WEBHOOK, DSN or AUTH at the
   end, PASS or PWD after another word (``SSHPASS``, ``MYSQL_PWD``; not ``PWD``), KEY, API_KEY
   or KEY_ID at the end (``WANDB_API_KEY``, ``AWS_ACCESS_KEY_ID``; not ``NCCL_IB_PKEY``, not
-  ``key_dim``), or when it is ``CONNECTION_STRING`` / ``DATABASE_URL``;
+  ``key_dim``), API_KEYS, AUTHORIZATION, COOKIE(S) or SESSION_ID/KEY/TOKEN at the end, or
+  when it is ``CONNECTION_STRING`` / ``DATABASE_URL``; a script's or a setup line's short
+  flag ``-p`` (a password for mysql, sshpass);
 - a value is a secret by its shape: a URL with a password (``https://user:pw@host``),
   ``AccountKey=...``, a private key block, a JWT, and the token prefixes of Hugging Face
   (``hf_``), GitHub (``ghp_``, ``github_pat_``...), GitLab (``glpat-``), OpenAI and others
-  (``sk-``), Slack (``xox?-``) and AWS (``AKIA``/``ASIA``);
+  (``sk-``), Slack (``xox?-``) and AWS (``AKIA``/``ASIA``), and the credentials of an
+  HTTP ``Authorization: Bearer ...`` / ``Basic ...`` header;
 - ``secrets.secret`` / ``secrets.public`` in the config mark names the rules get wrong
   (:class:`Marks`).
 
@@ -29,13 +32,17 @@ MASK = "****"
 
 # (A number may follow the last word: HF_TOKEN2, API_KEY_1.)
 _WORDS = re.compile(r"""
-    (?:^|_)(?:TOKEN|JWT|PAT|PRIVATE|WEBHOOK|DSN|AUTH)(?:_?\d+)?$
+    (?:^|_)(?:TOKEN|JWT|PAT|PRIVATE|WEBHOOK|DSN|AUTH|AUTHORIZATION)(?:_?\d+)?$
   | (?:^|_)(?:PRIVATE|WEBHOOK)_
   | SECRET | PASSWORD | PASSWD | PASSPHRASE | CREDENTIAL
   | (?:^|_)SSHPASS$ | _PASS$ | _PWD$
-  | (?:^|_)(?:API_?)?KEY(?:_ID)?(?:_?\d+)?$
+  | (?:^|_)(?:API_?)?KEY(?:_ID)?(?:_?\d+)?$ | (?:^|_)API_?KEYS$
+  | (?:^|_)COOKIES?$ | (?:^|_)SESSION_?(?:ID|KEY|TOKEN)S?$
   | CONNECTION_STRING | (?:^|_)DATABASE_URL$
 """, re.VERBOSE)
+# Short flags that take a password (``mysql -p X``, ``sshpass -p X``): secret as a script's
+# or a setup line's flag only (a config key named p, a dropout's, is not).
+SECRET_SHORT_FLAGS = ("-p",)
 
 _SHAPES = re.compile(r"""
     (?<![A-Za-z0-9_])(?:
@@ -48,6 +55,7 @@ _SHAPES = re.compile(r"""
       | eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*
     )
   | (?<=://)[^\s/:@'"]*:[^\s/@'"]+(?=@)
+  | (?:(?<=Bearer\ )|(?<=bearer\ )|(?<=BEARER\ )|(?<=Basic\ )|(?<=basic\ ))[A-Za-z0-9._~+/-]{8,}=*
   | (?<=AccountKey=)[^;\s'"]+
   | -----BEGIN[A-Z ]*PRIVATE\ KEY-----[^-]*-----END[A-Z ]*PRIVATE\ KEY-----
 """, re.VERBOSE)
@@ -94,6 +102,8 @@ def secret_name(name: str, marks: Marks = NO_MARKS) -> bool:
     said = marks.says(name)
     if said is not None:
         return said
+    if name.strip() in SECRET_SHORT_FLAGS:
+        return True
     return bool(_WORDS.search(normalized(name.rpartition(".")[2])))
 
 

@@ -143,7 +143,9 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     if found.state == "FAILED" and not recovery["failures"]:
         # Failed before it could record one (joining: a refusal, a bad interface): the
         # first error file says who and why, as the submit command's report does.
-        recovery["failures"] = first_failure(run_dir)
+        from hpc_ddp.failures import first_failure  # deferred (start-up): failures
+
+        recovery["failures"] = first_failure(RunDir(run_dir))
     if restarts is None:  # the attempt that runs now: resumes so far, requeues, in place
         resumes = len((job or {}).get("history") or [None]) - 1
         restarts = resumes + recovery["requeues"] + recovery["restarts_in_place"]
@@ -161,18 +163,6 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "step_ms": progress.get("step_ms"), "slowest_rank": progress.get("slowest_rank"),
             "slowest_behind": progress.get("slowest_behind"),
             "cost": run_cost(run_dir, job, found.state, costs or {}), "recovery": recovery}
-
-
-def first_failure(run_dir: Path) -> list[dict[str, Any]]:
-    """The first rank to fail by its error file, as events.recovery's failure records."""
-    # deferred (start-up): failures, follow
-    from hpc_ddp import failures
-    from hpc_ddp.follow import failed_ranks
-
-    run = RunDir(run_dir)
-    found = failures.read(run, failed_ranks(run))
-    return [{"rank": f.rank, "host": f.host, "cause": f.message.splitlines()[0]}
-            for f in found[:1]]
 
 
 def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
@@ -321,6 +311,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
 
 def _show(args: argparse.Namespace, runs: list[tuple[str, Path]],
           manifest: dict[str, Any] | None, out: TextIO) -> int:
+    if args.cancel or args.stop:
+        from hpc_ddp.stoprun import acted_on  # deferred (start-up): stoprun
+
+        acted_on(args.path.absolute(), runs)
     if args.cancel:
         return _cancel(runs, manifest, out)
     if args.stop:

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
+from hpc_ddp.errors import UserError
+from hpc_ddp.owned import Untrusted, read_owned
 from hpc_ddp.rundir import read_json, resume_command
 
 # Seconds the ranks get to checkpoint before what is left is killed (as Ctrl-C's).
@@ -39,3 +41,21 @@ def stop(runs: list[tuple[str, Path]], out: TextIO) -> int:
         print(f"{label}: {stopped_how(run.files, killed=False)} Continue with: "
               f"{resume_command(run_dir)}", file=out, flush=True)
     return 0
+
+
+def acted_on(path: Path, runs: list[tuple[str, Path]]) -> None:
+    """UserError unless every file --stop and --cancel act on (each run's job.json, a sweep's
+    sweep.json: the processes and job ids they end) passed the ownership checks a resume
+    makes (hpc_ddp/owned.py): a job.json another user planted would have this command kill
+    their choice of process, or scancel their choice of jobs (docs/security.md)."""
+    files = [(run_dir, run_dir / JOB_FILE) for _, run_dir in runs]
+    files.append((path, path / "sweep.json"))
+    for root, file in files:
+        if not file.exists():
+            continue
+        try:
+            read_owned(file, root)
+        except Untrusted as exc:
+            raise UserError("path", str(path), f"{exc} --stop and --cancel act only on runs "
+                            "you made.", "stop or cancel it as the user who made it "
+                            "(or ask them to).") from None

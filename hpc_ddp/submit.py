@@ -43,6 +43,7 @@ def handle_stop_signals() -> None:
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if argv is None:  # the command, not a call from Python: signals are ours to handle
+        restart_without_secrets(args)
         handle_stop_signals()
     if any(a in ("-h", "--help") for a in args):
         print(__doc__, file=out)
@@ -53,6 +54,38 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         print(f"\nstopped ({interrupts.name(exc)}) before anything was submitted: nothing "
               "runs.", file=sys.stderr)
         return exit_code(exc)
+
+
+# Set in the command's own restart (restart_without_secrets): it is not done twice.
+_RESTARTED_ENV = "HPC_DDP_ARGV_SCRUBBED"
+
+
+def restart_without_secrets(args: list[str]) -> None:
+    """A secret typed on the command line (``model.api_token=...``, ``-- --hf-token ...``)
+    stays in this process's argv, which every user of the machine reads in ps for as long as
+    the command runs (a followed local run: the whole run). The command then starts itself
+    again at once with each such value replaced by the reference the run keeps anyway
+    (``${oc.env:HPC_DDP_SECRET_...}``), the value in its environment (config/secrets.py)."""
+    if os.environ.get(_RESTARTED_ENV):
+        return
+    # deferred (start-up): config.secrets, config.secret_channels
+    from hpc_ddp.config import secrets
+    from hpc_ddp.config.secret_channels import Found, scrub_script_args
+
+    try:
+        overrides, script_args = split_script_args(args)
+        found = Found(secrets.NO_MARKS, strict=False)
+        clean = [secrets.scrub_override(a, found) if "=" in a and not a.startswith("-")
+                 else a for a in overrides]
+        scrubbed = scrub_script_args(script_args, found) if script_args else None
+    except (UserError, ValueError):
+        return  # compose() refuses what cannot be read, its secrets masked
+    masked_only = any(c != o and secrets.MASK in c for c, o in zip(clean, overrides, strict=True))
+    if not found.values or masked_only:  # a swept secret has no one reference: kept as given
+        return
+    argv = [sys.executable, "-m", "hpc_ddp.submit", *clean,
+            *(["--", *scrubbed] if scrubbed is not None else [])]
+    os.execve(sys.executable, argv, {**os.environ, **found.values, _RESTARTED_ENV: "1"})
 
 
 def _main(args: list[str], out: TextIO) -> int:

@@ -51,8 +51,11 @@ def check_overrides(overrides: Sequence[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    from hpc_ddp.config.yaml_guard import check_nesting  # deferred (start-up): yaml_guard
+
     parser = OverridesParser.create()
     for item in overrides:
+        check_nesting(item, "the command line")  # before Hydra's parser recurses into it
         try:
             parsed = parser.parse_overrides([item])
         except OverrideParseException as exc:
@@ -146,8 +149,11 @@ def unparsable(overrides: Sequence[str]) -> str:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
+    from hpc_ddp.config.yaml_guard import check_nesting  # deferred (start-up): yaml_guard
+
     parser = OverridesParser.create()
     for item in overrides:
+        check_nesting(item, "the command line")  # before Hydra's parser recurses into it
         try:
             parser.parse_overrides([item])
         except OverrideParseException:

@@ -104,15 +104,36 @@ def _refuse_in_the_open(cfg: Any) -> None:
         value = getattr(getattr(c, holder) if holder else c, field)
         items = (value.items() if isinstance(value, Mapping) else enumerate(value)
                  if isinstance(value, list) else [(name, value)])
+        named = _named_secret(value, marks) if isinstance(value, list) else None
         for key, item in items:
             text = "" if item is None else str(item)
-            if text and (secret_value(text) or REFERENCE.search(text) or
+            if text and (secret_value(text) or REFERENCE.search(text) or named or
                          isinstance(value, Mapping) and secret_name(str(key), marks)):
-                raise UserError(f"cluster.{name}", MASK, "would put a secret on a command "
+                what = f"a secret ({named.lstrip('-')})" if named else "a secret"
+                raise UserError(f"cluster.{name}", MASK, f"would put {what} on a command "
                                 "line or among the job's options, which other users of the "
                                 "cluster can read (ps, scontrol show job).", "pass it in the "
                                 "environment: cluster.setup=['export NAME=${oc.env:NAME}'] "
                                 "or cluster.container.env (docs/security.md).")
+
+
+def _named_secret(args: list[Any], marks: Marks) -> str | None:
+    """The name of a secret a list of arguments sets by name (None: none): ``NAME=value``
+    anywhere in an item (``--export=ALL,HF_TOKEN=x``, ``--env WANDB_API_KEY=x``,
+    ``--comment password=x``), ``--flag=value`` and ``--flag value`` with a secret's name
+    (``--token x``). ``--export=ALL,HF_TOKEN`` passes a variable by name, no value: allowed."""
+    words = ["" if a is None else str(a) for a in args]
+    for i, word in enumerate(words):
+        for piece in re.split(r"[,\s]+", word):
+            parts = piece.split("=")
+            for name, val in zip(parts, parts[1:], strict=False):
+                if val and secret_name(name, marks):
+                    return name
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if word.startswith("-") and "=" not in word and nxt and not nxt.startswith("-") and (
+                secret_name(word, marks)):
+            return word
+    return None
 
 
 def extract(cfg: Any) -> tuple[Any, dict[str, str]]:

@@ -20,7 +20,10 @@ from hpc_ddp.errors import UserError
 # Values a file may expand to through its aliases; one without aliases is never refused
 # for its size (it expands to itself).
 MAX_EXPANDED = 10_000
-MAX_DEPTH = 200
+# Nesting no config needs, well below where OmegaConf's recursive copies exceed Python's
+# recursion limit (seen here: a list nested 90 deep in app.x ended in a RecursionError; 80
+# passed): files, command-line values and saved overrides alike are refused above it.
+MAX_DEPTH = 50
 _checked: dict[tuple[str, int, int], None] = {}
 
 
@@ -65,6 +68,33 @@ def expanded_size(node: Any) -> tuple[int, int, int]:
     return len(started), size[id(node)], depth[id(node)]
 
 
+def bracket_depth(text: str) -> int:
+    """How deep ``[``, ``{`` and ``(`` nest in an override's text (quoted parts skipped)."""
+    depth = deepest = 0
+    quote = ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]})":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def check_nesting(override: str, where: str) -> None:
+    """UserError for an override (command line, overrides.yaml) whose value nests deeper
+    than :data:`MAX_DEPTH`."""
+    depth = bracket_depth(override)
+    if depth > MAX_DEPTH:
+        key = override.partition("=")[0] or "override"
+        raise UserError(key, f"{depth} levels", f"nests deeper than {MAX_DEPTH} levels "
+                        f"({where}), which no config needs.", "flatten the value.")
+
+
 def check_text(text: str, where: str) -> None:
     """UserError when ``text`` (from ``where``) would expand beyond the limits."""
     # deferred: yaml
@@ -72,8 +102,13 @@ def check_text(text: str, where: str) -> None:
 
     try:
         documents = list(yaml.compose_all(text, Loader=_loader()))
-    except yaml.YAMLError:
-        return  # not YAML: whoever reads it says what is wrong
+    except yaml.YAMLError as exc:
+        # Refused, not waved through: another loader (Hydra's own, in pure Python) may read
+        # what this one cannot (a "%YAML 1.3" directive) and expand its aliases unchecked.
+        raise _unparsable(exc, where) from None
+    except RecursionError:
+        raise UserError(where, "nesting", f"nests too deep to parse (more than {MAX_DEPTH} "
+                        "levels, which no config needs).", "flatten the file.") from None
     for document in documents:
         if document is None:
             continue
@@ -100,10 +135,15 @@ def load(text: str, where: str) -> Any:
     try:
         return yaml.load(text, Loader=_loader())
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserError(where, "YAML", f"does not parse{at}: {getattr(exc, 'problem', exc)}.",
-                        "fix the file, or use one hpc_ddp wrote.") from None
+        raise _unparsable(exc, where) from None
+
+
+def _unparsable(exc: Exception, where: str) -> UserError:
+    mark = getattr(exc, "problem_mark", None)
+    at = f" (line {mark.line + 1})" if mark is not None else ""
+    problem = str(getattr(exc, "problem", None) or exc).splitlines()[0]
+    return UserError(where, "YAML", f"does not parse{at}: {problem}.",
+                     "fix the file (YAML 1.1, no %YAML directive of another version).")
 
 
 def check_folder(folder: Path) -> None:
@@ -123,7 +163,10 @@ def check_folder(folder: Path) -> None:
                 continue
             try:
                 text = path.read_text()
-            except (OSError, UnicodeDecodeError):
+            except OSError:
                 continue  # Hydra says what is wrong with it, if it reads it at all
+            except UnicodeDecodeError:
+                raise UserError(str(path), "text", "is not UTF-8 text.",
+                                "save it as UTF-8.") from None
             check_text(text, str(path))
             _checked[key] = None

@@ -179,6 +179,8 @@ def saved_overrides(root: Path, shown: str) -> list[str]:
     if not isinstance(previous, list) or not all(isinstance(o, str) for o in previous):
         raise UserError("run_dir", shown, "holds an overrides.yaml that is not a list of "
                         "overrides.", "use a run dir hpc_ddp made.")
+    for item in previous:
+        yaml_guard.check_nesting(item, str(root / OVERRIDES_FILE))
     return previous
 
 

@@ -41,3 +41,16 @@ def test_a_failure_in_user_code_shows_the_users_traceback_once(hpc_ddp: Run,
     status = hpc_ddp("status", [str(run_dir), "--json"])
     failures = json.loads(status.stdout)["runs"][0]["recovery"]["failures"]
     assert [(f["rank"], f["cause"].startswith("KeyError")) for f in failures] == [(1, True)]
+
+
+def test_the_failure_report_defuses_terminal_escapes(hpc_ddp: Run, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["entry=tests.usercode.entries:fails_with_escapes",
+                              "cluster=local", "cluster.tasks_per_node=1", f"run_dir={run_dir}"])
+    assert done.returncode == 1
+    said = done.stdout + done.stderr
+    report = said[said.index("failed (state FAILED)"):]
+    assert "\x1b" not in report and "\u009b" not in report, repr(report)
+    assert "RuntimeError: bad \\x1b[2J\\x9b2J end" in report
+    shown = hpc_ddp("logs", [str(run_dir)]).stdout
+    assert "\x1b" not in shown and "\\x1b]52;c;" in shown

@@ -143,3 +143,24 @@ def test_a_secret_in_an_error_message_is_masked_everywhere(tmp_path: Path) -> No
         assert (tmp_path / run / "events.jsonl").read_text().count('"failure"') == 1
         assert list((tmp_path / run / "submitit").rglob("*_result.pkl"))
     assert files_holding(tmp_path, [FAILURE_TOKEN, SCRIPT_TOKEN]) == []
+
+
+def test_the_command_typed_with_a_secret_does_not_keep_it_in_its_argv(tmp_path: Path) -> None:
+    """`python -m hpc_ddp.submit ... -- --hf-token X` typed in a shell: the command starts
+    itself again without the value, so while the run trains (the script looks then) no
+    command line of the machine, the waiting submit command's included, holds it."""
+    out = tmp_path / "seen"
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps(SCRIPT))
+    done = subprocess.run(
+        [sys.executable, "-m", "hpc_ddp.submit", "cluster=local",
+         "script=tests/usercode/secret_script.py", f"run_dir={tmp_path / 'run'}", "--",
+         str(out), "--hf-token", SCRIPT["--hf-token"], "-p", "planted-short-flag-31",
+         SCRIPT["bare"]],
+        capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+        env=command_env({"PLANTED_FILE": str(planted)}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{out}.{rank}").read_text())
+        assert seen["hf_token"] == sha(SCRIPT["--hf-token"]) and seen["argv_holding"] == []
+    assert files_holding(tmp_path / "run", [*SCRIPT.values(), "planted-short-flag-31"]) == []

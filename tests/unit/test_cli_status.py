@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from hpc_ddp.procs import start_time
 from hpc_ddp.status import main
 
 
@@ -158,3 +163,40 @@ def test_cancel_of_a_sweep_cancels_only_what_has_not_ended(
     assert code == 0 and said in out, out
     assert [c.split()[1:] for c in calls(log) if c.startswith("scancel")] == (
         [cancelled] if cancelled else [])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a second user's files needs root")
+@pytest.mark.parametrize("action", ["--stop", "--cancel"])
+@pytest.mark.parametrize("kind", ["local", "slurm"])
+def test_stop_and_cancel_refuse_a_job_file_another_user_planted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str, kind: str) -> None:
+    """In a folder of another uid, a job.json naming a process of ours (a sleeper started
+    here) or a Slurm job id: refused in one line, the process alive, no scancel run."""
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        run = tmp_path / "theirs"
+        run.mkdir()
+        record = {"kind": kind, "job_id": "4242" if kind == "slurm" else str(sleeper.pid),
+                  "submitted": time.time(), "controller_pid": sleeper.pid,
+                  "controller_start": start_time(sleeper.pid)}
+        (run / "job.json").write_text(json.dumps({**record, "history": [record]}))
+        os.chown(run / "job.json", 4242, 4242)
+        os.chown(run, 4242, 4242)
+        calls = tmp_path / "calls"
+        fake = tmp_path / "bin"
+        fake.mkdir()
+        for tool in ("scancel", "squeue", "sacct"):
+            (fake / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {calls}\n")
+            (fake / tool).chmod(0o755)
+        old_path = os.environ["PATH"]
+        os.environ["PATH"] = f"{fake}:{old_path}"
+        try:
+            code, _, err = run_status([str(run), action], capsys)
+        finally:
+            os.environ["PATH"] = old_path
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"error: path={run}: ") and "act only on runs you made" in err
+        assert sleeper.poll() is None  # not signalled
+        assert not calls.exists() or "scancel" not in calls.read_text()
+    finally:
+        sleeper.kill()

@@ -60,3 +60,52 @@ def test_a_config_that_is_large_without_aliases_is_read() -> None:
     assert len(yaml_guard.load(big, "big.yaml")["values"]) == 50_000
     with pytest.raises(Exception, match="alias"):
         yaml_guard.load("&a [1, *a]", "self.yaml")
+
+
+@pytest.mark.parametrize("name, text, said", [
+    # A directive the guard's C loader rejects, which Hydra's pure-Python loader would read
+    # and expand: refused, not waved through as "not YAML".
+    ("bomb13.yaml", "%YAML 1.3\n---\n" + BOMB, "=YAML: does not parse (line 1)"),
+    ("flow.yaml", "x: " + "[" * 5000 + "]" * 5000 + "\n", "=YAML: does not parse"),
+    ("deep.yaml", "x: " + "[" * 70 + "1" + "]" * 70 + "\n", "=72 levels: nests deeper than 50"),
+])
+def test_a_config_file_the_guard_cannot_read_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str,
+        said: str) -> None:
+    conf = tmp_path / "conf" / "app"
+    conf.mkdir(parents=True)
+    (conf / name).write_text(text)
+    started = time.monotonic()
+    code = main(["--config-dir", str(tmp_path / "conf"), f"app={name[:-5]}", "--cfg"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {conf / name}{said}"), err
+    assert time.monotonic() - started < 30  # not the minutes an expanded bomb takes
+
+
+@pytest.mark.parametrize("depth", [60, 150, 5000])
+def test_a_value_nested_too_deep_on_the_command_line_is_refused(
+        depth: int, capsys: pytest.CaptureFixture[str]) -> None:
+    value = "[" * depth + "1" + "]" * depth
+    assert main([f"app.x={value}", "--cfg"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: app.x={depth} levels: nests deeper than 50 levels (the command "
+                   "line), which no config needs. Fix: flatten the value.\n")
+
+
+def test_a_value_nested_as_deep_as_a_config_goes_is_read(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    value = "[" * 45 + "1" + "]" * 45
+    assert main([f"app.x={value}", "--cfg"]) == 0
+
+
+def test_an_overrides_file_nested_too_deep_is_refused_on_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    assert main([f"run_dir={run}", "trainer.max_steps=2"]) == 0
+    capsys.readouterr()
+    (run / "overrides.yaml").write_text(f"- app.x={'[' * 90}1{']' * 90}\n")
+    assert main([f"run_dir={run}", "resume=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: app.x=90 levels: nests deeper than 50 levels") and (
+        "overrides.yaml" in err and err.count("\n") == 1), err

@@ -176,3 +176,21 @@ def test_the_last_lines_of_a_long_log_read_from_its_end(tmp_path: Path) -> None:
     assert lines[0].startswith("--- the attempt that began before these lines")
     assert [ln.split(" OUT ")[1].split(" ")[0:2] for ln in lines[1:]] == [
         ["line", "1997"], ["line", "1998"], ["line", "1999"]]
+
+
+OSC52 = "\x1b]52;c;cm0gLXJmIH4=\x07"  # writes "rm -rf ~" to the clipboard in many terminals
+C1_CSI = "\u009b2J"  # clears the screen where C1 controls are honoured
+
+
+def test_control_sequences_are_shown_not_obeyed(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "rank0.log").write_text(ranklines.line(
+        0, "n1", ranklines.OUT, f"hello {OSC52} and {C1_CSI}\u202eevil", T0))
+    _, lines = _show(str(run))
+    shown = "\n".join(lines)
+    assert "\x1b" not in shown and "\u009b" not in shown and "\u202e" not in shown
+    assert "hello \\x1b]52;c;cm0gLXJmIH4=\\x07 and \\x9b2J\\u202eevil" in shown
+    _, raw = _show(str(run), "--raw")
+    assert OSC52 in "\n".join(raw) and C1_CSI in "\n".join(raw)
+    assert OSC52 in (run / "logs" / "rank0.log").read_text()  # the file keeps what was written

@@ -272,3 +272,31 @@ def test_the_sbatch_wrapper_sets_the_umask_before_it_makes_anything(
     for folder in (run.parent, run, run / "logs"):
         assert folder.stat().st_mode & 0o777 == mode, folder
     assert int(seen.read_text(), 8) == 0o777 & ~mode  # and the ranks start with it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a second user's files needs root")
+@pytest.mark.parametrize("plant", ["link", "their_logs"])
+def test_the_sbatch_wrapper_writes_nothing_through_a_planted_output(
+        tmp_path: Path, plant: str) -> None:
+    """outputs/job-<id>/logs/slurm-<id>.out planted as a symbolic link to a file of ours, or
+    logs/ made by another user: the job's output never reaches the link's target."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\necho from-the-job\n")
+    (fake / "srun").chmod(0o755)
+    work = tmp_path / "work"
+    logs = work / "outputs" / "job-77" / "logs"
+    logs.mkdir(parents=True, mode=0o750)
+    target = tmp_path / "victim.txt"
+    target.write_text("mine\n")
+    if plant == "link":
+        (logs / "slurm-77.out").symlink_to(target)
+    else:
+        os.chown(logs, 4242, 4242)
+    done = subprocess.run(["bash", str(REPO / "jobs" / "train.sbatch")], cwd=work,
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env=command_env({"PATH": f"{fake}:{os.environ['PATH']}",
+                                           "SLURM_JOB_ID": "77"}))
+    assert done.returncode == 0, done.stderr
+    assert target.read_text() == "mine\n"  # nothing appended through the link
+    assert "from-the-job" in (work / "slurm-77.out").read_text()  # where sbatch ran instead

@@ -25,14 +25,18 @@ TOKEN = "hf_plantedTokenValue00000001"
     "WANDB_API_KEY", "HF_TOKEN", "MY_SERVICE_PASSWORD", "PIP_INDEX_URL_PASSWORD", "MYSQL_PWD",
     "SSHPASS", "DATABASE_URL", "GH_PAT", "CI_JOB_JWT", "AZURE_STORAGE_CONNECTION_STRING",
     "SLACK_WEBHOOK_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SENTRY_DSN",
-    "model.api_token", "data.token", "--hf-token", "dbPassword", "SSH_PRIVATE_KEY"])
+    "model.api_token", "data.token", "--hf-token", "dbPassword", "SSH_PRIVATE_KEY",
+    # issue 35's gaps: plural and other common names, a short password flag
+    "api_keys", "OPENAI_API_KEYS", "cookie", "SESSION_COOKIES", "session_id", "AUTHORIZATION",
+    "-p"])
 def test_secret_names(name: str) -> None:
     assert secret_name(name)
 
 
 @pytest.mark.parametrize("name", [
     "NCCL_IB_PKEY", "PWD", "OLDPWD", "PATH", "LD_LIBRARY_PATH", "model.key_dim", "KEYBOARD",
-    "pad_token_id", "max_tokens", "BYPASS", "PIP_INDEX_URL", "NCCL_SOCKET_IFNAME", "HOME"])
+    "pad_token_id", "max_tokens", "BYPASS", "PIP_INDEX_URL", "NCCL_SOCKET_IFNAME", "HOME",
+    "model.p", "keys", "--header", "cookie_cutter_dim"])
 def test_names_that_are_no_secret(name: str) -> None:
     assert not secret_name(name)
 
@@ -42,7 +46,9 @@ def test_names_that_are_no_secret(name: str) -> None:
     (TOKEN, True), ("ghp_abcdefghijklmnopqrstuvwxyz1234", True),
     ("sk-proj-abcdefghijklmnop12", True),
     ("AKIAABCDEFGHIJKLMNOP", True), ("Endpoint=x;AccountKey=Zm9vYmFy==;", True),
-    ("/home/me/data", False), ("0x8001", False), ("hf_short", False)])
+    ("/home/me/data", False), ("0x8001", False), ("hf_short", False),
+    ("Authorization: Bearer abcdefgh12345678", True), ("Authorization: Basic dXNlcjpwdw==", True),
+    ("bearer of news", False)])
 def test_secret_shapes(value: str, secret: bool) -> None:
     assert secret_value(value) is secret
 
@@ -129,13 +135,29 @@ def test_a_containers_secret_is_passed_by_name_never_on_the_command_line(
 @pytest.mark.parametrize("override", [
     f"cluster.srun_args=['--export=ALL,HF_TOKEN={TOKEN}']",
     f"+cluster.sbatch_extra.comment={TOKEN}",
-    "cluster.container.image='docker://bob:pw-4417@registry.example/img'"])
+    "cluster.container.image='docker://bob:pw-4417@registry.example/img'",
+    # By name, a value of no known shape (issue 35): NAME=value anywhere in an item, a
+    # secret-named flag and its value.
+    "cluster.srun_args=['--export=ALL,HF_TOKEN=pw-4417-plain']",
+    "cluster.srun_args=['--comment','password=pw-4417-plain']",
+    "cluster.srun_args=['--comment=db_password=pw-4417-plain']",
+    "cluster.srun_args=['--token','pw-4417-plain']",
+    "cluster.container.options=['--env','WANDB_API_KEY=pw-4417-plain']"])
 def test_what_others_can_read_cannot_carry_a_secret(override: str) -> None:
     with pytest.raises(UserError) as info:
         secrets.extract(compose(["cluster=slurm", override]))
     said = info.value.message
     assert "other users of the cluster can read" in said or "scontrol show job" in said
     assert TOKEN not in said and "pw-4417" not in said
+
+
+@pytest.mark.parametrize("override", [
+    "cluster.srun_args=['--export=ALL,HF_TOKEN']",  # by name: the value from the environment
+    "cluster.srun_args=['--cpu-bind=cores','--comment','nightly run']",
+    "cluster.container.options=['--env','LANG=C.UTF-8']"])
+def test_arguments_that_name_no_secret_value_pass(override: str) -> None:
+    cfg, found = secrets.extract(compose(["cluster=slurm", override]))
+    assert found == {}
 
 
 def test_errors_show_no_secret(capsys: pytest.CaptureFixture[str]) -> None:

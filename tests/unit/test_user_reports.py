@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import UserError
+from hpc_ddp.failures import first_failure
 from hpc_ddp.launch.target import counted
 from hpc_ddp.rank.supervise.script import last_lines
 from hpc_ddp.runcost import local_cost
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.state import JobState
-from hpc_ddp.status import first_failure
 from hpc_ddp.targets import locate
 
 
@@ -31,7 +31,7 @@ def test_a_run_that_failed_while_joining_has_a_failure_line(tmp_path: Path) -> N
             f"rank {rank} on node{rank + 1}: cluster.master_interface=ib0: no such interface "
             f"on node{rank + 1}. Fix: name one of eth0.\n\nFull traceback (hpc_ddp's frames "
             "too):\nTraceback ...")
-    assert first_failure(tmp_path) == [{"rank": 1, "host": "node2", "cause": (
+    assert first_failure(RunDir(tmp_path)) == [{"rank": 1, "host": "node2", "cause": (
         "cluster.master_interface=ib0: no such interface on node2. Fix: name one of eth0.")}]
 
 

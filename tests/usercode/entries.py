@@ -156,3 +156,9 @@ def fails_in_own_code(ctx: Any) -> dict[str, Any]:
 def fails_with_its_token(ctx: Any) -> None:
     """Raises with the run's secret in the message, as an auth error of a client may."""
     raise RuntimeError(f"auth failed for {ctx.app['api_token']}")
+
+
+def fails_with_escapes(ctx: Any) -> None:
+    """Prints terminal control sequences, then raises with one in its message."""
+    print("\x1b]52;c;cm0gLXJmIH4=\x07 before", flush=True)
+    raise RuntimeError("bad \x1b[2J\u009b2J end")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hpc_ddp.rank.contract import CAPTURED_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.ranklines import ATTEMPT, attempt_text, line
+from hpc_ddp.ranklines import ATTEMPT, attempt_text, line, open_for_append
 from hpc_ddp.redact import NO_MARKS, Marks
 
 # Blocked while the tee starts: a stop signal in that moment waits for this process (it is
@@ -120,7 +120,7 @@ def _close(pid: int) -> None:
 
 
 def _append(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o666)
+    fd = open_for_append(path)
     try:
         os.write(fd, text.encode())
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 from hpc_ddp.config.secrets import mask, values_to_mask
 from hpc_ddp.rank.join import output
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.ranklines import prefix
+from hpc_ddp.ranklines import open_for_append, prefix
 from hpc_ddp.redact import NO_MARKS, Marks
 
 
@@ -35,7 +35,8 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
         root.removeHandler(handler)
     hidden = _Masked(values_to_mask(os.environ, marks=marks))
     _MASKED[:] = hidden.values  # for the error file, events and the exception (masked())
-    file_handler = logging.FileHandler(path)
+    # The log file opened without following a link (ranklines.open_for_append).
+    file_handler = logging.StreamHandler(os.fdopen(open_for_append(path), "a"))
     file_handler.setFormatter(fmt)
     file_handler.addFilter(hidden)
     root.addHandler(file_handler)
