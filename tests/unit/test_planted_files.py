@@ -300,3 +300,21 @@ def test_the_sbatch_wrapper_writes_nothing_through_a_planted_output(
     assert done.returncode == 0, done.stderr
     assert target.read_text() == "mine\n"  # nothing appended through the link
     assert "from-the-job" in (work / "slurm-77.out").read_text()  # where sbatch ran instead
+
+
+def test_a_rank_log_planted_as_a_link_is_not_written_through(tmp_path: Path) -> None:
+    from hpc_ddp.errors import UserError
+    from hpc_ddp.rank.join import ranklog
+    from hpc_ddp.ranklines import open_for_append
+
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    target = tmp_path / "victim.txt"
+    target.write_text("mine\n")
+    (logs / "rank0.log").symlink_to(target)
+    with pytest.raises(OSError):  # ELOOP: every open of a rank log refuses a link
+        open_for_append(logs / "rank0.log")
+    with pytest.raises(UserError) as raised:
+        ranklog.setup(logs / "rank0.log", 0, "node1", echo=False)
+    assert "rank0.log is a symbolic link" in raised.value.message
+    assert target.read_text() == "mine\n"

@@ -10,6 +10,7 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from hpc_ddp.config.secrets import mask, values_to_mask
+from hpc_ddp.errors import UserError
 from hpc_ddp.rank.join import output
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.ranklines import open_for_append, prefix
@@ -22,6 +23,10 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
     With ``env``, this process's stdout and stderr go into ``path`` too (output.capture:
     the program's output, an ATTEMPT line first). Secrets are masked (``marks``: the
     config's secrets.secret / secrets.public)."""
+    if path.is_symlink():  # every open of it refuses a link too (ranklines.open_for_append)
+        raise UserError("run_dir", str(path.parent.parent), f"{path} is a symbolic link: no "
+                        "rank log is written through one (it could point anywhere).",
+                        f"remove {path}, and check who could make it.")
     if env is not None and output.capture(path, env, host,
                                           os.environ if environ is None else environ, marks):
         # submitit prints its lines to stdout itself (its handler): they reach the log
