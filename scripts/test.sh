@@ -4,6 +4,7 @@
 # podman) if they are missing; without root the cluster tests skip with a message (they FAIL under CI=true).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+began=$SECONDS  # the install phase: Debian's packages and the venv
 pkgs="slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
 # Podman for the container tests (tests/cluster/test_containers.py): runc, since crun 1.8
 # refuses this machine's hybrid cgroups; no recommends (buildah, slirp4netns...: unused).
@@ -17,7 +18,6 @@ fi
 if [ -n "${HPC_DDP_PYTHON:-}" ]; then  # an interpreter that has the stack (see run.sh)
   exec "$HPC_DDP_PYTHON" -m pytest "$@"
 fi
-began=$SECONDS
 scripts/bootstrap.sh test
-echo "test.sh: environment ready in $((SECONDS - began))s" >&2
+echo "test.sh: environment ready in $((SECONDS - began))s (install phase)" >&2
 exec .venv/bin/python -m pytest "$@"

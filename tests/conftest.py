@@ -44,3 +44,33 @@ def compose_refusal(overrides: list[str]) -> str:
     message = info.value.message
     assert "\n" not in message and "Fix:" in message, message
     return message
+
+
+# -- what the suite costs, by phase (issue 36: CI reports its own cost) ----------------------
+
+_PHASE_SECONDS: dict[str, float] = {}
+_PHASE_TESTS: dict[str, int] = {}
+
+
+def _phase(nodeid: str) -> str:
+    """tests/unit/..., tests/integration/..., tests/cluster/..., tests/gpu/...: the folder."""
+    parts = nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    phase = _phase(report.nodeid)
+    _PHASE_SECONDS[phase] = _PHASE_SECONDS.get(phase, 0.0) + report.duration
+    if report.when == "call":
+        _PHASE_TESTS[phase] = _PHASE_TESTS.get(phase, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Seconds per phase (set-up, call and tear-down of its tests, the cluster's start in
+    the first cluster test's set-up): a change that makes one slower shows here."""
+    if not _PHASE_SECONDS:
+        return
+    terminalreporter.section("time by phase")
+    for phase, seconds in sorted(_PHASE_SECONDS.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{phase:12s} {seconds:8.1f} s  "
+                                    f"({_PHASE_TESTS.get(phase, 0)} tests)")

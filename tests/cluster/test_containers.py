@@ -189,16 +189,16 @@ def test_podman_runs_the_sharded_trainer_and_a_script(
     example project's torchrun-style script, its supervisor and the script itself in the
     container). Both jobs go out at once and end COMPLETED 0:0."""
     overrides, env, setup = in_podman
-    project = REPO / "examples" / "seqproject"
     sharded, script = tmp_path / "fsdp", tmp_path / "script"
     jobs = []
-    for args, cwd in (
-            (["trainer.strategy=fsdp", "model=resnet18", "data.image_size=16", *TINY,
-              "trainer.max_steps=10", f"run_dir={sharded}"], REPO),
-            (["script=train_ddp.py", f"run_dir={script}", "--", "--epochs", "1",
-              "--checkpoint", str(tmp_path / "script.pt")], project)):
-        done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", *overrides, *args], env=env,
-                       cwd=cwd)
+    # From the repository (the container mounts the working directory, the venv's python
+    # with it); the script's own folder puts its project (seqproj) on its path.
+    for args in (
+            ["trainer.strategy=fsdp", "model=resnet18", "data.image_size=16", *TINY,
+             "trainer.max_steps=10", f"run_dir={sharded}"],
+            ["script=examples/seqproject/train_ddp.py", f"run_dir={script}", "--",
+             "--epochs", "1", "--checkpoint", str(tmp_path / "script.pt")]):
+        done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", *overrides, *args], env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         jobs.append(job_id_of(done.stdout))
     deadline = time.monotonic() + 300

@@ -153,6 +153,17 @@ def training_pid(run_dir: Path, rank: int, generation: int, timeout: float = 120
         time.sleep(0.2)
 
 
+def assert_supervisor_without_torch(child: int) -> None:
+    """The training process ``child`` has torch's libraries mapped; its supervisor (its
+    parent) none (issue 36: one interpreter a rank imports torch, not two)."""
+    parent = int(next(line.split()[1] for line in Path(f"/proc/{child}/status").read_text()
+                      .splitlines() if line.startswith("PPid:")))
+    assert "hpc_ddp" in Path(f"/proc/{parent}/cmdline").read_text()
+    assert "libtorch" in Path(f"/proc/{child}/maps").read_text()  # what the check looks for
+    supervisor_maps = Path(f"/proc/{parent}/maps").read_text()
+    assert "libtorch" not in supervisor_maps and "/torch/" not in supervisor_maps
+
+
 def wait_for_event(run_dir: Path, kind: str, count: int = 1, timeout: float = 120
                    ) -> dict[str, Any]:
     """The ``count``-th event of ``kind`` in events.jsonl, once it is there."""
@@ -269,6 +280,7 @@ def test_killed_ranks_restart_in_place_and_end_as_uninterrupted(
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, run_dir, slurm_env)  # supervised: cluster.restarts_in_place > 0
     wait_for_step(run_dir, 40)
+    assert_supervisor_without_torch(training_pid(run_dir, 1, generation=0))
     os.kill(training_pid(run_dir, 1, generation=0), signal.SIGKILL)
     wait_for_event(run_dir, "restart_in_place")
     pids = [training_pid(run_dir, r, generation=1) for r in (0, 1)]

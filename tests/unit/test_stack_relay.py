@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from hpc_ddp.rank.join import authstore, rendezvous
+from hpc_ddp.rank.join import authstore, rendezvous, store_client, torch_store
 from hpc_ddp.rank.services import stacks
 from hpc_ddp.rank.supervise.supervisor import Child, StackRelay
 from tests.conftest import REPO
@@ -43,10 +43,18 @@ def _rank(store: Any, number: int) -> Any:
 
 @pytest.fixture
 def store() -> Any:
+    """The supervisor's store client: plain (no torch in a supervisor)."""
     key = authstore.new_key()
     server = authstore.StoreServer(key, ["127.0.0.1"])
-    return authstore.AuthStore("127.0.0.1", server.port, key, timedelta(seconds=30),
-                               server=server)
+    return store_client.StoreClient("127.0.0.1", server.port, key, timedelta(seconds=30),
+                                 server=server)
+
+
+def child_keys(store: Any) -> Any:
+    """The child's keys as its torch PrefixStore keeps them, on a torch client of the same
+    store: the relay must find them under the same names."""
+    return dist.PrefixStore(rendezvous.attempt_prefix(0), torch_store.AuthStore(
+        store.host, store.port, store._key, timedelta(seconds=30)))
 
 
 def _child() -> Child:
@@ -57,8 +65,7 @@ def test_a_request_for_this_rank_signals_its_training_process(store: Any) -> Non
     child = _child()
     relay = StackRelay(_rank(store, 1), child, signal.SIGUSR1)
     time.sleep(1.0)  # the child has installed its handler
-    child_keys = dist.PrefixStore(rendezvous.attempt_prefix(0), store)
-    stacks.request(child_keys, [1], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
+    stacks.request(child_keys(store), [1], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
                    wait_s=0)
     assert child.wait() == 7
     relay.close()
@@ -70,8 +77,7 @@ def test_a_request_for_another_rank_leaves_it_alone_and_close_ends_the_thread(
     child = _child()
     relay = StackRelay(_rank(store, 1), child, signal.SIGUSR1)
     time.sleep(1.0)
-    child_keys = dist.PrefixStore(rendezvous.attempt_prefix(0), store)
-    stacks.request(child_keys, [2], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
+    stacks.request(child_keys(store), [2], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
                    wait_s=0)
     time.sleep(0.5)
     assert child.proc.poll() is None  # rank 2's request is not this rank's
@@ -95,7 +101,7 @@ def test_a_supervisor_whose_store_goes_away_while_it_exits_exits_cleanly(
         import os, signal, subprocess, sys, time
         from datetime import timedelta
         from types import SimpleNamespace
-        from hpc_ddp.rank.join import authstore, rendezvous
+        from hpc_ddp.rank.join import authstore, rendezvous, store_client
         from hpc_ddp.rank.supervise.supervisor import Child
         from hpc_ddp.rank.supervise.supervisor import StackRelay
 
@@ -105,7 +111,7 @@ def test_a_supervisor_whose_store_goes_away_while_it_exits_exits_cleanly(
             f"s = a.StoreServer({{key!r}}, ['127.0.0.1']); "
             "print(s.port, flush=True); time.sleep(60)")], stdout=subprocess.PIPE, text=True)
         port = int(server.stdout.readline())
-        store = authstore.AuthStore("127.0.0.1", port, key, timedelta(seconds=30))
+        store = store_client.StoreClient("127.0.0.1", port, key, timedelta(seconds=30))
         rank = SimpleNamespace(store=store, endpoint=rendezvous.Endpoint("127.0.0.1", port, key),
                                env=SimpleNamespace(rank=1, restart=0, generation=0))
         child = Child([sys.executable, "-c", "pass"], {{}})

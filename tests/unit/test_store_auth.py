@@ -9,6 +9,9 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from hpc_ddp.rank.join import authstore, checkin, rendezvous
+from hpc_ddp.rank.join import authstore, checkin, rendezvous, store_client, torch_store
 from hpc_ddp.rank.join.distenv import DistEnv
 
 
@@ -53,9 +56,9 @@ def _attack(host: str, port: int) -> list[str]:
         s.sendall(payload)
         held.append(s)  # left open: the server drops it after its handshake timeout
     try:
-        authstore.AuthStore(host, port, authstore.new_key(), timedelta(seconds=2))
+        torch_store.AuthStore(host, port, authstore.new_key(), timedelta(seconds=2))
         seen.append("guessed key accepted")
-    except authstore.StoreRefused as exc:
+    except store_client.StoreRefused as exc:
         seen.append(f"wrong key refused: {exc}")
     for s in held:
         s.close()
@@ -101,7 +104,7 @@ def test_the_key_is_in_a_file_only_the_user_can_read(tmp_path: Path) -> None:
 
 
 def _listening(store: Any) -> set[str]:
-    server = store._server
+    server = getattr(store, "_client", store)._server  # torch_store wraps the plain client
     return {str(s.getsockname()[0]) for s in server._sockets}
 
 
@@ -150,7 +153,7 @@ def test_the_store_serves_what_torch_and_hpc_ddp_ask_of_a_store() -> None:
 
     key = authstore.new_key()
     server = authstore.StoreServer(key, ["127.0.0.1"])
-    store = authstore.AuthStore("127.0.0.1", server.port, key, timedelta(seconds=30))
+    store = torch_store.AuthStore("127.0.0.1", server.port, key, timedelta(seconds=30))
     keys = dist.PrefixStore("p", store)  # as the process group and a supervisor's child use it
     keys.set("a", "1")
     assert store.get("p/a") == b"1" and keys.add("n", 2) == 2 and keys.add("n", 3) == 5
@@ -165,7 +168,7 @@ def test_the_store_serves_what_torch_and_hpc_ddp_ask_of_a_store() -> None:
     sums: dict[int, float] = {}
 
     def rank(r: int) -> None:  # Gloo forms on it and all-reduces (two ranks, one process)
-        group = dist.ProcessGroupGloo(dist.PrefixStore("pg", authstore.AuthStore(
+        group = dist.ProcessGroupGloo(dist.PrefixStore("pg", torch_store.AuthStore(
             "127.0.0.1", server.port, key, timedelta(seconds=30))), r, 2, timedelta(seconds=30))
         total = torch.tensor([float(r + 1)])
         group.allreduce([total]).wait()
@@ -177,3 +180,26 @@ def test_the_store_serves_what_torch_and_hpc_ddp_ask_of_a_store() -> None:
     for t in threads:
         t.join(60)
     assert sums == {0: 3.0, 1: 3.0}
+
+
+def test_a_supervisor_joins_and_holds_the_store_without_torch(tmp_path: Path) -> None:
+    """joined(group=False), as a supervisor joins (issue 36): its modules, the store's
+    server and plain client, the software check; torch never imported in that process (the
+    cluster's fault-tolerance test checks a live supervisor's memory map too)."""
+    code = textwrap.dedent(f"""
+        import os, sys
+        from pathlib import Path
+        from hpc_ddp.config.compose import compose
+        from hpc_ddp.rank.join.joined import joined
+        from hpc_ddp.rank.supervise import program, script
+        from hpc_ddp.rundir import RunDir
+        with joined(compose(["cluster=local"]), RunDir(Path({str(tmp_path)!r})),
+                    dict(os.environ), group=False) as rank:
+            rank.store.set("k", "v")
+            assert rank.store.get("k") == b"v" and rank.environment["torch"]
+        print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

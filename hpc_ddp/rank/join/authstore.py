@@ -8,6 +8,10 @@ peers. So the store the ranks share is this one: a server in a thread of rank 0'
 client that is a ``torch.distributed.Store``, so the process group, PrefixStore and every
 user of the store take it as they take a TCPStore.
 
+The client (store_client.py) is plain Python too, so a supervisor, which makes no process
+group, holds the store without importing torch; torch_store.py wraps it as the
+``torch.distributed.Store`` the process group takes.
+
 A connection is served only after both sides proved they know this attempt's key (HMAC-SHA256
 over fresh random challenges from each side: the key never crosses the network, a recorded
 exchange cannot be replayed, and a client learns that the store is this attempt's, not a
@@ -32,18 +36,14 @@ import secrets
 import socket
 import struct
 import threading
-from datetime import timedelta
-from typing import Any
-
-import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-_MAGIC = b"hpc_ddp-store-1\n"
-_NONCE = 32
+MAGIC = b"hpc_ddp-store-1\n"
+NONCE = 32
 _HANDSHAKE_S = 5.0
 _MAX_FRAME = 64 << 20  # a request larger than any key or value of ours: a broken peer
-_OK, _TIMEOUT, _ERROR = 0, 1, 2
+ANSWERED, TIMED_OUT, REFUSED = 0, 1, 2
 (SET, GET, ADD, CAS, CHECK, WAIT, DELETE, NUM, MGET, MSET, APPEND) = range(11)
 
 
@@ -52,16 +52,16 @@ def new_key() -> str:
     return secrets.token_hex(32)
 
 
-def _mac(key: bytes, who: bytes, *parts: bytes) -> bytes:
+def mac(key: bytes, who: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, who + b"".join(parts), hashlib.sha256).digest()
 
 
-def _pack(fields: list[bytes]) -> bytes:
+def pack(fields: list[bytes]) -> bytes:
     return struct.pack("!I", len(fields)) + b"".join(
         struct.pack("!I", len(f)) + f for f in fields)
 
 
-def _unpack(data: bytes, at: int = 0) -> list[bytes]:
+def unpack(data: bytes, at: int = 0) -> list[bytes]:
     (count,), at = struct.unpack_from("!I", data, at), at + 4
     fields = []
     for _ in range(count):
@@ -69,11 +69,6 @@ def _unpack(data: bytes, at: int = 0) -> list[bytes]:
         fields.append(data[at:at + size])
         at += size
     return fields
-
-
-class StoreRefused(ConnectionError):
-    """What answered at the address is not this attempt's store (no store, another run's,
-    or one that does not know this key)."""
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -116,7 +111,7 @@ class StoreServer:
                 try:
                     reply = await self._handle(body)
                 except (ValueError, IndexError, struct.error) as exc:  # e.g. add to a text
-                    reply = bytes([_ERROR]) + _pack([str(exc).encode()])
+                    reply = bytes([REFUSED]) + pack([str(exc).encode()])
                 writer.write(struct.pack("!I", len(reply)) + reply)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, OSError,
@@ -127,14 +122,14 @@ class StoreServer:
 
     async def _handshake(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> bool:
-        challenge = os.urandom(_NONCE)
-        writer.write(_MAGIC + challenge)
+        challenge = os.urandom(NONCE)
+        writer.write(MAGIC + challenge)
         await writer.drain()
-        answer = await reader.readexactly(_NONCE + 32)
-        theirs, proof = answer[:_NONCE], answer[_NONCE:]
-        if not hmac.compare_digest(proof, _mac(self._key, b"client", challenge, theirs)):
+        answer = await reader.readexactly(NONCE + 32)
+        theirs, proof = answer[:NONCE], answer[NONCE:]
+        if not hmac.compare_digest(proof, mac(self._key, b"client", challenge, theirs)):
             return False
-        writer.write(_mac(self._key, b"server", theirs, challenge))
+        writer.write(mac(self._key, b"server", theirs, challenge))
         await writer.drain()
         return True
 
@@ -170,13 +165,13 @@ class StoreServer:
 
     async def _handle(self, body: bytes) -> bytes:
         op, timeout_ms = body[0], struct.unpack_from("!Q", body, 1)[0]
-        f = _unpack(body, 9)
+        f = unpack(body, 9)
         data = self._data
         out: list[bytes] = []
         if op in (GET, WAIT, MGET):
             keys = f if op != GET else f[:1]
             if not await self._present(keys, timeout_ms / 1000):
-                return bytes([_TIMEOUT]) + _pack([])
+                return bytes([TIMED_OUT]) + pack([])
             out = [data[k] for k in keys] if op != WAIT else []
         elif op == SET:
             self._set(f[0], f[1])
@@ -204,7 +199,7 @@ class StoreServer:
             out = [str(len(data)).encode()]
         else:
             raise ValueError(f"unknown request {op}")
-        return bytes([_OK]) + _pack(out)
+        return bytes([ANSWERED]) + pack(out)
 
 
 def _allow_many_connections() -> None:
@@ -251,140 +246,3 @@ def _bind(hosts: list[str], port: int) -> list[socket.socket]:
         for sock in made:
             sock.close()
         raise
-
-
-# -- the client ---------------------------------------------------------------------------
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionResetError("the store closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-def _connect(host: str, port: int, key: bytes, timeout_s: float) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=timeout_s)
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = _recv_exact(sock, len(_MAGIC) + _NONCE)
-        if not hello.startswith(_MAGIC):
-            raise StoreRefused("something that is not an hpc_ddp store answers there")
-        challenge, mine = hello[len(_MAGIC):], os.urandom(_NONCE)
-        sock.sendall(mine + _mac(key, b"client", challenge, mine))
-        try:
-            proof = _recv_exact(sock, 32)
-        except ConnectionError:
-            raise StoreRefused("a store of another run answers there (a stale endpoint)") from None
-        if not hmac.compare_digest(proof, _mac(key, b"server", mine, challenge)):
-            raise StoreRefused("a store that does not know this run's key answers there")
-        sock.settimeout(None)
-        return sock
-    except BaseException:
-        sock.close()
-        raise
-
-
-# Every client made, for the life of the process: torch holds a Python store only by its C++
-# part (a PrefixStore's inner store, the process group's), and once the Python object is
-# collected its methods are gone ("Tried to call pure virtual function"). A process makes a
-# handful; they close with it.
-_ALIVE: list[AuthStore] = []
-
-
-class AuthStore(dist.Store):  # type: ignore[misc]
-    """A client of a :class:`StoreServer` (``server``: the one it keeps alive, on rank 0).
-    One request at a time (a lock, as TCPStore's client); a blocking request waits on the
-    server for at most the store's timeout, then raises DistStoreError."""
-
-    def __init__(self, host: str, port: int, key: str, timeout: timedelta,
-                 connect_timeout_s: float = 10.0, server: StoreServer | None = None) -> None:
-        super().__init__()
-        self.host, self.port = host, port
-        self._key = key
-        self._server = server
-        self._timeout = timeout
-        super().set_timeout(timeout)
-        self._lock = threading.Lock()
-        self._sock = _connect(host, port, bytes.fromhex(key), connect_timeout_s)
-        _ALIVE.append(self)
-
-    def __repr__(self) -> str:
-        return f"AuthStore({self.host}:{self.port})"
-
-    def _call(self, op: int, fields: list[bytes], timeout: timedelta | None = None) -> list[bytes]:
-        wait = (timeout or self._timeout).total_seconds()
-        body = bytes([op]) + struct.pack("!Q", int(wait * 1000)) + _pack(fields)
-        with self._lock:
-            try:
-                # The server answers a blocking request when it ends; a dead one, never.
-                self._sock.settimeout(wait + 30)
-                self._sock.sendall(struct.pack("!I", len(body)) + body)
-                (size,) = struct.unpack("!I", _recv_exact(self._sock, 4))
-                reply = _recv_exact(self._sock, size)
-            except OSError as exc:
-                raise dist.DistNetworkError(
-                    f"Connection to the store at {self.host}:{self.port} lost: {exc}") from None
-        if reply[0] == _TIMEOUT:
-            names = ", ".join(f.decode(errors="replace") for f in fields[:4])
-            raise dist.DistStoreError(f"wait timeout after {int(wait * 1000)}ms, keys: {names}")
-        if reply[0] == _ERROR:
-            raise dist.DistStoreError(f"the store refused the request: "
-                                      f"{_unpack(reply, 1)[0].decode(errors='replace')}")
-        return _unpack(reply, 1)
-
-    def clone(self) -> AuthStore:
-        """A second connection (a thread of its own: one request at a time per connection)."""
-        return AuthStore(self.host, self.port, self._key, self._timeout, server=self._server)
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = timeout
-        super().set_timeout(timeout)
-
-    def set(self, key: str, value: bytes | str) -> None:
-        self._call(SET, [_b(key), _b(value)])
-
-    def get(self, key: str) -> bytes:
-        return self._call(GET, [_b(key)])[0]
-
-    def add(self, key: str, value: int) -> int:
-        return int(self._call(ADD, [_b(key), str(int(value)).encode()])[0])
-
-    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
-        return self._call(CAS, [_b(key), _b(expected), _b(desired)])[0]
-
-    def check(self, keys: list[str]) -> bool:
-        return self._call(CHECK, [_b(k) for k in keys])[0] == b"1"
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._call(WAIT, [_b(k) for k in keys], timeout)
-
-    def delete_key(self, key: str) -> bool:
-        return self._call(DELETE, [_b(key)])[0] == b"1"
-
-    deleteKey = delete_key  # the names torch's C++ side calls (through PrefixStore)  # noqa: N815
-
-    def num_keys(self) -> int:
-        return int(self._call(NUM, [])[0])
-
-    getNumKeys = num_keys  # noqa: N815
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._call(MGET, [_b(k) for k in keys])
-
-    def multi_set(self, keys: list[str], values: list[bytes | str]) -> None:
-        self._call(MSET, [_b(k) for k in keys] + [_b(v) for v in values])
-
-    def append(self, key: str, value: bytes | str) -> None:
-        self._call(APPEND, [_b(key), _b(value)])
-
-    def has_extended_api(self) -> bool:
-        return True
-
-
-def _b(value: bytes | str | Any) -> bytes:
-    return value.encode() if isinstance(value, str) else bytes(value)

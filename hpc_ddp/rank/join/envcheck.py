@@ -18,6 +18,7 @@ importlib.metadata (measured here, the same 102 names and versions); the version
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -66,8 +67,14 @@ class Fingerprint:
         return {**self.versions, "packages": len(self.packages), "hash": self.digest}
 
 
-def versions() -> dict[str, str | None]:
-    """Python's, torch's, CUDA's (torch's build), NCCL's and cuDNN's versions."""
+def versions(load: bool = True) -> dict[str, str | None]:
+    """Python's, torch's, CUDA's (torch's build), NCCL's and cuDNN's versions; without
+    ``load`` (a supervisor, which imports no torch) torch's and CUDA's read from torch's
+    version.py and NCCL's and cuDNN's left to the training process (their packages'
+    versions are in :func:`installed` either way)."""
+    if not load:
+        return {"python": platform.python_version(), **_torch_build(),
+                "nccl": None, "cudnn": None}
     import torch  # deferred: torch
 
     try:
@@ -116,8 +123,25 @@ def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def fingerprint() -> Fingerprint:
-    return Fingerprint(versions(), installed())
+def _torch_build() -> dict[str, str | None]:
+    """torch's version and its CUDA build's, as torch/version.py (which torch writes when it
+    is built) says them, read as text: nothing of torch is loaded."""
+    found: dict[str, str | None] = {"torch": None, "cuda": None}
+    try:
+        spec = importlib.util.find_spec("torch")
+        where = spec.submodule_search_locations if spec is not None else None
+        text = (Path(list(where)[0]) / "version.py").read_text() if where else ""
+    except (OSError, ImportError, ValueError):
+        return found
+    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+        match = re.search(rf"^{name}\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.M)
+        found[key] = match[1] if match else None
+    return found
+
+
+def fingerprint(load: bool = True) -> Fingerprint:
+    """This interpreter's software (``load`` false: without importing torch, see versions)."""
+    return Fingerprint(versions(load), installed())
 
 
 def differences(odd: Fingerprint, reference: Fingerprint) -> list[str]:

@@ -92,11 +92,11 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
            group: bool = True) -> Iterator[Rank]:
     """Set this process up as one rank of the job; yields once the process group exists.
 
-    ``group`` false: stop at the store (a script's supervisor: the script makes the process
-    group itself, and this process never touches the GPU).
+    ``group`` false: stop at the store (a supervisor: its child, or a script, makes the
+    process group, and this process never touches the GPU); such a process imports no torch
+    (one interpreter a rank imports it, not two: the store's client is plain Python, the
+    software fingerprint read from files, the GPU chosen by the child).
     """
-    import torch.distributed as dist  # deferred: torch
-
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
     ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
@@ -116,16 +116,17 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
             # cuBLAS is deterministic only with a fixed workspace, read when its first handle
             # is made: before any CUDA work (https://docs.nvidia.com/cuda/cublas/#results-reproducibility).
             environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        device, gpu = choose_device(cfg, env, environ, use=group)
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        _prepare_torch(cfg, environ)
-        software = envcheck.fingerprint()
+        device, gpu = choose_device(cfg, env, environ) if group else (None, gpu_record(environ))
+        backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+        if group:
+            _prepare_torch(cfg, environ)
+        software = envcheck.fingerprint(load=group)
         store, endpoint = rendezvous.connect(
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
             cfg.trainer.collective_timeout_s,
             {"host": host, **gpu, envcheck.RECORD_KEY: software.digest},
             agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface,
-            store_key=environ.pop(STORE_KEY_ENV, None))
+            store_key=environ.pop(STORE_KEY_ENV, None), plain=not group)
         claim_run_dir(run_dir, env, host, environ, store)
         # The same software on every node, or stop here: before any training step.
         mixed = envcheck.check(store, env, software, checkin.placements(
@@ -134,19 +135,24 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         if backend == "gloo" and env.world_size > 1:
             _choose_gloo_interface(env, endpoint.addr, host, environ)
         if group:
+            import torch.distributed as dist  # deferred: torch
+
             dist.init_process_group(backend, store=store, rank=env.rank,
                                     world_size=env.world_size,
                                     timeout=timedelta(seconds=cfg.trainer.collective_timeout_s),
-                                    device_id=device if device.type == "cuda" else None)
-        _record_rank(run_dir, env, host, gpu, environ, changes)
+                                    device_id=device if backend == "nccl" else None)
+        _record_rank(run_dir, env, host, gpu, environ, changes, software, group)
         yield Rank(env, host, device, changes, store, gpu, endpoint,
                    {**software.summary(), "mixed": mixed})
     except BaseException as exc:
         _record_failure(run_dir, env, host, exc)
         raise
     finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        if group:
+            import torch.distributed as dist  # deferred: torch
+
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
         _record_usage(run_dir, env)
 
 
@@ -173,6 +179,16 @@ def threads_for(cfg: Config, environ: MutableMapping[str, str]) -> int:
         return cfg.trainer.threads
     slurm = environ.get("SLURM_CPUS_PER_TASK", "")
     return int(slurm) if slurm.isdigit() and int(slurm) > 0 else cfg.cluster.cpus_per_task
+
+
+def gpu_record(environ: MutableMapping[str, str]) -> dict[str, Any]:
+    """A supervisor's record of its task's GPUs: what Slurm or the launcher gave it; the GPU
+    is chosen, and recorded, by the training process under it (choose_device)."""
+    allocated = slurm_gpus(environ) or (
+        f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']}" if gpu_allocated(environ)
+        else None)
+    return {"cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
+            "slurm_allocation": allocated, "compute": "its training process's"}
 
 
 def choose_device(cfg: Config, env: DistEnv, environ: MutableMapping[str, str],
@@ -278,18 +294,24 @@ def _choose_gloo_interface(env: DistEnv, master: str, host: str,
 
 
 def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
-                 environ: MutableMapping[str, str], changes: list[nccl.EnvChange]) -> None:
-    import torch  # deferred: torch
+                 environ: MutableMapping[str, str], changes: list[nccl.EnvChange],
+                 software: envcheck.Fingerprint, group: bool = True) -> None:
+    """ranks/rank<N>.json: where this rank runs and with what (a supervisor's, without
+    torch: no intra-op threads; its training process writes the file again)."""
+    threads = None
+    if group:
+        import torch  # deferred: torch
 
+        threads = torch.get_num_threads()
     write_json(run_dir.ranks / f"rank{env.rank}.json", {
         "rank": env.rank, "local_rank": env.local_rank, "node_rank": env.node_rank,
         "world_size": env.world_size, "local_world_size": env.local_world_size,
         "source": env.source, "job_id": env.job_id, "restart": env.restart,
         "generation": env.generation, "host": host,
         "addresses": netif.addresses(), "device": gpu, "pid": os.getpid(),
-        "torch": torch.__version__, "env": nccl.recorded_env(environ),
+        "torch": software.versions.get("torch"), "env": nccl.recorded_env(environ),
         # The cores this process may run on, and torch's intra-op threads (cpus_per_task).
-        "cpus": sorted(os.sched_getaffinity(0)), "threads": torch.get_num_threads(),
+        "cpus": sorted(os.sched_getaffinity(0)), "threads": threads,
         # Where it ran: the container runtime (launch/container.py sets it inside) and
         # Python's prefix (an activated venv or conda env shows here).
         "container": environ.get(CONTAINER_ENV), "python": sys.executable,

@@ -116,10 +116,12 @@ def _until(deadline: float, attempt: Callable[[], T | None]) -> T | None:
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
             collective_timeout_s: float, record: dict[str, Any] | None = None,
             agent_store: str | None = None, master_interface: str | None = None,
-            store_key: str | None = None) -> tuple[Any, Endpoint]:
+            store_key: str | None = None, plain: bool = False) -> tuple[Any, Endpoint]:
     """Form the store every rank shares; returns it (a torch.distributed Store: authstore's
-    client) and its address. ``record``: this rank's placement (host, GPU), which rank 0 can
-    read back with checkin.placements (the summary's rank -> node -> GPU map).
+    client as torch_store.py wraps it; ``plain``: the plain client, for a process that makes
+    no process group and imports no torch, a supervisor) and its address. ``record``: this
+    rank's placement (host, GPU), which rank 0 can read back with checkin.placements (the
+    summary's rank -> node -> GPU map).
     ``master_interface``: rank 0 publishes that interface's address instead of its host name
     (cluster.master_interface).
 
@@ -139,17 +141,18 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
     with a backoff. Raises RendezvousError naming the ranks (and their expected hosts) that
     never arrived, or rank 0's reason when it refused to serve.
     """
-    # deferred: torch
-    import torch.distributed as dist
-
     mine = json.dumps(record or {"host": host})
     if agent_store == "supervisor" and env.master_addr and env.master_port:
+        import torch.distributed as dist  # deferred: torch (a supervisor's child has it)
+
         endpoint = Endpoint(env.master_addr, env.master_port, store_key or "")
         store: Any = dist.PrefixStore(attempt_prefix(env.restart, env.generation), _client_store(
             env, endpoint, timeout_s, collective_timeout_s))
         check_in(store, env, mine, timeout_s)
         return store, endpoint
     if agent_store and env.master_addr and env.master_port:
+        import torch.distributed as dist  # deferred: torch (torchrun's agent store)
+
         agent = dist.TCPStore(env.master_addr, env.master_port, None, False,
                               timedelta(seconds=timeout_s), wait_for_workers=False)
         store, endpoint = _fresh_store(env, agent, folder, host, timeout_s,
@@ -160,7 +163,7 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
         path = endpoint_file(folder, env)
         try:
             store, endpoint = _serve(env, host, collective_timeout_s, master_interface,
-                                     env.master_port or 0)
+                                     env.master_port or 0, plain)
         except RendezvousError as exc:  # every rank stops now, with this reason
             publish_refusal(path, str(exc))
             raise
@@ -168,16 +171,17 @@ def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
         log.info("rendezvous: rank 0 listens on %s (published in %s)", endpoint, path)
     else:
         store, endpoint = _join_published(env, endpoint_file(folder, env), timeout_s,
-                                          collective_timeout_s)
+                                          collective_timeout_s, plain)
     check_in(store, env, mine, timeout_s)
     return store, endpoint
 
 
 def _serve(env: DistEnv, host: str, collective_timeout_s: float,
-           master_interface: str | None, port: int = 0) -> tuple[Any, Endpoint]:
+           master_interface: str | None, port: int = 0,
+           plain: bool = False) -> tuple[Any, Endpoint]:
     """Rank 0's store, with a fresh key, on a port the kernel hands out (port 0: no formula
     can collide; else a MASTER_PORT the user set), listening on the published address."""
-    # deferred: torch
+    # deferred (start-up): rank.join.authstore
     from hpc_ddp.rank.join import authstore
 
     addr = _master_addr(env, host, master_interface)
@@ -189,9 +193,23 @@ def _serve(env: DistEnv, host: str, collective_timeout_s: float,
     key = authstore.new_key()
     server = authstore.StoreServer(key, hosts, port)
     own = hosts[0] if hosts else "127.0.0.1"
-    store = authstore.AuthStore(own, server.port, key, timedelta(seconds=collective_timeout_s),
-                                server=server)
+    store = new_client(own, server.port, key, timedelta(seconds=collective_timeout_s),
+                       server=server, plain=plain)
     return store, Endpoint(addr, server.port, key)
+
+
+def new_client(host: str, port: int, key: str, timeout: timedelta,
+               connect_timeout_s: float = 10.0, server: Any = None, plain: bool = False) -> Any:
+    """A client of the store at ``host:port``: torch_store's (a torch.distributed.Store), or
+    with ``plain`` store_client's own, whose process need not import torch."""
+    if plain:
+        # deferred (start-up): rank.join.store_client
+        from hpc_ddp.rank.join.store_client import StoreClient
+
+        return StoreClient(host, port, key, timeout, connect_timeout_s, server)
+    from hpc_ddp.rank.join.torch_store import AuthStore  # deferred: torch
+
+    return AuthStore(host, port, key, timeout, connect_timeout_s, server)
 
 
 def listen_addresses(env: DistEnv, addr: str) -> list[str]:
@@ -213,7 +231,7 @@ def listen_addresses(env: DistEnv, addr: str) -> list[str]:
 
 
 def _join_published(env: DistEnv, path: Path, timeout_s: float,
-                    collective_timeout_s: float) -> tuple[Any, Endpoint]:
+                    collective_timeout_s: float, plain: bool = False) -> tuple[Any, Endpoint]:
     """A client: read rank 0's endpoint (backing off), reach it, prove it knows the key; a
     file that leads nowhere or to another store is read again until the timeout. A
     MASTER_ADDR or MASTER_PORT the user set is where the store is (rank 0 publishes them)."""
@@ -228,7 +246,7 @@ def _join_published(env: DistEnv, path: Path, timeout_s: float,
             return None
         seen = endpoint = Endpoint(env.master_addr or published.addr,
                                    env.master_port or published.port, published.key)
-        store, last = _try_store(env, endpoint, deadline, collective_timeout_s)
+        store, last = _try_store(env, endpoint, deadline, collective_timeout_s, plain)
         return (store, endpoint) if store is not None else None
 
     found = _until(deadline, attempt)
@@ -247,18 +265,13 @@ def _join_published(env: DistEnv, path: Path, timeout_s: float,
 
 
 def _try_store(env: DistEnv, endpoint: Endpoint, deadline: float,
-               collective_timeout_s: float) -> tuple[Any | None, str]:
+               collective_timeout_s: float, plain: bool = False) -> tuple[Any | None, str]:
     """(the store at ``endpoint`` if it is this attempt's, else None and why not)."""
-    # deferred: torch
-    import torch.distributed as dist
-
-    from hpc_ddp.rank.join import authstore
-
     try:
-        store = authstore.AuthStore(endpoint.addr, endpoint.port, endpoint.key,
-                                    timedelta(seconds=collective_timeout_s),
-                                    max(2.0, min(10.0, deadline - time.monotonic())))
-    except (OSError, ValueError, dist.DistError) as exc:  # refused, unresolvable, not ours
+        store = new_client(endpoint.addr, endpoint.port, endpoint.key,
+                           timedelta(seconds=collective_timeout_s),
+                           max(2.0, min(10.0, deadline - time.monotonic())), plain=plain)
+    except (OSError, ValueError, RuntimeError) as exc:  # refused, unresolvable, not ours
         return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return store, ""
 
@@ -382,10 +395,7 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
 
 
 def client(endpoint: Endpoint, timeout_s: float) -> Any:
-    """Another connection to the store at ``endpoint`` (a thread's own, e.g. the stack
-    relay's: a store client serves one request at a time)."""
-    # deferred: torch
-    from hpc_ddp.rank.join import authstore
-
-    return authstore.AuthStore(endpoint.addr, endpoint.port, endpoint.key,
-                               timedelta(seconds=timeout_s))
+    """Another connection to the store at ``endpoint`` (a thread's own, e.g. a supervisor's
+    stack relay: a store client serves one request at a time), plain (no torch)."""
+    return new_client(endpoint.addr, endpoint.port, endpoint.key,
+                      timedelta(seconds=timeout_s), plain=True)

@@ -108,10 +108,12 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     else:
         cause = resume_cause(cfg, run_dir, env, environ.get("SLURM_JOB_ID"))
     if cfg.script is not None:
-        from hpc_ddp.rank.supervise.script import supervise  # deferred: torch
+        # deferred (start-up): rank.supervise.script
+        from hpc_ddp.rank.supervise.script import supervise
 
         return supervise(cfg, run_dir, environ, cause, stop)
-    from hpc_ddp.rank.supervise import program as supervised  # deferred: torch
+    # deferred (start-up): rank.supervise.program
+    from hpc_ddp.rank.supervise import program as supervised
 
     if supervised.wanted(cfg, environ):
         return supervised.supervise(cfg, run_dir, environ, stop)

@@ -24,10 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
-
 from hpc_ddp.rank.join import rendezvous
 from hpc_ddp.rank.join.joined import Rank
+from hpc_ddp.rank.join.store_client import PrefixedStore
 from hpc_ddp.rank.services import heartbeat, stacks
 
 log = logging.getLogger(__name__)
@@ -119,7 +118,7 @@ class HangWatch:
         """Dump every rank's stacks, name the ones outside torch, and fail the generation."""
         places: dict[int, str | None] = {}
         if self.stack_signal is not None:
-            stacks.request(dist.PrefixStore(self.prefix, own), list(range(world)),
+            stacks.request(PrefixedStore(self.prefix, own), list(range(world)),
                            self.ranks_dir, self.rank.host, self.stack_signal)
             places = {r: stacks.where(self.logs / f"rank{r}.stacks") for r in range(world)}
         named = culprits(places) if places else []

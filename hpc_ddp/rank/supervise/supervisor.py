@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
-import torch.distributed as dist
-
 from hpc_ddp.rank.contract import GENERATION_ENV, STORE_KEY_ENV
 from hpc_ddp.rank.join import rendezvous
 from hpc_ddp.rank.join.joined import Rank
+from hpc_ddp.rank.join.store_client import PrefixedStore
 from hpc_ddp.rank.services import stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
 from hpc_ddp.rank.supervise import generations
@@ -200,13 +199,9 @@ class StackRelay:
     child when it comes. Waiting is the store's own (no polling).
 
     :meth:`close` ends the thread before this process exits, by setting the key itself (to
-    stacks.DONE) and joining it. A thread left blocked in a store under torch's C++ frames
-    (TCPStore's wait, or a PrefixStore's) would be woken by the store's shutdown (rank 0's
-    process ending) while this interpreter finalizes; it then cannot take the GIL, is unwound
-    through those frames and the process aborts ("terminate called without an active
-    exception", SIGABRT): srun reports the task Aborted and Slurm ends a run that finished
-    FAILED. So the thread also asks the store's Python client directly, for the key the
-    child's PrefixStore uses (rendezvous.prefixed): no C++ frame is on its stack.
+    stacks.DONE) and joining it, so that no thread is left blocked in the store while the
+    interpreter finalizes. The thread asks the store's plain client (no torch in this
+    process) for the key the child's PrefixStore uses (rendezvous.prefixed).
     """
 
     def __init__(self, rank: Rank, child: Child, signum: int, prefix: str | None = None
@@ -244,7 +239,7 @@ class StackRelay:
         if self._thread is None:
             return
         try:
-            dist.PrefixStore(self._prefix, self._store).set(self._key, stacks.DONE)
+            PrefixedStore(self._prefix, self._store).set(self._key, stacks.DONE)
         except Exception:  # the store is gone: the thread's wait has failed and it returns
             pass
         self._thread.join(timeout_s)
