@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from hpc_ddp import hostlist
-from hpc_ddp.rank.join.tracebacks import FULL_TRACEBACK, LOCAL_MARK
+from hpc_ddp.rank.join.tracebacks import FULL_TRACEBACK_PEER, LOCAL_MARK
 from hpc_ddp.ranklines import ranges
 from hpc_ddp.rundir import RunDir, read_json
 
@@ -39,8 +39,10 @@ class Failure:
     # refusal or diagnosis whose message says it all).
     traceback: str = ""
     # The file had the program's traceback looked for (error files since 2026-12-04):
-    # without one, the rank log's last lines add nothing but frames.
+    # without one, a refusal's message is complete (no log lines shown after it)...
     sorted_out: bool = False
+    # ... unless the failure is another rank's: this rank's last log lines say what it did.
+    peer: bool = False
 
     @property
     def kind(self) -> str:
@@ -94,8 +96,9 @@ def read(run: RunDir, ranks: list[int]) -> list[Failure]:
         head = _HEAD.match(first)
         host = head[2] if head else "?"
         message = first[head.end():] if head else first
-        trace = rest.split(f"\n\n{FULL}", 1)[0] if rest.startswith(TRACEBACK) else ""
-        found.append(Failure(rank, host, message, when, trace, FULL in rest))
+        trace = rest.split(FULL_PREFIX, 1)[0] if rest.startswith(TRACEBACK) else ""
+        full = rest.startswith(FULL_PREFIX.strip()) or FULL_PREFIX in rest
+        found.append(Failure(rank, host, message, when, trace, full, FULL_TRACEBACK_PEER in rest))
     return sorted(found, key=lambda f: (f.when, f.rank))
 
 
@@ -127,7 +130,8 @@ def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
         trace = group.first.traceback
         if trace:  # the program's frames; its last line is the message above
             lines += trace.splitlines()[:-1] if trace.endswith(group.first.message) else [trace]
-        elif "its last lines:" not in group.first.message and not group.first.sorted_out:
+        elif "its last lines:" not in group.first.message and (
+                group.first.peer or not group.first.sorted_out):
             lines += [f"last lines of {run.rank_log(shown)}:", tail(run.rank_log(shown),
                                                                    log_lines)]
         lines.append(f"all of rank {shown}'s lines: python -m hpc_ddp.logs "
@@ -136,9 +140,9 @@ def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
 
 
 # An error file's blocks (rank/join/joined.py): the message, the program's traceback when
-# there is one, then the whole chain under FULL.
+# there is one, then the whole chain under a FULL_TRACEBACK header (either form).
 TRACEBACK = "Traceback (most recent call last):"
-FULL = FULL_TRACEBACK
+FULL_PREFIX = "\n\nFull traceback ("
 
 
 def world_size(run: RunDir) -> int | None:

@@ -134,7 +134,9 @@ def full_node3(tmp_path: Path) -> Iterator[Path]:
     stage_dir = tmp_path / "stage"
     mount = stage_dir / TOP / "node3"
     mount.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], check=True)
+    # mode 0700: a stage folder must be private (hpc_ddp/data/stage_folders.py)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs", str(mount)],
+                   check=True)
     try:
         yield stage_dir
     finally:

@@ -20,10 +20,10 @@ point, seconds = sys.argv[1], float(sys.argv[2])
 end = time.monotonic() + seconds
 i = 0
 while time.monotonic() < end:
-    os.makedirs(point, exist_ok=True)
     try:
+        os.makedirs(point, exist_ok=True)
         open(os.path.join(point, f"f{i}"), "w").close()
-    except FileNotFoundError:  # removed between the two calls: make it again
+    except FileNotFoundError:  # removed meanwhile (a parent too, mid-makedirs): again
         continue
     i += 1
 """

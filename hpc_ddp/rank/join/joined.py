@@ -327,7 +327,11 @@ def record_error(run_dir: RunDir, rank: int, host: str, message: str,
     error file: the message, the program's traceback (the failure report shows it), then the
     whole chain with hpc_ddp's frames (for a bug of ours); every part with the run's secrets
     masked (ranklog.masked)."""
-    program = ranklog.masked(tracebacks.program_traceback(exc)) if exc is not None else ""
+    # A failure diagnosed as another rank's (outcome.fail: no mark of its own, a cause):
+    # its frames are where it noticed, not where it went wrong.
+    peer = exc is not None and exc.__cause__ is not None and tracebacks.LOCAL_MARK not in message
+    program = ranklog.masked(tracebacks.program_traceback(exc)) if exc is not None and (
+        not peer) else ""
     shown = ranklog.masked(message.replace(f"{tracebacks.LOCAL_MARK} ", ""))
     log.error("rank %d on %s failed: %s%s", rank, host, shown,
               f"\n{program}" if program else "")
@@ -335,7 +339,8 @@ def record_error(run_dir: RunDir, rank: int, host: str, message: str,
               *([program] if program else [])]
     if exc is not None:
         text = ranklog.masked("".join(traceback.format_exception(exc)))
-        blocks.append(f"{tracebacks.FULL_TRACEBACK}\n{text}")
+        head = tracebacks.FULL_TRACEBACK_PEER if peer else tracebacks.FULL_TRACEBACK
+        blocks.append(f"{head}\n{text}")
     try:
         run_dir.rank_error(rank).write_text("\n\n".join(blocks))
     except OSError:

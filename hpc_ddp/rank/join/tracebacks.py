@@ -16,8 +16,11 @@ _WRAPPERS = ("hpc_ddp/rank/main/", "hpc_ddp/rank/join/joined.py", "hpc_ddp/rank/
 # Marks an exception whose rank recorded it (error file, rank log): the process that ends
 # with it exits 1 without printing it again (rank/main/submitted.py, child.py).
 RECORDED = "_hpc_ddp_recorded"
-# Heads the last block of an error file: the whole chain (hpc_ddp/failures.py reads it).
+# Heads the last block of an error file: the whole chain (hpc_ddp/failures.py reads it); the
+# second form for a failure that is another rank's (a collective that failed when a peer
+# died: the rank's last log lines say more than its frames).
 FULL_TRACEBACK = "Full traceback (hpc_ddp's frames too):"
+FULL_TRACEBACK_PEER = "Full traceback (hpc_ddp's frames too; the failure is another rank's):"
 
 
 def program_traceback(error: BaseException) -> str:
