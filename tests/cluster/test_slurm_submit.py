@@ -172,6 +172,16 @@ def test_sbatch_wrapper_runs_the_same_training(slurm_env: dict[str, str], tmp_pa
     assert "hpc_ddp: done, step 20" in log
     logs = list((run_dir / "logs").glob("slurm-*.out"))  # the job's output is the run's
     assert len(logs) == 1 and "hpc_ddp: done, step 20" in logs[0].read_text()
+    # A run sbatch started is one of status, logs and the API like any other (issue 34).
+    import hpc_ddp
+
+    run = hpc_ddp.Run.from_dir(run_dir)
+    assert (run.kind, run.job_id) == ("slurm", job)
+    status = subprocess.run([sys.executable, "-m", "hpc_ddp.status", str(run_dir), "--json"],
+                            env=slurm_env, capture_output=True, text=True, check=True)
+    row = json.loads(status.stdout)["runs"][0]
+    assert (row["state"], row["job_id"], row["step"]) == ("COMPLETED", job, 20)
+    assert row["cost"] and row["cost"]["starts"] == 1
 
 
 def test_forgotten_srun_is_explained(slurm_env: dict[str, str], tmp_path: Path) -> None:
