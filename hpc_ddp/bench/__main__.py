@@ -25,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
              "python -m hpc_ddp.logs on a synthetic run of 4,096 ranks: one rank, --grep"),
     "recovery": ("hpc_ddp.bench.recovery",
                  "a killed rank or a lost node: seconds to training again, in place vs requeue"),
+    "startup": ("hpc_ddp.bench.first_step",
+                "time to the first step on Slurm: script=, the trainer, against salloc+srun"),
     "checkpoint": ("hpc_ddp.bench.checkpoint",
                    "stall per save (full, DCP, DCP async); FSDP against DDP: memory, samples/s"),
 }

@@ -30,6 +30,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--first-step", default=None,
+                        help="rank 0 writes the wall-clock time its first step ended here")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -55,6 +57,9 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if step == 0 and args.first_step and dist.get_rank() == 0:
+            with open(args.first_step, "w") as handle:  # bench startup: time to first step
+                handle.write(f"{time.time()}\n")
     if cuda:
         torch.cuda.synchronize()
     dist.barrier()

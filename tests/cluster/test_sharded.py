@@ -185,15 +185,15 @@ def test_fsdp_with_the_defaults_trains_checkpoints_and_resumes_on_four_nodes(
     the repository (not the example project), then resumed: both jobs COMPLETED 0:0."""
     run_dir = tmp_path / "run"
     args = ["cluster=slurm", "nodes=4", "trainer.strategy=fsdp", *model, f"run_dir={run_dir}",
-            "trainer.batch_size=16", "trainer.checkpoint_interval=4", "wait=true"]
-    for steps, resume in ((4, []), (8, ["resume=true"])):
+            "trainer.batch_size=8", "trainer.checkpoint_interval=2", "wait=true"]
+    for steps, resume in ((2, []), (4, ["resume=true"])):
         done = hpc_ddp("submit", [*args, f"trainer.max_steps={steps}", *resume],
                        env=slurm_env, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
         assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["world_size"], summary["global_step"], summary["resumed_from_step"]) == (
-        4, 8, 4)
+        4, 4, 2)
     assert summary["settings"]["strategy"] == "fsdp"
     assert summary["final_train_loss"] == summary["final_train_loss"]  # not NaN
     latest = checkpoint.latest_path(run_dir / "checkpoints")

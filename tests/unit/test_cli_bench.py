@@ -210,3 +210,19 @@ def test_the_command_list_names_every_benchmark_and_data_subcommand() -> None:
         assert f"python -m hpc_ddp.data {word} " in COMMANDS, word
     for module in ("submit", "status", "train", "doctor", "env", "testcluster"):
         assert f"python -m hpc_ddp.{module} " in COMMANDS, module
+
+
+def test_startup_figures_are_medians_and_ratios_of_the_rounds() -> None:
+    from hpc_ddp.bench.first_step import lines, summary
+
+    found = {"script=": [12.0, 11.0, 30.0], "trainer supervised": [15.0, 14.0, 16.0],
+             "trainer": [13.0, 12.5, 12.0], "bare": [10.0, 10.0, 8.0]}
+    result = summary(found)
+    assert result["script="]["median_s"] == 12.0
+    assert result["script="]["ratio"] == 1.2  # rounds' ratios 1.2, 1.1, 3.75
+    assert result["bare"]["ratio"] == 1.0
+    shown = lines(result, 2, 3)
+    assert shown[0] == "time to the first step on 2 node(s), medians of 3 rounds:"
+    assert shown[1].endswith("1.20x bare (goal <= 1.25x: met)")
+    assert shown[2].endswith("1.50x bare (goal <= 1.5x: met)")  # 1.5, 1.4, 2.0
+    assert shown[3].endswith("1.25x bare") and shown[4].endswith("1.00x bare")
