@@ -205,15 +205,16 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
 
 def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
                                       tmp_path: Path, reference: dict) -> None:
-    # A run of at least 85 s of training cannot fit a 1-minute limit. USR2 comes 40 s ahead
+    # A run of at least 45 s of training cannot fit a 1-minute limit. USR2 comes 40 s ahead
     # of the limit (or earlier: Slurm may send it up to 60 s early), so with at most ~20 s
-    # of training a slice it needs four or more, with
-    # cluster.max_restarts=1: requeues that follow new checkpoints are not failures.
+    # of training a slice it needs three or more: two requeues with
+    # cluster.max_restarts=1 prove that requeues that follow new checkpoints are not
+    # failures (issue 36: three slices, not the four of before, prove the same).
     # The run is sized from the module's measured reference (machines differ several-fold
     # in speed); that the weights come out bitwise is the requeue test's job, so the run is
     # checked for its step count and an unbroken TensorBoard history instead.
     per_step = summary_of(reference["run_dir"])["train_time_s"] / 300
-    steps = max(1000, -(-int(85 / per_step) // 10) * 10)
+    steps = max(500, -(-int(45 / per_step) // 10) * 10)
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500",
                               "cluster.time_min=1", "cluster.signal_delay_s=40",
@@ -223,9 +224,9 @@ def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
     finish_releasing_requeues(job, run_dir, slurm_env, timeout=900)
     assert_completed_at_last(job, slurm_env)
     summary = summary_of(run_dir)
-    # Four slices at least (the issue's case): the restart budget of 1 is never spent by
-    # requeues that made progress.
-    assert summary["global_step"] == steps and summary["restarts"] >= 3, summary
+    # Three slices at least: the restart budget of 1 is never spent by requeues that made
+    # progress.
+    assert summary["global_step"] == steps and summary["restarts"] >= 2, summary
     from tests.integration.test_local_run import tb_scalars
 
     assert [s for s, _ in tb_scalars(run_dir / "tb", "train/loss")] == list(range(10, steps + 1,

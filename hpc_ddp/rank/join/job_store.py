@@ -35,7 +35,7 @@ def use_job_store(environ: Mapping[str, str]) -> bool:
         rank = int(query.get("rank", environ["RANK"]))
         world_size = int(query.get("world_size", environ["WORLD_SIZE"]))
         store = client(Endpoint(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), key),
-                       timeout.total_seconds())
+                       timeout.total_seconds(), plain=False)  # the process group's: torch's
         generation = int(environ.get(GENERATION_ENV, "0") or 0)
         restart = int(environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) - generation
         dist = importlib.import_module("torch.distributed")

@@ -394,8 +394,9 @@ def _client_store(env: DistEnv, endpoint: Endpoint, timeout_s: float,
     return store
 
 
-def client(endpoint: Endpoint, timeout_s: float) -> Any:
+def client(endpoint: Endpoint, timeout_s: float, plain: bool = True) -> Any:
     """Another connection to the store at ``endpoint`` (a thread's own, e.g. a supervisor's
-    stack relay: a store client serves one request at a time), plain (no torch)."""
+    stack relay: a store client serves one request at a time): plain (no torch), or a
+    torch.distributed.Store for a process group (``plain`` false: a script's, job_store.py)."""
     return new_client(endpoint.addr, endpoint.port, endpoint.key,
-                      timedelta(seconds=timeout_s), plain=True)
+                      timedelta(seconds=timeout_s), plain=plain)
