@@ -165,6 +165,15 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
             print(f"warning: {name} is passed as ${{oc.env:{name}}} but is not set here; the "
                   "job gets it only where its nodes set it (export it before submitting, "
                   "and before a resume: its value is kept nowhere).", file=sys.stderr)
+    # deferred (start-up): config.schema (launch.container)
+    from hpc_ddp.launch.container import unmounted
+
+    for path in unmounted(cfg, run_dir.root):
+        print(f"warning: {path} (an argument of {cfg.script}) is under no mount of the "
+              f"{cfg.cluster.container.kind} container: what the script writes there is lost "
+              "with the container. Fix: a path under the run dir or the folder you submit "
+              "from, or add its folder to cluster.container.mounts "
+              "(docs/containers.md).", file=sys.stderr)
     launcher = api.target(cfg)
     if cfg.dry_run:
         print(launcher.dry_run(cfg, run_dir), file=out)

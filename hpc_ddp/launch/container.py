@@ -104,6 +104,19 @@ def mounts(cfg: Config, run_root: Path | None) -> list[Mount]:
     return kept + user
 
 
+def unmounted(cfg: Config, run_root: Path | None) -> list[str]:
+    """The script's absolute path arguments (``--checkpoint /x/y.pt``, ``--out=/x``) under no
+    mount of its container: written there, they are lost with the container when the step
+    ends (pure; empty without a container or a script)."""
+    if cfg.cluster.container.kind == "none" or not cfg.script:
+        return []
+    found = mounts(cfg, run_root)
+    paths = [a.split("=", 1)[1] if a.startswith("--") and "=" in a else a
+             for a in cfg.script_args]
+    return [p for p in paths if p.startswith("/")
+            and not any(_inside(p, m.target) for m in found)]
+
+
 def _conf_env() -> str | None:
     from hpc_ddp.config.folders import CONF_ENV  # deferred (start-up): config.folders
 

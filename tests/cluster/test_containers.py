@@ -197,7 +197,7 @@ def test_podman_runs_the_sharded_trainer_and_a_script(
             ["trainer.strategy=fsdp", "model=resnet18", "data.image_size=16", *TINY,
              "trainer.max_steps=10", f"run_dir={sharded}"],
             ["script=examples/seqproject/train_ddp.py", f"run_dir={script}", "--",
-             "--epochs", "1", "--checkpoint", str(tmp_path / "script.pt")]):
+             "--epochs", "1", "--checkpoint", str(script / "script.pt")]):
         done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", *overrides, *args], env=env)
         assert done.returncode == 0, done.stdout + done.stderr
         jobs.append(job_id_of(done.stdout))
@@ -212,5 +212,5 @@ def test_podman_runs_the_sharded_trainer_and_a_script(
     assert trained["world_size"] == 2
     assert {r["container"] for r in records(sharded)} == {"podman"}
     assert {r["container"] for r in records(script)} == {"podman"}
-    assert (tmp_path / "script.pt").is_file()  # the script saved its own checkpoint
+    assert (script / "script.pt").is_file()  # the script saved its own checkpoint
     assert podman.leftover_containers(setup, env) == []

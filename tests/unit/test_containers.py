@@ -115,6 +115,17 @@ def test_mounts_are_not_repeated_inside_one_another() -> None:
     assert [(m.source, m.read_only) for m in ro_code] == [("/d", True)]
 
 
+def test_a_script_path_under_no_mount_is_named() -> None:
+    """What a script writes outside its container's mounts is lost with the container (the
+    cluster's podman test met it): submit names each such argument."""
+    cfg = cfg_of("container=podman", "cluster.container.image=i",
+                 f"script={CODE}/train.py")
+    cfg.script_args = ["--checkpoint", "/scratch/me/ck.pt", f"--out={RUN}/ck",
+                       f"{CODE}/data/x", "--epochs", "2", "--log=/var/tmp/log.txt"]
+    assert container.unmounted(cfg, RUN) == ["/scratch/me/ck.pt", "/var/tmp/log.txt"]
+    assert container.unmounted(cfg_of(f"script={CODE}/train.py"), RUN) == []
+
+
 def test_a_sweep_groups_points_by_their_image() -> None:
     a, b = (slurm.executor_parameters(cfg_of("container=apptainer",
                                              f"cluster.container.image=/i/{n}.sif"))
