@@ -97,16 +97,11 @@ def deferred_failure(seen: Sequence[dict[str, Any]], job: str) -> bool:
 
 def job_nodes(job: str, environ: Mapping[str, str]) -> list[str] | None:
     """The nodes the job has now (one squeue); None when it cannot be read, or the job is
-    no longer running (its ranks requeued it: nothing for the driver to do)."""
-    try:
-        done = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T %N"], env=dict(environ),
-                              capture_output=True, text=True, timeout=60, check=False)
-        state, _, listed = done.stdout.strip().partition(" ")
-        if done.returncode != 0 or state != "RUNNING" or not listed.strip():
-            return None
-        return hostlist.expand(listed.strip())
-    except (OSError, subprocess.TimeoutExpired, ValueError):
-        return None
+    no longer running (its ranks requeued it: nothing for the driver to do). Asked here,
+    in the batch script, never through a container's relay."""
+    from hpc_ddp.slurm import relay, requeue  # deferred (start-up): slurm.requeue
+
+    return requeue.job_nodes(job, {k: v for k, v in environ.items() if k != relay.RELAY_ENV})
 
 
 def run_step(nodes: Sequence[str], tasks_per_node: int, srun_args: Sequence[str],

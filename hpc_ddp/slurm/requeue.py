@@ -36,6 +36,23 @@ def squeue_job(job_id: str, field: str, environ: Mapping[str, str]
         return None
 
 
+def job_nodes(job_id: str, environ: Mapping[str, str]) -> list[str] | None:
+    """The nodes the job has now (one squeue: a node lost under --no-kill is no longer
+    among them); None when Slurm cannot say, or the job is not running."""
+    done = squeue_job(job_id, "%T %N", environ)
+    if done is None or done.returncode != 0:
+        return None
+    state, _, listed = done.stdout.strip().partition(" ")
+    if state != "RUNNING" or not listed.strip():
+        return None
+    from hpc_ddp import hostlist  # deferred (start-up): hostlist
+
+    try:
+        return hostlist.expand(listed.strip())
+    except ValueError:
+        return None
+
+
 def requeue(job_id: str, environ: Mapping[str, str]) -> str | None:
     """Requeue; returns None on success, else Slurm's answer."""
     try:

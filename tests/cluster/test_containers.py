@@ -72,7 +72,7 @@ def test_podman_trains_requeues_through_the_relay_and_sweeps(
     assert swept.returncode == 0, swept.stdout + swept.stderr
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", ["cluster=slurm", "nodes=4", *overrides, *TINY,
-                              "trainer.max_steps=200", f"run_dir={run_dir}"], env=env)
+                              "trainer.max_steps=100", f"run_dir={run_dir}"], env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     job = job_id_of(done.stdout)
     wait_for_step(run_dir, 10)
@@ -80,7 +80,7 @@ def test_podman_trains_requeues_through_the_relay_and_sweeps(
     assert finish_releasing_requeues(job, run_dir, env) >= 1
     assert_completed_at_last(job, env)
     summary = summary_of(run_dir)
-    assert summary["global_step"] == 200 and summary["restarts"] == 1
+    assert summary["global_step"] == 100 and summary["restarts"] == 1
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
     assert summary["environment"]["mixed"] == [] and summary["environment"]["torch"]
     assert {r["container"] for r in records(run_dir)} == {"podman"}

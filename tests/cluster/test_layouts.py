@@ -102,7 +102,7 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     # checkpoint at an agreed step) and resumed to its end in the same allocation.
     run_dir = tmp_path / "run"
     submit = " ".join(map(shlex.quote, [
-        sys.executable, "-m", "hpc_ddp.submit", "nodes=2", "trainer.max_steps=200",
+        sys.executable, "-m", "hpc_ddp.submit", "nodes=2", "trainer.max_steps=100",
         "trainer.checkpoint_interval=10", f"run_dir={run_dir}", *SMALL]))
     progress = shlex.quote(str(run_dir / "progress.json"))
     script = submit
@@ -117,12 +117,12 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     job = json.loads((run_dir / "job.json").read_text())
     assert job["kind"] == "step" and job["job_id"] == alloc
     got = summary(run_dir)
-    assert got["global_step"] == 200 and sorted(got["hosts"]) == ["node1", "node2"]
+    assert got["global_step"] == 100 and sorted(got["hosts"]) == ["node1", "node2"]
     assert got["job_id"] == alloc  # as job.json: the allocation it ran in
     assert got["launch_id"].startswith(f"{alloc}.")  # a step of it, no other job
     if where != "salloc shell":
         assert "submit exited 143" in done.stdout and "Continue with:" in done.stdout
-        assert 0 < got["resumed_from_step"] < 200, got
+        assert 0 < got["resumed_from_step"] < 100, got
     assert_step_completed(run_dir, slurm_env)  # the step that finished (the resumed one)
 
 

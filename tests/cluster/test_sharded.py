@@ -39,7 +39,14 @@ from tests.cluster.test_fault_tolerance import (
     wait_for_step,
 )
 from tests.cluster.test_slurm_submit import job_id_of
-from tests.cluster.test_your_code import PROJECT, requeue_signal, run_to_end, submit
+from tests.cluster.test_your_code import (
+    PROJECT,
+    finish_beside,
+    requeue_signal,
+    run_to_end,
+    start_beside,
+    submit,
+)
 from tests.integration.test_local_run import tb_scalars
 
 pytestmark = pytest.mark.cluster
@@ -94,15 +101,16 @@ def continue_on_two(hpc_ddp: Run, args: list[str], env: dict[str, str], run_dir:
 
 def test_fsdp_trainer_requeued_resumes_bitwise_and_continues_on_two_nodes(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    reference = tmp_path / "reference"
-    run_to_end(hpc_ddp, [*TRAINER, "nodes=4", "trainer.max_steps=90"], slurm_env, reference)
-    run_dir = tmp_path / "run"
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    beside = start_beside(hpc_ddp, [*TRAINER, "nodes=4", "trainer.max_steps=90"], slurm_env,
+                          reference)
     job = submit(hpc_ddp, [*TRAINER, "nodes=4", "trainer.max_steps=60"], slurm_env,
                  f"run_dir={run_dir}")
     wait_for_step(run_dir, 20)
     requeue_signal(job, slurm_env)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     assert_completed_at_last(job, slurm_env)
+    finish_beside(beside, reference, slurm_env)
     state = assert_bitwise(state_at(reference, 60), run_dir)
     assert len(state["hpc_ddp"]["restarts"]) == 1
     steps = [s for s, _ in tb_scalars(run_dir / "tb", "train/loss")]
@@ -139,10 +147,9 @@ def _rank_pids(run_dir: Path, ranks: int) -> list[int]:
 
 def test_ctx_shard_entry_requeued_killed_mid_save_resumes_bitwise_continues_and_refuses_a_plant(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    reference = tmp_path / "reference"
-    run_to_end(hpc_ddp, [*ENTRY, "nodes=4", "app.steps=90", "app.checkpoint_every=10",
-                         "cluster.supervise=false"], slurm_env, reference)
-    run_dir = tmp_path / "run"
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    beside = start_beside(hpc_ddp, [*ENTRY, "nodes=4", "app.steps=90", "app.checkpoint_every=10",
+                                    "cluster.supervise=false"], slurm_env, reference)
     # A save every step, written in the background: the loop is nearly always mid-save.
     args = [*ENTRY, "nodes=4", "app.steps=60", "app.checkpoint_every=1",
             "cluster.supervise=true"]
@@ -160,6 +167,7 @@ def test_ctx_shard_entry_requeued_killed_mid_save_resumes_bitwise_continues_and_
     assert saving.exists()  # the kill came while the set was being written
     finish_releasing_requeues(job, run_dir, slurm_env)
     assert_completed_at_last(job, slurm_env)
+    finish_beside(beside, reference, slurm_env)
     state = assert_bitwise(state_at(reference, 60), run_dir)
     assert len(state["hpc_ddp"]["restarts"]) == 2
     continue_on_two(hpc_ddp, [*ENTRY, "app.steps=90", "app.checkpoint_every=10"], slurm_env,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.slurm_final import final_rows
 from tests.cluster.test_slurm_submit import SMALL, assert_sweep_completed
 
 pytestmark = pytest.mark.cluster
@@ -23,8 +24,10 @@ def status_rows(hpc_ddp: Run, sweep: Path, env: dict[str, str]) -> dict:  # type
     return json.loads(done.stdout)
 
 
-def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, str],
-                                             tmp_path: Path) -> None:
+def test_three_point_sweep_of_two_node_jobs_in_two_arrays(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A sweep of 2-node jobs split into two arrays (sweep.max_array_size=2; the cluster's own
+    MaxArraySize is read in test_sweep_scale.py), returning at once, every point COMPLETED."""
     sweep = tmp_path / "sweep"
     # cluster.python is the interpreter of every array task, too: a wrapper that leaves a mark.
     marks = tmp_path / "marks"
@@ -37,16 +40,16 @@ def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, 
     started = time.monotonic()
     # Each rank trains in its own process, without a supervisor (the sweep is what is tested
     # here; supervision in test_fault_tolerance.py): 12 jobs start half the processes.
-    done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05,0.02",
-                              "trainer.seed=0,1,2", "trainer.max_steps=10", *SMALL,
-                              "cluster.supervise=false",
+    done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05",
+                              "trainer.max_steps=10", *SMALL, "cluster.supervise=false",
+                              "sweep.max_array_size=2",
                               f"cluster.python={wrapper}", f"sweep.dir={sweep}"], env=slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
     returned_after = time.monotonic() - started
     manifest = json.loads((sweep / "sweep.json").read_text())
     points = manifest["points"]
-    assert len(points) == 12
-    # The test cluster's MaxArraySize is 10: 12 points need two arrays, one sbatch each.
+    assert len(points) == 3
+    # At most 2 points an array: 3 points need two arrays, one sbatch each.
     assert len(manifest["arrays"]) == 2
     assert {p["job_id"].split("_")[0] for p in points} == set(manifest["arrays"])
     assert not all((Path(p["run_dir"]) / "summary.json").exists() for p in points)
@@ -67,7 +70,7 @@ def test_twelve_point_sweep_of_two_node_jobs(hpc_ddp: Run, slurm_env: dict[str, 
         assert len(set(summary["hosts"])) == 2
     job_ids = {p["job_id"].replace("_", "-") for p in points}
     assert {m.name for m in marks.iterdir()} == {f"{j}-{r}" for j in job_ids for r in (0, 1)}
-    assert_sweep_completed(sweep, slurm_env)  # both arrays, all 12 tasks
+    assert_sweep_completed(sweep, slurm_env)  # both arrays, all 3 tasks
     deadline = time.monotonic() + 60
     while True:
         after = status_rows(hpc_ddp, sweep, slurm_env)
@@ -98,12 +101,17 @@ def test_cancel_a_whole_sweep(hpc_ddp: Run, slurm_env: dict[str, str], tmp_path:
             break
         time.sleep(1)
     assert states == {"CANCELLED"}
+    # Slurm's own account, too: every task of both arrays ended CANCELLED.
+    for array in manifest["arrays"]:
+        rows = final_rows(array, slurm_env)
+        assert rows and all(r[1].split()[0] == "CANCELLED" for r in rows), rows
 
 
 def test_requeueing_one_point_leaves_the_others_alone(hpc_ddp: Run, slurm_env: dict[str, str],
                                                       tmp_path: Path) -> None:
     from tests.cluster.test_fault_tolerance import (
         ARGS,
+        STEPS,
         finish_releasing_requeues,
         wait_for_step,
     )
@@ -122,7 +130,7 @@ def test_requeueing_one_point_leaves_the_others_alone(hpc_ddp: Run, slurm_env: d
     summaries = [json.loads((Path(p["run_dir"]) / "summary.json").read_text())
                  for p in (first, second)]
     assert [s["restarts"] for s in summaries] == [1, 0]
-    assert [s["global_step"] for s in summaries] == [300, 300]
+    assert [s["global_step"] for s in summaries] == [STEPS, STEPS]
     assert_sweep_completed(sweep, slurm_env)  # the requeued task's last start, too
 
 

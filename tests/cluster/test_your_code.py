@@ -68,6 +68,19 @@ def run_to_end(hpc_ddp: Run, args: list[str], env: dict[str, str], run_dir: Path
     assert_completed(job_id_of(done.stdout), env, done.stdout)
 
 
+def start_beside(hpc_ddp: Run, args: list[str], env: dict[str, str], run_dir: Path) -> str:
+    """An uninterrupted run submitted without waiting for it: it runs beside the test's
+    interrupted one (the nodes' second CPUs), so its start and its steps overlap that run's
+    waits; :func:`finish_beside` waits for it."""
+    return submit(hpc_ddp, args, env, f"run_dir={run_dir}")
+
+
+def finish_beside(job: str, run_dir: Path, env: dict[str, str]) -> None:
+    """The run :func:`start_beside` submitted ended uninterrupted, COMPLETED 0:0 in Slurm."""
+    assert finish_releasing_requeues(job, run_dir, env) == 0
+    assert_completed(job, env)
+
+
 def requeue_signal(job: str, env: dict[str, str]) -> None:
     """The requeue signal to every step of the job, as --signal=USR2@T sends it (not to the
     batch shell)."""
@@ -76,8 +89,14 @@ def requeue_signal(job: str, env: dict[str, str]) -> None:
 
 def test_target_project_trains_requeues_and_resumes_bitwise(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    reference_dir = tmp_path / "reference"
-    run_to_end(hpc_ddp, [*TARGET, *UNSUPERVISED], slurm_env, reference_dir)
+    reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    beside = start_beside(hpc_ddp, [*TARGET, *UNSUPERVISED], slurm_env, reference_dir)
+    job = submit(hpc_ddp, TARGET, slurm_env, f"run_dir={run_dir}")
+    wait_for_step(run_dir, 40)
+    requeue_signal(job, slurm_env)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    assert_completed_at_last(job, slurm_env)
+    finish_beside(beside, reference_dir, slurm_env)
     reference = checkpoint.load_latest(reference_dir / "checkpoints")
     assert reference is not None
     summary = summary_of(reference_dir)
@@ -85,13 +104,6 @@ def test_target_project_trains_requeues_and_resumes_bitwise(
     # The project's own metric, and no accuracy: a regression task.
     assert {"loss", "mae", "within_tenth"} == set(summary["eval_metrics"])
     assert summary["eval_accuracy"] is None and summary["eval_loss"] < 0.5
-
-    run_dir = tmp_path / "run"
-    job = submit(hpc_ddp, TARGET, slurm_env, f"run_dir={run_dir}")
-    wait_for_step(run_dir, 40)
-    requeue_signal(job, slurm_env)
-    assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
-    assert_completed_at_last(job, slurm_env)
     resumed = assert_same_as(reference, run_dir)  # weights bitwise, every TB step once
     assert resumed["restarts"] == 1 and resumed["resumed_from_step"] >= 40
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
@@ -138,20 +150,19 @@ def _hparam_tags(run_dir: Path) -> set[str]:
 
 def test_function_entry_requeues_and_ends_as_uninterrupted(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    reference_dir = tmp_path / "reference"
-    run_to_end(hpc_ddp, [*ENTRY, *UNSUPERVISED], slurm_env, reference_dir)
-    reference = _user_state(reference_dir)
-    summary = summary_of(reference_dir)
-    assert summary["program"] == "entry seqproj.loop:main" and summary["global_step"] == 150
-    assert summary["hosts"] == ["node1", "node2", "node3", "node4"]
-    assert isinstance(summary["final_loss"], float)
-
-    run_dir = tmp_path / "run"
+    reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
+    beside = start_beside(hpc_ddp, [*ENTRY, *UNSUPERVISED], slurm_env, reference_dir)
     job = submit(hpc_ddp, ENTRY, slurm_env, f"run_dir={run_dir}")
     wait_for_step(run_dir, 30)
     requeue_signal(job, slurm_env)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     assert_completed_at_last(job, slurm_env)
+    finish_beside(beside, reference_dir, slurm_env)
+    reference = _user_state(reference_dir)
+    summary = summary_of(reference_dir)
+    assert summary["program"] == "entry seqproj.loop:main" and summary["global_step"] == 150
+    assert summary["hosts"] == ["node1", "node2", "node3", "node4"]
+    assert isinstance(summary["final_loss"], float)
     state = _user_state(run_dir)
     assert state["step"] == reference["step"] == 150
     for name, tensor in reference["model"].items():  # the loop resumed mid-epoch exactly

@@ -201,3 +201,63 @@ def test_the_exclusion_after_a_requeue_outlives_the_requeues_sigterm(tmp_path: A
     assert driver.requeue_without("7", ["n2", "n3"], dict(os.environ)) is None
     assert calls.read_text().splitlines() == ["requeue 7", "update JobId=7 ExcNodeList=n2,n3"]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def _silent_rank_2(monkeypatch: pytest.MonkeyPatch, job_nodes: Any
+                   ) -> tuple[g.Decision, list[float], list[int]]:
+    """Rank 0's supervisor of 3 ranks after rank 1's failure, rank 2 silent (its node is
+    node3): its decision, the waits it made on the store and how often it asked Slurm. A real
+    store (the authenticated server and its plain client, in this process)."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from hpc_ddp.rank.join import authstore, store_client
+
+    key = authstore.new_key()
+    server = authstore.StoreServer(key, ["127.0.0.1"])
+    store = store_client.StoreClient("127.0.0.1", server.port, key, timedelta(seconds=30),
+                                     server=server)
+    for r in range(3):
+        store.set(f"hpc_ddp/arrived/{r}", f'{{"host": "h{r}", "node": "node{r + 1}"}}')
+    asked: list[int] = []
+
+    def nodes() -> list[str] | None:
+        asked.append(1)
+        return job_nodes()
+
+    env = SimpleNamespace(rank=0, world_size=3, is_master=True, restart=0)
+    rank = SimpleNamespace(env=env,
+                           store=store, host="h0")
+    gen = g.Generation(rank, 0, nodes)  # type: ignore[arg-type]
+    waits: list[float] = []
+    real = g.Generation._all_ended
+
+    def waited(self: g.Generation, wait_s: float) -> bool:
+        waits.append(round(wait_s, 2))
+        return real(self, wait_s)
+
+    monkeypatch.setattr(g.Generation, "_all_ended", waited)
+    monkeypatch.setattr(g, "REPORT_WAIT_S", 1.0)
+    monkeypatch.setattr(g, "NODE_CHECK_S", 0.2)
+    store.set(g.key(0, "end/1"), _end(g.RESTARTABLE, 5.0, 1, "lost peer").as_json())
+    store.add(g.key(0, "ended"), 1)
+    store.set(g.key(0, "failed"), _end(g.RESTARTABLE, 5.0, 1, "lost peer").as_json())
+    mine = _end(g.RESTARTABLE, 6.0, 0, "lost peer")
+    gen.report(mine)
+    decision = gen._decide(mine, 3, 60.0)
+    return decision, waits, asked
+
+
+def test_a_silent_rank_whose_node_left_the_job_is_lost_without_the_full_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    decision, waits, asked = _silent_rank_2(monkeypatch, lambda: ["node1", "node2"])
+    assert decision.what == g.LOST and decision.missing == (2,)
+    assert waits == [0.2] and asked == [1]  # one squeue, no second wait
+
+
+def test_a_silent_rank_on_a_node_the_job_still_has_gets_the_full_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for answer in (["node1", "node2", "node3"], None):  # still the job's; Slurm cannot say
+        decision, waits, asked = _silent_rank_2(monkeypatch, lambda a=answer: a)
+        assert decision.what == g.LOST and decision.missing == (2,)
+        assert waits == [0.2, 0.8] and asked == [1]

@@ -13,7 +13,7 @@ import pytest
 from hpc_ddp.errors import UserError
 from hpc_ddp.failures import first_failure
 from hpc_ddp.launch.target import counted
-from hpc_ddp.rank.supervise.script import last_lines
+from hpc_ddp.rank.supervise.supervisor import last_lines
 from hpc_ddp.runcost import local_cost
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.state import JobState

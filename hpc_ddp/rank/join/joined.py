@@ -124,7 +124,10 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         store, endpoint = rendezvous.connect(
             env, run_dir.rendezvous, host, cfg.trainer.rendezvous_timeout_s,
             cfg.trainer.collective_timeout_s,
-            {"host": host, **gpu, envcheck.RECORD_KEY: software.digest},
+            # "node": Slurm's name of it (a supervisor that asks Slurm whether the node of
+            # a silent rank is still the job's: supervise/generations.py).
+            {"host": host, "node": environ.get("SLURMD_NODENAME") or host, **gpu,
+             envcheck.RECORD_KEY: software.digest},
             agent_store=_agent_store(environ), master_interface=cfg.cluster.master_interface,
             store_key=environ.pop(STORE_KEY_ENV, None), plain=not group)
         claim_run_dir(run_dir, env, host, environ, store)

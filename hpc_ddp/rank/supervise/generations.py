@@ -29,7 +29,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -44,6 +44,10 @@ DONE, RESTART, REQUEUE, FAIL, LOST = "done", "restart", "requeue", "fail", "lost
 # After a failure, how long rank 0's supervisor waits for every supervisor to report its
 # child's end (they kill it at once: seconds); one that never does lost its node.
 REPORT_WAIT_S = 30.0
+# After a failure, how long it waits before it asks Slurm, once, whether the nodes of the
+# ranks still silent are the job's: a node Slurm took out of the job (set DOWN, --no-kill:
+# https://slurm.schedmd.com/sbatch.html#OPT_no-kill) is lost now, not after REPORT_WAIT_S.
+NODE_CHECK_S = 3.0
 # After a final failure (the program's own error), how long before the other ranks' processes
 # are stopped.
 FINAL_GRACE_S = 2.0
@@ -96,6 +100,23 @@ class Decision:
         return Decision(data["what"], root, tuple(data.get("missing", ())))
 
 
+def slurm_nodes(rank: Rank, environ: Mapping[str, str]
+                ) -> Callable[[], list[str] | None] | None:
+    """Rank 0's supervisor's question to Slurm after a failure, when a rank stays silent
+    (Generation.job_nodes); None off Slurm and on the other ranks."""
+    job = environ.get("SLURM_JOB_ID")
+    if not job or not rank.env.is_master:
+        return None
+    asked = dict(environ)
+
+    def nodes() -> list[str] | None:
+        from hpc_ddp.slurm.requeue import job_nodes  # deferred (start-up): slurm.relay
+
+        return job_nodes(job, asked)
+
+    return nodes
+
+
 def key(generation: int, name: str) -> str:
     return f"hpc_ddp/gen/{generation}/{name}"
 
@@ -129,9 +150,13 @@ def decide(ends: dict[int, End | None], generation: int, budget: int,
 class Generation:
     """One generation of this rank's training process, on the supervisors' store."""
 
-    def __init__(self, rank: Rank, generation: int) -> None:
+    def __init__(self, rank: Rank, generation: int,
+                 job_nodes: Callable[[], list[str] | None] | None = None) -> None:
         self.rank, self.generation = rank, generation
         self.store = rank.store
+        # The nodes the job has now (one squeue; None: Slurm cannot say), asked by rank 0's
+        # supervisor only when a rank is silent after a failure (None: not on Slurm).
+        self.job_nodes = job_nodes
         self.child_prefix = rendezvous.attempt_prefix(rank.env.restart, generation)
         self.stopped_by_us = False
         self._watcher: threading.Thread | None = None
@@ -262,10 +287,10 @@ class Generation:
     def _decide(self, mine: End, budget: int, clean_wait_s: float) -> Decision:
         failed = self.store.check([key(self.generation, "failed")]) or mine.verdict != OK
         wait_s = REPORT_WAIT_S if failed else clean_wait_s
-        try:
-            self.store.wait([key(self.generation, "all_ended")], timedelta(seconds=wait_s))
-        except Exception:
-            log.warning("not every rank's supervisor reported within %.0fs", wait_s)
+        first_s = min(wait_s, NODE_CHECK_S) if failed and self.job_nodes else wait_s
+        if not self._all_ended(first_s) and not (first_s < wait_s and self._silent_lost()):
+            if not self._all_ended(wait_s - first_s):
+                log.warning("not every rank's supervisor reported within %.0fs", wait_s)
         world = self.rank.env.world_size
         names = [key(self.generation, f"end/{r}") for r in range(world)]
         # All there (the usual case): one multi_get; else the ones that are, one by one.
@@ -276,6 +301,40 @@ class Generation:
                      for r, n in enumerate(names)}
         return decide(self.ends, self.generation, budget,
                       first_failure(self.store, self.generation))
+
+    def _all_ended(self, wait_s: float) -> bool:
+        """Whether every rank reported within ``wait_s`` (the store's wait: no polling)."""
+        try:
+            self.store.wait([key(self.generation, "all_ended")], timedelta(seconds=wait_s))
+            return True
+        except Exception:
+            return False
+
+    def _silent_lost(self) -> bool:
+        """Whether Slurm took every silent rank's node out of the job (one squeue): their
+        supervisors are gone with it, and no report will come."""
+        world = self.rank.env.world_size
+        silent = [r for r in range(world)
+                  if not self.store.check([key(self.generation, f"end/{r}")])]
+        nodes = self.job_nodes() if silent and self.job_nodes else None
+        if not silent or nodes is None:
+            return False
+        placed = [_node_of(self.store, r) for r in silent]
+        gone = sorted({n for n in placed if n is not None and n not in nodes})
+        if None in placed or len(gone) != len(set(placed)):
+            return False
+        log.warning("node(s) %s left the job (Slurm): rank(s) %s will not report",
+                    ",".join(gone), ",".join(map(str, silent)))
+        return True
+
+
+def _node_of(store: Any, rank: int) -> str | None:
+    """The Slurm node ``rank`` checked in from (rank/join/checkin.py's record)."""
+    try:
+        record = json.loads(bytes(store.get(f"hpc_ddp/arrived/{rank}")).decode())
+        return str(record.get("node") or record["host"])
+    except Exception:
+        return None
 
 
 _WAKE = b"failed"

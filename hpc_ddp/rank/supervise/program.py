@@ -59,6 +59,7 @@ from hpc_ddp.rank.supervise.supervisor import (
     ABRUPT,
     Child,
     child_environment,
+    last_lines,
     run_generations,
 )
 from hpc_ddp.rundir import RunDir, read_json
@@ -97,8 +98,8 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
         if -code in ABRUPT:
             return gen.end_of(generations.RESTARTABLE, code, (
                 f"the training process died from {name} (an abort: NCCL's watchdog after a "
-                "failed or timed-out collective, the out-of-memory killer, or a crash); its "
-                f"last lines:\n{child.tail()}"))
+                f"failed or timed-out collective, the out-of-memory killer, or a crash)"
+                f"{last_lines(child.tail())}"))
         # SIGTERM (preempted, cancelled: Slurm's to act on) or the requeue signal's echo.
         return gen.end_of(generations.STOPPED, code)
     return gen.end_of(generations.FINAL, code, gen.child_cause() or child.tail())
@@ -144,7 +145,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
             budget, stack_signal=signum, started=started,
             on_restart=lambda d, g: record_restart(d, g, rank, run, environ),
             watch=lambda gen: hang_watch(gen, cfg, run, signum),
-            blocked=frozenset({stopping.signal_number(cfg.cluster.signal), signal.SIGTERM}))
+            blocked=frozenset({stopping.signal_number(cfg.cluster.signal), signal.SIGTERM}),
+            job_nodes=generations.slurm_nodes(rank, environ))
         after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ,
                           ended.end)
         if ended.code != 0:  # stopped (SIGTERM: Slurm's to act on)

@@ -64,6 +64,7 @@ from hpc_ddp.rank.supervise.supervisor import (
     Supervised,
     child_environment,
     exit_codes,
+    last_lines,
     run_generations,
 )
 from hpc_ddp.rundir import RunDir, read_json
@@ -145,7 +146,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         ended = run_generations(rank, child_command,
                                 lambda code, child, gen: classify(cfg, code, child, gen),
                                 stop, budget, started=started,
-                                on_restart=lambda d, g: record_restart(d, g, rank, run, environ))
+                                on_restart=lambda d, g: record_restart(d, g, rank, run, environ),
+                                job_nodes=generations.slurm_nodes(rank, environ))
         after_generations(ended.decision, ended.generation, budget, cfg, rank, run, environ,
                           ended.end)
         return _outcome(ended, stop, cfg, rank, run, environ, began, staged)
@@ -178,11 +180,6 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
     lost_peer = diagnose.reads_as_comm_failure(tail)
     return gen.end_of(generations.RESTARTABLE if lost_peer else generations.FINAL, code,
                       f"the script exited with code {code}{last_lines(tail)}")
-
-
-def last_lines(tail: str) -> str:
-    """"; its last lines:" and them, or that it printed nothing."""
-    return f"; its last lines:\n{tail}" if tail.strip() else " (it printed nothing)"
 
 
 def _outcome(ended: Supervised, stop: StopRequest, cfg: Config, rank: Rank, run: RunDir,

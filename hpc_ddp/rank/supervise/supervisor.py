@@ -116,6 +116,13 @@ def child_environment(rank: Rank, environ: Mapping[str, str],
     return env
 
 
+
+def last_lines(tail: str) -> str:
+    """"; its last lines:" and them, or that it printed nothing (a report never ends in a
+    heading with nothing under it)."""
+    return f"; its last lines:\n{tail}" if tail.strip() else " (it printed nothing)"
+
+
 @dataclass(frozen=True)
 class Supervised:
     """How the supervised training ended: the last generation's child, its exit code, and
@@ -142,7 +149,8 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
                     started: Callable[[Child], None] | None = None,
                     on_restart: Callable[[generations.Decision, int], None] | None = None,
                     watch: Callable[[generations.Generation], Closes] | None = None,
-                    blocked: frozenset[int] = frozenset()) -> Supervised:
+                    blocked: frozenset[int] = frozenset(),
+                    job_nodes: Callable[[], list[str] | None] | None = None) -> Supervised:
     """Run the training process, generation by generation, to its end.
 
     ``command(generation, resume_cause)``: its argv and environment; ``classify(code,
@@ -153,11 +161,12 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
     on a signal that came while joining); ``on_restart``: rank 0's, called with the decision
     and the next generation before the restart (the record of it); ``watch``: started with
     each generation (rank 0's hang watch: hangs.py), closed when its child has ended;
-    ``blocked``: the signals each child starts with blocked until it handles them (Child)."""
+    ``blocked``: the signals each child starts with blocked until it handles them (Child);
+    ``job_nodes``: rank 0's question to Slurm for a silent rank's node (generations.py)."""
     generation, cause = 0, None
     while True:
         argv, env = command(generation, cause)
-        gen = generations.Generation(rank, generation)
+        gen = generations.Generation(rank, generation, job_nodes)
         child = Child(argv, env, blocked)
         gen.watch(child.kill)
         relay = StackRelay(rank, child, stack_signal, gen.child_prefix) \
