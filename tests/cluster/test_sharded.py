@@ -192,16 +192,19 @@ def test_fsdp_with_the_defaults_trains_checkpoints_and_resumes_on_four_nodes(
     SGD, whose fused kernel has no DTensor rule; ResNet-50 with its BatchNorm layers), run from
     the repository (not the example project), then resumed: both jobs COMPLETED 0:0."""
     run_dir = tmp_path / "run"
+    # Sized to the subject (a step, a sharded checkpoint, a resume): one step, then a second
+    # after the resume; 32 images to evaluate (ResNet-50 on 4 ranks sharing 2 cores).
     args = ["cluster=slurm", "nodes=4", "trainer.strategy=fsdp", *model, f"run_dir={run_dir}",
-            "trainer.batch_size=8", "trainer.checkpoint_interval=2", "wait=true"]
-    for steps, resume in ((2, []), (4, ["resume=true"])):
+            "trainer.batch_size=8", "trainer.checkpoint_interval=1", "data.eval_size=32",
+            "wait=true"]
+    for steps, resume in ((1, []), (2, ["resume=true"])):
         done = hpc_ddp("submit", [*args, f"trainer.max_steps={steps}", *resume],
                        env=slurm_env, timeout=600)
         assert done.returncode == 0, done.stdout + done.stderr
         assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["world_size"], summary["global_step"], summary["resumed_from_step"]) == (
-        4, 4, 2)
+        4, 2, 1)
     assert summary["settings"]["strategy"] == "fsdp"
     assert summary["final_train_loss"] == summary["final_train_loss"]  # not NaN
     latest = checkpoint.latest_path(run_dir / "checkpoints")
