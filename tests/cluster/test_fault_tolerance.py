@@ -253,10 +253,19 @@ def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, s
     summary = assert_same_as(reference, run_dir)
     assert summary["restarts"] >= 1
     assert_completed(urgent_id, slurm_env)  # the urgent job ran in between
-    # Slurm's own record of the job's first start: preempted, not failed or cancelled.
-    starts = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "State", "-j", job],
-                            env=slurm_env, capture_output=True, text=True, check=True)
-    assert starts.stdout.split()[0] == "PREEMPTED", starts.stdout
+    # Slurm's own record: the job's first start ended REQUEUED (not failed, not cancelled)
+    # the moment the urgent job took its nodes, so the preemption caused the restart.
+    def starts(of: str) -> list[list[str]]:
+        out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "State,Start,End", "-j",
+                              of], env=slurm_env, capture_output=True, text=True, check=True)
+        return [line.split("|") for line in out.stdout.splitlines() if line]
+
+    first, urgent_start = starts(job)[0], starts(urgent_id)[-1][1]
+    assert first[0] == "REQUEUED", starts(job)
+    from datetime import datetime
+
+    ended, began = (datetime.fromisoformat(t) for t in (first[2], urgent_start))
+    assert 0 <= (began - ended).total_seconds() <= 5, (first, urgent_start)
 
 
 def test_a_hung_rank_is_named_and_restarted_in_place(hpc_ddp: Run, slurm_env: dict[str, str],

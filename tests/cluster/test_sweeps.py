@@ -24,10 +24,11 @@ def status_rows(hpc_ddp: Run, sweep: Path, env: dict[str, str]) -> dict:  # type
     return json.loads(done.stdout)
 
 
-def test_three_point_sweep_of_two_node_jobs_in_two_arrays(
+def test_four_point_sweep_of_two_node_jobs_in_two_arrays(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    """A sweep of 2-node jobs split into two arrays (sweep.max_array_size=2; the cluster's own
-    MaxArraySize is read in test_sweep_scale.py), returning at once, every point COMPLETED."""
+    """A sweep of 2-node jobs split into two arrays of two (sweep.max_array_size=2; the
+    cluster's own MaxArraySize is read in test_sweep_scale.py), returning at once, every point
+    COMPLETED. Four points: the four jobs fit the cluster at once."""
     sweep = tmp_path / "sweep"
     # cluster.python is the interpreter of every array task, too: a wrapper that leaves a mark.
     marks = tmp_path / "marks"
@@ -40,7 +41,7 @@ def test_three_point_sweep_of_two_node_jobs_in_two_arrays(
     started = time.monotonic()
     # Each rank trains in its own process, without a supervisor (the sweep is what is tested
     # here; supervision in test_fault_tolerance.py): 12 jobs start half the processes.
-    done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05",
+    done = hpc_ddp("submit", ["-m", "cluster=slurm", "nodes=2", "optim.lr=0.2,0.1,0.05,0.02",
                               "trainer.max_steps=10", *SMALL, "cluster.supervise=false",
                               "sweep.max_array_size=2",
                               f"cluster.python={wrapper}", f"sweep.dir={sweep}"], env=slurm_env)
@@ -48,8 +49,8 @@ def test_three_point_sweep_of_two_node_jobs_in_two_arrays(
     returned_after = time.monotonic() - started
     manifest = json.loads((sweep / "sweep.json").read_text())
     points = manifest["points"]
-    assert len(points) == 3
-    # At most 2 points an array: 3 points need two arrays, one sbatch each.
+    assert len(points) == 4
+    # At most 2 points an array: 4 points need two arrays, one sbatch each.
     assert len(manifest["arrays"]) == 2
     assert {p["job_id"].split("_")[0] for p in points} == set(manifest["arrays"])
     assert not all((Path(p["run_dir"]) / "summary.json").exists() for p in points)
@@ -70,7 +71,7 @@ def test_three_point_sweep_of_two_node_jobs_in_two_arrays(
         assert len(set(summary["hosts"])) == 2
     job_ids = {p["job_id"].replace("_", "-") for p in points}
     assert {m.name for m in marks.iterdir()} == {f"{j}-{r}" for j in job_ids for r in (0, 1)}
-    assert_sweep_completed(sweep, slurm_env)  # both arrays, all 3 tasks
+    assert_sweep_completed(sweep, slurm_env)  # both arrays, all 4 tasks
     deadline = time.monotonic() + 60
     while True:
         after = status_rows(hpc_ddp, sweep, slurm_env)
