@@ -36,6 +36,7 @@ from typing import Any
 
 from hpc_ddp.rank.join import rendezvous
 from hpc_ddp.rank.join.joined import Rank
+from hpc_ddp.slurm.requeue import job_nodes
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +111,6 @@ def slurm_nodes(rank: Rank, environ: Mapping[str, str]
     asked = dict(environ)
 
     def nodes() -> list[str] | None:
-        from hpc_ddp.slurm.requeue import job_nodes  # deferred (start-up): slurm.relay
-
         return job_nodes(job, asked)
 
     return nodes
