@@ -26,6 +26,8 @@ from hpc_ddp.rundir import write_text
 log = logging.getLogger(__name__)
 
 RELAY_ENV = "HPC_DDP_SLURM_RELAY"
+# sh: the command in "$@", with SIGTERM ignored (inherited across exec).
+_NO_TERM = 'trap "" TERM; exec "$@"'
 _FIRST_POLL_S = 0.05
 _MAX_POLL_S = 1.0
 
@@ -64,8 +66,11 @@ def run(argv: Sequence[str], environ: Mapping[str, str], timeout_s: float
     as subprocess.run does."""
     folder = environ.get(RELAY_ENV)
     if not folder:
-        return subprocess.run(list(argv), env=dict(environ), capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        # TERM ignored in the command, as in the relay: the requeue `scontrol requeue` asks
+        # for signals every process of the job's steps, this command too, before it has read
+        # slurmctld's answer (seen: "exit code -15" for a requeue that took place).
+        return subprocess.run(["/bin/sh", "-c", _NO_TERM, "sh", *argv], env=dict(environ),
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
     return ask(Path(folder), argv, timeout_s)
 
 

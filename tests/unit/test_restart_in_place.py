@@ -203,6 +203,24 @@ def test_the_exclusion_after_a_requeue_outlives_the_requeues_sigterm(tmp_path: A
     assert signal.getsignal(signal.SIGTERM) == before
 
 
+def test_a_ranks_own_requeue_outlives_the_requeues_sigterm(tmp_path: Any,
+                                                           monkeypatch: Any) -> None:
+    # A rank's `scontrol requeue` (no container: run here, not by the relay) is SIGTERMed by
+    # the requeue it asked for, before it has read the answer: a stand-in that SIGTERMs
+    # itself still ends 0, and the requeue is not reported as failed ("exit code -15").
+    import os
+
+    from hpc_ddp.slurm import requeue
+
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\nkill -TERM $$\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    environ = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    assert requeue.requeue("9", environ) is None
+    assert calls.read_text().splitlines() == ["requeue 9"]
+
+
 def _silent_rank_2(monkeypatch: pytest.MonkeyPatch, job_nodes: Any
                    ) -> tuple[g.Decision, list[float], list[int]]:
     """Rank 0's supervisor of 3 ranks after rank 1's failure, rank 2 silent (its node is
