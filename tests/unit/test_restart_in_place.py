@@ -184,6 +184,16 @@ def test_a_supervised_slurm_job_runs_its_step_through_the_driver_with_its_spares
     assert not any("hpc_ddp.slurm.driver" in x for x in plain["setup"])
 
 
+def _self_terminating_scontrol(folder: Any) -> Any:
+    """A stand-in scontrol in ``folder`` that SIGTERMs itself, then records its arguments
+    (as the requeue's SIGTERM reaches a real one mid-call); the file it records to."""
+    calls = folder / "calls"
+    scontrol = folder / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\nkill -TERM $$\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    return calls
+
+
 def test_the_exclusion_after_a_requeue_outlives_the_requeues_sigterm(tmp_path: Any,
                                                                       monkeypatch: Any) -> None:
     # The requeue SIGTERMs the whole batch step, the driver's own scontrol calls included:
@@ -192,10 +202,7 @@ def test_the_exclusion_after_a_requeue_outlives_the_requeues_sigterm(tmp_path: A
     import os
     import signal
 
-    calls = tmp_path / "calls"
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\nkill -TERM $$\necho "$@" >> {calls}\n')
-    scontrol.chmod(0o755)
+    calls = _self_terminating_scontrol(tmp_path)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     before = signal.getsignal(signal.SIGTERM)
     assert driver.requeue_without("7", ["n2", "n3"], dict(os.environ)) is None
@@ -212,10 +219,7 @@ def test_a_ranks_own_requeue_outlives_the_requeues_sigterm(tmp_path: Any,
 
     from hpc_ddp.slurm import requeue
 
-    calls = tmp_path / "calls"
-    scontrol = tmp_path / "scontrol"
-    scontrol.write_text(f'#!/bin/sh\nkill -TERM $$\necho "$@" >> {calls}\n')
-    scontrol.chmod(0o755)
+    calls = _self_terminating_scontrol(tmp_path)
     environ = {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
     assert requeue.requeue("9", environ) is None
     assert calls.read_text().splitlines() == ["requeue 9"]
