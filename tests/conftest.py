@@ -50,6 +50,7 @@ def compose_refusal(overrides: list[str]) -> str:
 
 _PHASE_SECONDS: dict[str, float] = {}
 _PHASE_TESTS: dict[str, int] = {}
+_PHASE_SPAN: dict[str, tuple[float, float]] = {}
 
 
 def _phase(nodeid: str) -> str:
@@ -61,16 +62,47 @@ def _phase(nodeid: str) -> str:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     phase = _phase(report.nodeid)
     _PHASE_SECONDS[phase] = _PHASE_SECONDS.get(phase, 0.0) + report.duration
+    first, last = _PHASE_SPAN.get(phase, (report.start, report.stop))
+    _PHASE_SPAN[phase] = (min(first, report.start), max(last, report.stop))
     if report.when == "call":
         _PHASE_TESTS[phase] = _PHASE_TESTS.get(phase, 0) + 1
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Seconds per phase (set-up, call and tear-down of its tests, the cluster's start in
-    the first cluster test's set-up): a change that makes one slower shows here."""
+    the first cluster test's set-up), and the wall-clock span from its first test's start to
+    its last one's end (phases overlap under pytest-xdist: the cluster's tests run on one
+    worker while the others run the rest): a change that makes one slower shows here."""
     if not _PHASE_SECONDS:
         return
     terminalreporter.section("time by phase")
     for phase, seconds in sorted(_PHASE_SECONDS.items(), key=lambda kv: -kv[1]):
-        terminalreporter.write_line(f"{phase:12s} {seconds:8.1f} s  "
+        first, last = _PHASE_SPAN[phase]
+        terminalreporter.write_line(f"{phase:12s} {seconds:8.1f} s in tests, "
+                                    f"{last - first:8.1f} s from first start to last end  "
                                     f"({_PHASE_TESTS.get(phase, 0)} tests)")
+
+
+# -- how the suite spreads over pytest-xdist's workers (scripts/test.sh: -n 2 --dist loadgroup)
+
+# Modules whose module-scoped fixture is costly to build (warm rank processes, a trained
+# model): their tests stay on one worker, which builds the fixture once.
+ONE_WORKER_MODULES = frozenset({
+    "tests/integration/test_matrix.py", "tests/unit/test_perf_trainer.py",
+    "tests/unit/test_scale_cost.py", "tests/unit/test_shards.py",
+    "tests/gpu/test_gpu_fast_path.py",
+})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every cluster test in one xdist group: they share the one 4-node test cluster and run
+    one after another on one worker (each expects the nodes idle when it starts), while the
+    other worker runs the local tests in the cluster tests' waits (scheduler cycles, time
+    limits, timeouts). Without xdist the marks do nothing."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if path.startswith("tests/cluster/"):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif path in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(path.rsplit("/", 1)[-1].removesuffix(".py")))
