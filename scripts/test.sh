@@ -15,10 +15,10 @@ if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs $container_pkgs >/dev/null 2>&1; then
   apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
   apt-get install -y -qq --no-install-recommends $container_pkgs >/dev/null
 fi
-# Two pytest-xdist workers: the cluster tests (one xdist group, one after another) on one,
+# Two pytest-xdist workers: the cluster tests (one work unit, one after another) on one,
 # the unit and local tests on the other, in the cluster tests' waits; a later -n in the
 # arguments wins (-n 0: one process). See tests/conftest.py.
-workers=(-n "${HPC_DDP_TEST_WORKERS:-2}" --dist loadgroup)
+workers=(-n "${HPC_DDP_TEST_WORKERS:-2}" --dist loadscope)
 if [ -n "${HPC_DDP_PYTHON:-}" ]; then  # an interpreter that has the stack (see run.sh)
   "$HPC_DDP_PYTHON" -c "import xdist" 2>/dev/null || workers=()
   exec "$HPC_DDP_PYTHON" -m pytest "${workers[@]}" "$@"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                                     f"({_PHASE_TESTS.get(phase, 0)} tests)")
 
 
-# -- how the suite spreads over pytest-xdist's workers (scripts/test.sh: -n 2 --dist loadgroup)
+# -- how the suite spreads over pytest-xdist's workers (scripts/test.sh: -n 2 --dist loadscope)
 
 # Modules whose module-scoped fixture is costly to build (warm rank processes, a trained
 # model): their tests stay on one worker, which builds the fixture once.
@@ -94,15 +95,29 @@ ONE_WORKER_MODULES = frozenset({
 })
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every cluster test in one xdist group: they share the one 4-node test cluster and run
-    one after another on one worker (each expects the nodes idle when it starts), while the
-    other worker runs the local tests in the cluster tests' waits (scheduler cycles, time
-    limits, timeouts). Without xdist the marks do nothing."""
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        if path.startswith("tests/cluster/"):
-            item.add_marker(pytest.mark.xdist_group("cluster"))
-        elif path in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(path.rsplit("/", 1)[-1].removesuffix(".py")))
+def work_unit(nodeid: str) -> str:
+    """What xdist hands one worker at a time: every cluster test together (they share the
+    one 4-node test cluster and each expects its nodes idle when it starts: one after another
+    on one worker), a module of ONE_WORKER_MODULES whole, any other test on its own."""
+    path = nodeid.split("::")[0]
+    if path.startswith("tests/cluster/"):
+        return "tests/cluster"
+    return path if path in ONE_WORKER_MODULES else nodeid
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadscope``: xdist's scheduler over :func:`work_unit`'s units. The
+    cluster's unit comes first (tests/cluster is collected first) and keeps its worker for
+    the whole cluster phase; the other worker runs the unit and local tests in the cluster
+    tests' waits (scheduler cycles, time limits, timeouts), and both share what is left.
+    (xdist's own ``loadgroup`` renames node ids, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # deferred: only under xdist
+
+    class ByUnit(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByUnit(config, log)
