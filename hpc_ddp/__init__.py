@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from hpc_ddp.version import VERSION as __version__
 
 # Re-exported lazily (PEP 562), so `import hpc_ddp` stays instant.
 _API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api", "submit": "hpc_ddp.api",

@@ -254,6 +254,10 @@ def run_dir_of(path: Path, point: int | None) -> Path:
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+    from hpc_ddp.remote.handle import forwarded  # deferred (start-up): remote.handle
+
+    if (code := forwarded("logs", sys.argv[1:] if argv is None else argv, out)) is not None:
+        return code  # a remote run's local handle: run where the run is (docs/remote.md)
     parser = argparse.ArgumentParser(prog="python -m hpc_ddp.logs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", type=Path, help="a run dir, or a sweep dir with --point")

@@ -31,6 +31,7 @@ from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.inputs.command_line import split_script_args, take_config_dir
 from hpc_ddp.launch import interrupts
 from hpc_ddp.launch.interrupts import exit_code
+from hpc_ddp.remote import intent
 
 
 def handle_stop_signals() -> None:
@@ -42,8 +43,11 @@ def handle_stop_signals() -> None:
 
 def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if argv is None:  # the command, not a call from Python: signals are ours to handle
+    if args == ["--args-stdin"]:  # sent by a laptop over SSH (remote/submit_remote.py)
+        args = args_from_stdin(sys.stdin)
+    elif argv is None:
         restart_without_secrets(args)
+    if argv is None:  # the command, not a call from Python: signals are ours to handle
         handle_stop_signals()
     if any(a in ("-h", "--help") for a in args):
         print(__doc__, file=out)
@@ -88,6 +92,20 @@ def restart_without_secrets(args: list[str]) -> None:
     os.execve(sys.executable, argv, {**os.environ, **found.values, _RESTARTED_ENV: "1"})
 
 
+def args_from_stdin(stdin: TextIO) -> list[str]:
+    """The command line a laptop sent on the connection's standard input (never on a command
+    line: it may reference secrets, whose values come with it and are put in this process's
+    environment, as a typed secret is: restart_without_secrets)."""
+    # deferred (start-up): json
+    import json
+
+    sent = json.loads(stdin.read() or "{}")
+    os.environ.update({str(k): str(v) for k, v in (sent.get("env") or {}).items()})
+    script_args = sent.get("script_args")
+    return [*(["-m"] if sent.get("multirun") else []), *map(str, sent.get("args") or []),
+            *(["--", *map(str, script_args)] if script_args is not None else [])]
+
+
 def _main(args: list[str], out: TextIO) -> int:
     try:
         args, script_args = split_script_args(args)
@@ -100,6 +118,11 @@ def _main(args: list[str], out: TextIO) -> int:
         if unknown:
             raise UserError("option", unknown[0], "is not an option of this command.",
                             "pass key=value overrides; see --help.")
+        if not show_cfg and intent.wanted(overrides):
+            # deferred (start-up): remote.submit_remote
+            from hpc_ddp.remote import submit_remote
+
+            return submit_remote.submit(overrides, script_args, multirun, out)
         if multirun:
             # deferred: the typed schemas
             from hpc_ddp.sweep.launch import launch

@@ -9,11 +9,13 @@ pkgs="slurmctld slurmd slurm-client slurmdbd munge mariadb-server"
 # Podman for the container tests (tests/cluster/test_containers.py): runc, since crun 1.8
 # refuses this machine's hybrid cgroups; no recommends (buildah, slirp4netns...: unused).
 container_pkgs="podman runc"
-if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs $container_pkgs >/dev/null 2>&1; then
-  echo "installing Debian packages for the test cluster: $pkgs $container_pkgs" >&2
+# OpenSSH for the login node of the remote-submission tests (tests/cluster/test_remote.py).
+ssh_pkgs="openssh-server openssh-client"
+if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs $container_pkgs $ssh_pkgs >/dev/null 2>&1; then
+  echo "installing Debian packages for the test cluster: $pkgs $container_pkgs $ssh_pkgs" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
-  apt-get install -y -qq --no-install-recommends $container_pkgs >/dev/null
+  apt-get install -y -qq --no-install-recommends $container_pkgs $ssh_pkgs >/dev/null
 fi
 # Two pytest-xdist workers: the cluster tests (one work unit, one after another) on one,
 # the unit and local tests on the other, in the cluster tests' waits; a later -n in the

@@ -90,6 +90,18 @@ class ClusterConfig:
     # distributions); rank 0 stops the run before training when nodes differ, naming them
     # and the packages. true: warn and train anyway.
     allow_mixed_env: bool = False
+    # Submit from a laptop or a notebook: the SSH destination of the cluster's login node,
+    # as you type it after `ssh` (user@host, or a Host alias of ~/.ssh/config with its
+    # ProxyJump, port and key). Checked here first, then the project's code is copied there
+    # and hpc_ddp's own submit runs there (docs/remote.md). None: this machine submits.
+    remote: str | None = None
+    # On the remote: the folder for code snapshots (code/<digest>) and runs (runs/...).
+    remote_root: str = "~/hpc_ddp"
+    # The folder copied to the remote: None is the git work tree you submit from (its
+    # uncommitted and untracked, non-ignored files), else that folder itself.
+    remote_code: str | None = None
+    # An ssh_config file read instead of ~/.ssh/config (ssh -F).
+    ssh_config: str | None = None
     # The umask (octal) of every file and folder of the run dir, on the submit host and the
     # nodes. 027: your group may read, no one else; 077: only you; 022: everyone may read.
     # Never one that lets others write (a file planted there would run on the next restart;

@@ -261,7 +261,9 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "SwitchType=switch/none",
         # Recipe, "Accounting": sacct works as on real clusters (submitit polls it).
         "AccountingStorageType=accounting_storage/slurmdbd",
-        "AccountingStorageHost=localhost",
+        # The bridge's address (slurmdbd listens on all of them), not localhost: sacct run
+        # inside a namespace (the login node, a node's job) reaches it too.
+        f"AccountingStorageHost={cfg.controller_address}",
         "AccountingStoragePort=6819",
         "JobAcctGatherType=jobacct_gather/linux",
         "JobCompType=jobcomp/none",

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 # A module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.redact", "hpc_ddp.errors", "hpc_ddp.hostlist", "hpc_ddp.procs", "hpc_ddp.rundir",
-     "hpc_ddp.events", "hpc_ddp.owned", "hpc_ddp.ranklines"),
+     "hpc_ddp.events", "hpc_ddp.owned", "hpc_ddp.ranklines", "hpc_ddp.version"),
     ("hpc_ddp.config",),
     ("hpc_ddp.targets",),
     # The rank side: what runs on every rank.
@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.follow", "hpc_ddp.failures"),
     ("hpc_ddp.api", "hpc_ddp.datacheck"),
     ("hpc_ddp.doctor",),
+    ("hpc_ddp.remote",),  # a cluster reached over SSH: status and logs forward through it
     ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs", "hpc_ddp.stoprun", "hpc_ddp.checkpoint"),
     ("hpc_ddp.submit", "hpc_ddp.env"),
     # The public names (lazy: they import nothing until asked), then what uses them as a

@@ -1,0 +1,142 @@
+"""The local handle of a remote run, and ``status``/``logs`` forwarded through it.
+
+A handle is a small local run dir holding ``remote.json``: the host, the run dir there, the
+snapshot it runs, the interpreter, the job. ``python -m hpc_ddp.status|logs HANDLE ...``
+runs the same command on the login node, on the remote run dir, over one SSH connection,
+its output here as it comes. A connection that drops under ``--follow``/``--watch`` never
+touches the run: the command says so, connects again and goes on (``logs --follow`` from
+the last line it printed, not from the start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.remote.ssh import SSH_FAILED, Ssh, command_line, control_dir, failure
+
+FILE = "remote.json"
+RECONNECT_S = 3.0
+# A log line's time, as ranklog writes it: "2026-12-04 20:04:05.497 [rank 0 ...] ..."
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d):\d\d\.\d+ ")
+
+
+@dataclass(frozen=True)
+class Handle:
+    host: str
+    remote_dir: str
+    snapshot: str
+    python: list[str]
+    ssh_config: str | None = None
+    job_id: str | None = None
+    sweep: bool = False
+
+
+def write(folder: Path, handle: Handle) -> None:
+    folder.mkdir(parents=True, exist_ok=True, mode=0o750)
+    tmp = folder / f".{FILE}.tmp"
+    tmp.write_text(json.dumps(asdict(handle), indent=2) + "\n")
+    os.replace(tmp, folder / FILE)
+
+
+def read(folder: Path) -> Handle | None:
+    """The handle in ``folder``, or None when it is not one."""
+    path = folder / FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return Handle(**{k: data[k] for k in Handle.__dataclass_fields__ if k in data})
+    except (ValueError, TypeError, KeyError) as exc:
+        raise UserError("run_dir", str(folder), f"its {FILE} cannot be read ({exc}).",
+                        "submit again, or remove the folder if the run is gone.") from None
+
+
+def forwarded(module: str, argv: Sequence[str], out: TextIO) -> int | None:
+    """:func:`forward` as a command ends: its exit code, bad input as one line (exit 2), a
+    Ctrl-C as 130 (the run goes on there); None when argv names no handle."""
+    try:
+        return forward(module, argv, out)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    except KeyboardInterrupt:
+        return 130
+
+
+def forward(module: str, argv: Sequence[str], out: TextIO = sys.stdout,
+            environ: Mapping[str, str] = os.environ) -> int | None:
+    """Run ``python -m hpc_ddp.<module> argv`` where the run is when argv's first path is a
+    handle (None when it is not: the command goes on here)."""
+    args = list(argv)
+    at = next((i for i, a in enumerate(args)
+               if not a.startswith("-") and (Path(a) / FILE).is_file()), None)
+    if at is None or (handle := read(Path(args[at]))) is None:
+        return None
+    args[at] = handle.remote_dir
+    ssh = Ssh(handle.host, control_dir(environ), handle.ssh_config)
+    following = any(a in ("--follow", "-f", "--watch") for a in args)
+    if module == "logs" and following:
+        return _follow_logs(ssh, handle, args, out)
+    line = command_line([*handle.python, "-m", f"hpc_ddp.{module}", *args])
+    while True:
+        code, err = ssh.stream(line, out)
+        if code != SSH_FAILED:
+            sys.stderr.write(err)
+            return code
+        if not following:
+            print(f"error: {failure(handle.host, err).message}", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        _lost(handle.host, out)
+
+
+def _lost(host: str, out: TextIO) -> None:
+    print(f"hpc_ddp: the connection to {host} was lost (the run goes on there); "
+          f"connecting again in {RECONNECT_S:.0f} s ...", file=out, flush=True)
+    time.sleep(RECONNECT_S)
+
+
+def _follow_logs(ssh: Ssh, handle: Handle, args: list[str], out: TextIO) -> int:
+    """``logs --follow`` line by line; after a lost connection, again from the minute of the
+    last line printed, the lines already printed skipped."""
+    seen: set[str] = set()
+    minute: str | None = None
+    reconnected = False
+    while True:
+        extra = ["--since", minute] if minute else []
+        line = command_line([*handle.python, "-m", "hpc_ddp.logs", *args, *extra])
+        with tempfile.TemporaryFile() as errors, subprocess.Popen(
+                ssh.argv(line), stdout=subprocess.PIPE, stderr=errors) as proc:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                text = raw.decode(errors="replace")
+                stamp = _STAMP.match(text)
+                if stamp:
+                    if text in seen:
+                        continue
+                    if stamp.group(1) != minute:
+                        minute, seen = stamp.group(1), set()
+                    seen.add(text)
+                if reconnected:
+                    print(f"hpc_ddp: reconnected to {handle.host}; going on.", file=out)
+                    reconnected = False
+                out.write(text)
+                out.flush()
+            code = proc.wait()
+            errors.seek(0)
+            err = errors.read().decode(errors="replace")
+        if code != SSH_FAILED:
+            sys.stderr.write(err)
+            return code
+        _lost(handle.host, out)
+        reconnected = True
