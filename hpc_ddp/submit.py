@@ -20,6 +20,7 @@ naming the key, the value and the fix. This command is a thin layer over the Pyt
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -96,9 +97,6 @@ def args_from_stdin(stdin: TextIO) -> list[str]:
     """The command line a laptop sent on the connection's standard input (never on a command
     line: it may reference secrets, whose values come with it and are put in this process's
     environment, as a typed secret is: restart_without_secrets)."""
-    # deferred (start-up): json
-    import json
-
     sent = json.loads(stdin.read() or "{}")
     os.environ.update({str(k): str(v) for k, v in (sent.get("env") or {}).items()})
     script_args = sent.get("script_args")

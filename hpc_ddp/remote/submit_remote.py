@@ -44,7 +44,7 @@ DEFAULT_ROOT = "~/hpc_ddp"
 def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
            out: TextIO, environ: Mapping[str, str] = os.environ) -> int:
     """The laptop's side (the module doc); returns the remote submit's exit code."""
-    # deferred: the typed schemas
+    # deferred: the typed schemas; hpc_ddp.config.secrets
     from hpc_ddp.config.compose import check_overrides, compose
     from hpc_ddp.config.secrets import referenced
 
