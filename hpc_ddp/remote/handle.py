@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -112,29 +110,25 @@ def _follow_logs(ssh: Ssh, handle: Handle, args: list[str], out: TextIO) -> int:
     seen: set[str] = set()
     minute: str | None = None
     reconnected = False
+
+    def shown(text: str) -> str | None:
+        nonlocal minute, seen, reconnected
+        stamp = _STAMP.match(text)
+        if stamp:
+            if text in seen:
+                return None
+            if stamp.group(1) != minute:
+                minute, seen = stamp.group(1), set()
+            seen.add(text)
+        if reconnected:
+            reconnected = False
+            return f"hpc_ddp: reconnected to {handle.host}; going on.\n{text}"
+        return text
+
     while True:
         extra = ["--since", minute] if minute else []
         line = command_line([*handle.python, "-m", "hpc_ddp.logs", *args, *extra])
-        with tempfile.TemporaryFile() as errors, subprocess.Popen(
-                ssh.argv(line), stdout=subprocess.PIPE, stderr=errors) as proc:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                text = raw.decode(errors="replace")
-                stamp = _STAMP.match(text)
-                if stamp:
-                    if text in seen:
-                        continue
-                    if stamp.group(1) != minute:
-                        minute, seen = stamp.group(1), set()
-                    seen.add(text)
-                if reconnected:
-                    print(f"hpc_ddp: reconnected to {handle.host}; going on.", file=out)
-                    reconnected = False
-                out.write(text)
-                out.flush()
-            code = proc.wait()
-            errors.seek(0)
-            err = errors.read().decode(errors="replace")
+        code, err = ssh.stream(line, out, shown=shown)
         if code != SSH_FAILED:
             sys.stderr.write(err)
             return code

@@ -23,7 +23,7 @@ import os
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -83,9 +83,11 @@ class Ssh:
             raise failure(self.destination, done.stderr.decode(errors="replace"))
         return done
 
-    def stream(self, line: str, out: TextIO, stdin: bytes | None = None) -> tuple[int, str]:
-        """Run ``line`` there, its output written to ``out`` as it comes: (the exit code,
-        its standard error; ssh's own failure is exit SSH_FAILED, see :func:`failure`)."""
+    def stream(self, line: str, out: TextIO, stdin: bytes | None = None,
+               shown: Callable[[str], str | None] = lambda text: text) -> tuple[int, str]:
+        """Run ``line`` there, its output written to ``out`` as it comes, each line as
+        ``shown`` makes it (None: left out): (the exit code, its standard error; ssh's own
+        failure is exit SSH_FAILED, see :func:`failure`)."""
         # standard error to a file, not a pipe: a full pipe there would stop the command
         with tempfile.TemporaryFile() as err, subprocess.Popen(
                 self.argv(line), stdin=subprocess.PIPE if stdin is not None else None,
@@ -95,8 +97,10 @@ class Ssh:
                 proc.stdin.write(stdin or b"")
                 proc.stdin.close()
             for raw in proc.stdout:
-                out.write(raw.decode(errors="replace"))
-                out.flush()
+                text = shown(raw.decode(errors="replace"))
+                if text is not None:
+                    out.write(text)
+                    out.flush()
             code = proc.wait()
             err.seek(0)
             return code, err.read().decode(errors="replace")

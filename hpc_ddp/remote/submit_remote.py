@@ -21,7 +21,7 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.remote import handle as handles
@@ -36,6 +36,9 @@ from hpc_ddp.remote.ssh import (
     shell_words,
 )
 from hpc_ddp.version import VERSION
+
+if TYPE_CHECKING:  # the type only: tarfile stays off the import
+    from hpc_ddp.remote.snapshot import Snapshot
 
 ARGS_STDIN = "--args-stdin"
 DEFAULT_ROOT = "~/hpc_ddp"
@@ -55,8 +58,7 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
                      *([f"cluster.ssh_config={previous.ssh_config}"]
                        if previous.ssh_config else []), *overrides]
     check_overrides(overrides)
-    points = [overrides] if not multirun else None
-    cfg = compose(points[0] if points else _first_point(overrides))
+    cfg = compose(_first_point(overrides) if multirun else overrides)
     host = cfg.cluster.remote or ""
     root_text = cfg.cluster.remote_root or DEFAULT_ROOT
     python = remote_python(cfg.cluster.python, cfg.cluster.venv)
@@ -168,7 +170,8 @@ def _places(args: Sequence[str], previous: handles.Handle | None, root: str, sta
     return f"{root.rstrip('/')}/runs/{stamp}", Path("outputs") / stamp
 
 
-def _probe(ssh: Ssh, python: list[str], code_dir: str, code: object, out: TextIO) -> str:
+def _probe(ssh: Ssh, python: list[str], code_dir: str, code: Snapshot | None,
+           out: TextIO) -> str:
     """One round trip: the home folder there, hpc_ddp there and its version, the snapshot
     there or not; then the archive if it is not. Returns the home folder; raises UserError
     with the fix."""
@@ -190,7 +193,7 @@ def _probe(ssh: Ssh, python: list[str], code_dir: str, code: object, out: TextIO
                         "version here).")
     if said[-1:] == ["present"] or code is None:
         return home
-    archive = getattr(code, "archive", b"")
+    archive = code.archive
     parent = remote_path(code_dir.rsplit("/", 1)[0])
     final = remote_path(code_dir)
     # Unpacked into a temporary folder and renamed: a copy cut short is never taken for
