@@ -17,8 +17,11 @@ from typing import Any
 from hpc_ddp.version import VERSION as __version__
 
 # Re-exported lazily (PEP 562), so `import hpc_ddp` stays instant.
-_API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api", "submit": "hpc_ddp.api",
-        "Run": "hpc_ddp.api", "RunFailed": "hpc_ddp.api", "Plan": "hpc_ddp.api",
+_API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api",
+        # here, or with cluster.remote=HOST on a cluster over SSH (docs/remote.md)
+        "submit": "hpc_ddp.remote.api", "open_run": "hpc_ddp.remote.api",
+        "RemoteRun": "hpc_ddp.remote.run", "Run": "hpc_ddp.api", "RunFailed": "hpc_ddp.api",
+        "Plan": "hpc_ddp.api",
         "UserError": "hpc_ddp.errors", "check_data": "hpc_ddp.datacheck",
         # On every rank: the context of your own training (docs/your-code.md).
         "Context": "hpc_ddp.rank.context.context", "REQUEUE_EXIT_CODE": "hpc_ddp.rank.contract"}

@@ -13,6 +13,8 @@ COMMANDS = """hpc_ddp: DDP training from a Hydra config to a (multi-node) Slurm 
                                                  --cancel, --plot
   python -m hpc_ddp.logs <run_dir|sweep_dir>     every rank's output in time order; --rank N,
                                                  --grep, --since, --follow, --point N
+  python -m hpc_ddp.collect <handle> [--checkpoint]  a remote run's results on this machine
+                                                 (submit cluster.remote=HOST: docs/remote.md)
   python -m hpc_ddp.checkpoint export RUN [--step N] OUT   a checkpoint as one plain file
   python -m hpc_ddp.train [key=value ...]        one rank's entry, under srun (jobs/*.sbatch)
   python -m hpc_ddp.doctor [key=value ...]       check the nodes of a job before training

@@ -245,8 +245,10 @@ class Run:
     def from_dir(cls, run_dir: Path | str) -> Run:
         """The handle of the run in ``run_dir`` (its latest submission)."""
         record = read_json(Path(run_dir) / JOB_FILE)
+        if record is None and (Path(run_dir) / "remote.json").is_file():
+            raise UserError("run_dir", str(run_dir), "is a remote run's local handle.",
+                            "open it with hpc_ddp.open_run(run_dir): docs/remote.md.")
         if record is None:
-
             raise UserError("run_dir", str(run_dir), "holds no submitted run (no job.json).",
                             "pass the run_dir a submission printed.")
         return cls(run_dir, record)
@@ -386,20 +388,7 @@ class Run:
 
     def scalars(self, tag: str | None = None) -> dict[str, list[tuple[int, float]]]:
         """TensorBoard scalars as {tag: [(step, value), ...]}, as TensorBoard reads them."""
-        # deferred: tensorboard
-        from tensorboard.backend.event_processing.event_accumulator import (
-            SCALARS,
-            EventAccumulator,
-        )
-
-        acc = EventAccumulator(str(self.files.tb), size_guidance={SCALARS: 0})
-        acc.Reload()
-        known = acc.Tags().get("scalars", [])
-        if tag and tag not in known:
-            raise KeyError(f"{tag!r}: the run logged no such scalar; it has "
-                           f"{', '.join(sorted(known)) or 'none yet'}")
-        tags = [tag] if tag else known
-        return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}
+        return scalars_in(self.files.tb, tag)
 
     def config(self) -> Config:
         from hpc_ddp.config.compose import from_yaml  # deferred (start-up): config.compose
@@ -410,3 +399,21 @@ class Run:
         from hpc_ddp import events  # deferred (start-up): events
 
         return events.read(self.run_dir)
+
+
+def scalars_in(tb: Path, tag: str | None = None) -> dict[str, list[tuple[int, float]]]:
+    """The TensorBoard scalars of the events files in ``tb``: {tag: [(step, value), ...]}."""
+    # deferred: tensorboard
+    from tensorboard.backend.event_processing.event_accumulator import (
+        SCALARS,
+        EventAccumulator,
+    )
+
+    acc = EventAccumulator(str(tb), size_guidance={SCALARS: 0})
+    acc.Reload()
+    known = acc.Tags().get("scalars", [])
+    if tag and tag not in known:
+        raise KeyError(f"{tag!r}: the run logged no such scalar; it has "
+                       f"{', '.join(sorted(known)) or 'none yet'}")
+    tags = [tag] if tag else known
+    return {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in tags}

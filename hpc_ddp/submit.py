@@ -120,7 +120,7 @@ def _main(args: list[str], out: TextIO) -> int:
             # deferred (start-up): remote.submit_remote
             from hpc_ddp.remote import submit_remote
 
-            return submit_remote.submit(overrides, script_args, multirun, out)
+            return submit_remote.submit(overrides, script_args, multirun, out).status
         if multirun:
             # deferred: the typed schemas
             from hpc_ddp.sweep.launch import launch

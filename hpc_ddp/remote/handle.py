@@ -16,7 +16,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -38,6 +38,8 @@ class Handle:
     ssh_config: str | None = None
     job_id: str | None = None
     sweep: bool = False
+    root: str | None = None  # cluster.remote_root there, absolute: its code/ and runs/
+    secrets: list[str] = field(default_factory=list)  # names of the env values a resume sends
 
 
 def write(folder: Path, handle: Handle) -> None:
@@ -93,8 +95,7 @@ def forward(module: str, argv: Sequence[str], out: TextIO = sys.stdout,
             sys.stderr.write(err)
             return code
         if not following:
-            print(f"error: {failure(handle.host, err).message}", file=sys.stderr)
-            return USAGE_EXIT_CODE
+            raise failure(handle.host, err)
         _lost(handle.host, out)
 
 

@@ -44,28 +44,32 @@ ARGS_STDIN = "--args-stdin"
 DEFAULT_ROOT = "~/hpc_ddp"
 
 
-def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
-           out: TextIO, environ: Mapping[str, str] = os.environ) -> int:
-    """The laptop's side (the module doc); returns the remote submit's exit code."""
-    # deferred: the typed schemas; hpc_ddp.config.secrets
-    from hpc_ddp.config.compose import check_overrides, compose
-    from hpc_ddp.config.secrets import referenced
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """What a remote submit did: the remote submit's exit code, what it said on its standard
+    error, and the local handle (None: nothing was submitted, or a dry run)."""
 
-    cwd = Path.cwd()
-    previous = _resumed(overrides)
-    if previous is not None:  # the run's own host, snapshot and remote run dir
-        overrides = [f"cluster.remote={previous.host}",
-                     *([f"cluster.ssh_config={previous.ssh_config}"]
-                       if previous.ssh_config else []), *overrides]
-    check_overrides(overrides)
-    cfg = compose(_first_point(overrides) if multirun else overrides)
-    host = cfg.cluster.remote or ""
-    root_text = cfg.cluster.remote_root or DEFAULT_ROOT
-    python = remote_python(cfg.cluster.python, cfg.cluster.venv)
-    ssh = Ssh(host, control_dir(environ), cfg.cluster.ssh_config)
+    status: int
+    said: str = ""
+    folder: Path | None = None
+
+
+def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
+           out: TextIO, environ: Mapping[str, str] = os.environ,
+           cwd: Path | None = None) -> Sent:
+    """The laptop's side (the module doc); ``cwd``: where the command was typed (the API's
+    ``cwd=``), this process's own by default."""
+    from hpc_ddp.config.compose import check_overrides  # deferred: the typed schemas
+
+    cwd = Path.cwd() if cwd is None else cwd.absolute()
+    previous = _resumed(overrides, cwd)
+    check_overrides(_first_point(overrides) if multirun else overrides)
+    at = _target(overrides, multirun, previous)
+    host, python, root_text = at.host, at.python, at.root
+    ssh = Ssh(host, control_dir(environ), at.ssh_config)
     from hpc_ddp.remote import snapshot as snap  # deferred: tarfile
 
-    project = snap.project_root(cwd, cfg.cluster.remote_code)
+    project = snap.project_root(cwd, at.remote_code)
     code = None if previous else snap.pack(project, snap.project_files(project))
     digest = previous.snapshot if previous else (code.digest if code else "")
     home = _probe(ssh, python, f"{root_text.rstrip('/')}/code/{digest}", code, out)
@@ -78,14 +82,16 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
     remote_dir, local_dir = _places(args, previous, root_text, stamp, multirun)
     args = [a for a in args if not a.lstrip("+").startswith(("run_dir=", "sweep.dir="))]
     args += [f"{'sweep.dir' if multirun else 'run_dir'}={remote_dir}", "cluster.remote=null"]
-    secrets = {name: environ[name] for name in referenced(cfg) if name in environ}
+    secrets = {name: environ[name] for name in at.secrets if name in environ}
     payload = json.dumps({"args": args, "script_args": script_args, "multirun": multirun,
                           "env": secrets}).encode()
     print(f"hpc_ddp: submitting on {host} (code {digest}, run dir {remote_dir}) ...",
           file=out, flush=True)
     dry = given(overrides, "dry_run") in TRUE  # a dry run leaves no handle
-    record = handles.Handle(host, remote_dir, digest, python, cfg.cluster.ssh_config,
-                            previous.job_id if previous else None, multirun)
+    record = handles.Handle(host, remote_dir, digest, python, at.ssh_config,
+                            previous.job_id if previous else None, multirun, root_text,
+                            list(at.secrets))
+    shown, local_dir = local_dir, cwd / local_dir  # as typed; where it is
     fresh = not (local_dir / handles.FILE).exists()
     if not dry:  # before the submit: a wait=true that is interrupted keeps its handle
         handles.write(local_dir, record)
@@ -97,14 +103,46 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
     if status != 0 and fresh and not dry and _job_id(ssh, remote_dir) is None:
         (local_dir / handles.FILE).unlink(missing_ok=True)  # nothing was submitted
     if status != 0 or dry:
-        return status
+        return Sent(status, err)
     handles.write(local_dir, dataclasses.replace(record, job_id=_job_id(ssh, remote_dir)))
-    where = shlex.quote(str(local_dir))
-    print(f"  local handle: {local_dir}\n"
+    where = shlex.quote(str(shown))
+    print(f"  local handle: {shown}\n"
           f"  status:      python -m hpc_ddp.status {where} --watch\n"
           f"  logs:        python -m hpc_ddp.logs {where} --follow\n"
-          f"  stop:        python -m hpc_ddp.status {where} --stop", file=out, flush=True)
-    return 0
+          f"  stop:        python -m hpc_ddp.status {where} --stop\n"
+          f"  results:     python -m hpc_ddp.collect {where}", file=out, flush=True)
+    return Sent(0, err, local_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """Where a submit goes: the host and how to reach it, the interpreter and root there,
+    the folder copied, the names of the secrets the config references (their values go on
+    the connection's standard input)."""
+
+    host: str
+    python: list[str]
+    ssh_config: str | None
+    root: str
+    remote_code: str | None = None
+    secrets: tuple[str, ...] = ()
+
+
+def _target(overrides: list[str], multirun: bool, previous: handles.Handle | None) -> _Target:
+    """A new run's target from its config, composed and checked here; a resume's from its
+    handle (the run's own host, interpreter and code: its config is on the cluster, where
+    the resume merges these overrides into it and checks them)."""
+    if previous is not None:
+        return _Target(previous.host, previous.python, previous.ssh_config,
+                       previous.root or DEFAULT_ROOT, None, tuple(previous.secrets))
+    # deferred: the typed schemas; hpc_ddp.config.secrets
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.config.secrets import referenced
+
+    cfg = compose(_first_point(overrides) if multirun else overrides)
+    return _Target(cfg.cluster.remote or "", remote_python(cfg.cluster.python, cfg.cluster.venv),
+                   cfg.cluster.ssh_config, cfg.cluster.remote_root or DEFAULT_ROOT,
+                   cfg.cluster.remote_code, tuple(sorted(referenced(cfg))))
 
 
 def remote_python(python: str | None, venv: str | None) -> list[str]:
@@ -117,10 +155,10 @@ def remote_python(python: str | None, venv: str | None) -> list[str]:
     return ["python3"]
 
 
-def _resumed(overrides: Sequence[str]) -> handles.Handle | None:
+def _resumed(overrides: Sequence[str], cwd: Path) -> handles.Handle | None:
     run_dir = given(overrides, "run_dir")
     if run_dir and given(overrides, "resume") in TRUE:
-        return handles.read(Path(run_dir))
+        return handles.read(cwd / Path(run_dir).expanduser())
     return None
 
 

@@ -9,20 +9,24 @@ controller; everything goes over the connection.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hpc_ddp.rank.services import checkpoint
 from hpc_ddp.remote import handle as handles
 from hpc_ddp.testcluster.cluster import TestCluster
 from hpc_ddp.testcluster.login import LoginNode, missing
-from tests.cluster.slurm_final import assert_completed
+from tests.cluster.slurm_final import assert_completed, final_rows
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
@@ -77,18 +81,25 @@ def _project(root: Path) -> Path:
     return root
 
 
-def laptop(hidden: Path, module: str, args: list[str], cwd: Path, timeout: float = 300,
-           sockets: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m hpc_ddp.<module> args`` as on a laptop: no SLURM_CONF, and ``hidden`` (the
-    cluster's storage) covered by an empty tmpfs in a mount namespace of its own.
-    ``sockets``: a folder for ssh's shared connections (one of its own: a connection that
-    an earlier call left open to the same host would otherwise be reused)."""
+def on_laptop(hidden: Path, argv: list[str], sockets: str | None = None) -> tuple[
+        list[str], dict[str, str]]:
+    """``python argv`` as on a laptop: no SLURM_CONF, and ``hidden`` (the cluster's storage)
+    covered by an empty tmpfs in a mount namespace of its own. ``sockets``: a folder for
+    ssh's shared connections (one of its own: a connection that an earlier call left open
+    to the same host would otherwise be reused)."""
     env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     env["PYTHONPATH"] = str(REPO)
     if sockets:
         env["XDG_RUNTIME_DIR"] = sockets
     command = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{hidden}" && exec "$@"',
-               "sh", sys.executable, "-m", f"hpc_ddp.{module}", *args]
+               "sh", sys.executable, *argv]
+    return command, env
+
+
+def laptop(hidden: Path, module: str, args: list[str], cwd: Path, timeout: float = 300,
+           sockets: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m hpc_ddp.<module> args`` as on a laptop (:func:`on_laptop`)."""
+    command, env = on_laptop(hidden, ["-m", f"hpc_ddp.{module}", *args], sockets)
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
@@ -167,12 +178,16 @@ def test_what_stops_a_connection_is_one_line_exit_2(login: LoginNode, tmp_path: 
     for name, text in configs.items():
         path = tmp_path / f"{name}.ssh_config"
         path.write_text(text)
+        sockets = tempfile.mkdtemp(prefix="s", dir="/tmp")
         done = laptop(remote, "submit", [*base, f"cluster.ssh_config={path}"], project, 120,
-                      sockets=tempfile.mkdtemp(prefix="s", dir="/tmp"))
+                      sockets=sockets)
         said[name] = done.stderr
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (
             name, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and "Fix:" in done.stderr
+        # nothing left running: no ssh (a shared connection's master) outlives the failure
+        left = subprocess.run(["pgrep", "-af", sockets], capture_output=True, text=True)
+        assert not left.stdout.strip(), (name, left.stdout)
     assert "host key is not known" in said["unknown"]
     assert "refused every key" in said["refused"]
     assert "does not answer" in said["silent"]
@@ -187,3 +202,174 @@ def test_what_stops_a_connection_is_one_line_exit_2(login: LoginNode, tmp_path: 
     assert typo.returncode == 2 and "max_stepz" in typo.stderr, typo.stderr
     assert (login.folder / "sshd.log").read_text().count("Accepted publickey") == before
     assert not list((remote).iterdir())  # nothing copied, nothing started
+
+
+SEQPROJECT = REPO / "examples" / "seqproject"
+LOOP = ["cluster=slurm", "entry=seqproj.loop:main", "app.checkpoint_every=100",
+        "trainer.stop_check_interval=2", "trainer.collective_timeout_s=30"]
+
+
+def _seqproject(root: Path) -> Path:
+    """The example project (its own loop, model and configs) as a user's git work tree."""
+    shutil.copytree(SEQPROJECT, root, ignore=shutil.ignore_patterns("__pycache__", "outputs"))
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "-c", "user.email=a@b", "-c", "user.name=a", "commit", "-qm", "one")
+    return root
+
+
+class Following:
+    """``logs HANDLE --follow`` on the laptop, its lines gathered as they come."""
+
+    def __init__(self, remote: Path, handle: Path, cwd: Path) -> None:
+        command, env = on_laptop(remote, ["-m", "hpc_ddp.logs", str(handle), "--rank", "0",
+                                          "--follow"])
+        self.proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def until(self, text: str, timeout: float, after: int = 0) -> int:
+        """The index of the first line from ``after`` on that holds ``text``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [i for i, line in enumerate(self.lines) if i >= after and text in line]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None or self.reader.is_alive(), "".join(self.lines)
+            time.sleep(0.2)
+        raise AssertionError(f"no {text!r} within {timeout:.0f} s:\n" + "".join(self.lines))
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def _saved_step(run_dir: Path) -> int:
+    """The step of the run's latest checkpoint (0: none yet)."""
+    saved = checkpoint.latest_path(run_dir / "checkpoints")
+    return (checkpoint.step_of(saved) or 0) if saved else 0
+
+
+def test_a_laptop_follows_through_a_cut_stops_resumes_collects_sweeps_and_cancels(
+        login: LoginNode, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The user's own loop (examples/seqproject) from a laptop: follow it while the login
+    node's link goes down and up (the job unaffected), stop it with a checkpoint, edit the
+    laptop's code and resume (the run's own snapshot runs), collect the results, the Python
+    API's remote form, a 4-point sweep, a cancel."""
+    remote = tmp_path / "cluster_storage"
+    remote.mkdir()
+    project = _seqproject(tmp_path / "laptop" / "seqproject")
+    where = ["cluster.remote=login", f"cluster.ssh_config={login.ssh_config}",
+             f"cluster.remote_root={remote}", f"cluster.python={sys.executable}"]
+    common = ["--config-dir", "conf", *LOOP, "nodes=2", *where]
+    sub = laptop(remote, "submit", [*common, "app.steps=100000", "run_dir=runs/loop"], project)
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    handle = project / "runs" / "loop"
+    record = handles.read(handle)
+    assert record is not None and record.job_id
+    there = Path(record.remote_dir)
+
+    # The connection cut under a follow: the follow says so, reconnects and goes on; the
+    # job trains on all along.
+    follow = Following(remote, handle, project)
+    try:
+        follow.until("INFO checkpoint", 120)
+        login.link(False)
+        cut_at = _saved_step(there)
+        lost = follow.until("connection to login was lost", 60)
+        assert _saved_step(there) > cut_at  # training goes on without the login node
+        login.link(True)
+        back = follow.until("reconnected to login", 60, after=lost)
+        follow.until("INFO checkpoint", 60, after=back)
+    finally:
+        login.link(True)
+        follow.end()
+
+    # Stop: a checkpoint at a step the ranks agree on, and the line that continues it.
+    stop = laptop(remote, "status", [str(handle), "--stop"], project, timeout=200)
+    assert stop.returncode == 0 and "Continue with:" in stop.stdout, stop.stdout + stop.stderr
+    stopped = _saved_step(there)
+    assert stopped > 0, stop.stdout
+
+    # The laptop's code changes (this copy would fail at once); the resume runs the snapshot
+    # the run started with, to the end.
+    loop = project / "seqproj" / "loop.py"
+    loop.write_text(loop.read_text().replace(
+        "    app = ctx.app", "    raise RuntimeError('edited on the laptop')\n    app = ctx.app"))
+    resumed = laptop(remote, "submit", ["run_dir=runs/loop", "resume=true",
+                                        f"app.steps={stopped + 20}", "wait=true"], project)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "copying the code" not in resumed.stdout
+    again = handles.read(handle)
+    assert again is not None and again.snapshot == record.snapshot
+    assert again.job_id and again.job_id != record.job_id
+    assert_completed(again.job_id, slurm_env, resumed.stdout)
+    summary = json.loads((there / "summary.json").read_text())
+    assert summary["global_step"] == stopped + 20, summary
+
+    # The results on the laptop: summary, events, TensorBoard files, logs; no checkpoint;
+    # a second collect copies nothing.
+    got = laptop(remote, "collect", [str(handle)], project)
+    assert got.returncode == 0 and "tensorboard --logdir" in got.stdout, got.stdout + got.stderr
+    assert json.loads((handle / "summary.json").read_text()) == summary
+    assert list((handle / "tb").rglob("events.out.tfevents.*"))
+    assert (handle / "logs" / "rank1.log").read_text() == (there / "logs" / "rank1.log"
+                                                           ).read_text()
+    assert not (handle / "checkpoints").exists() and not (handle / "job.json").exists()
+    nothing = laptop(remote, "collect", [str(handle)], project)
+    assert "collected 0 new" in nothing.stdout, nothing.stdout + nothing.stderr
+
+    # The Python API in a notebook on the laptop: the same call, a remote run's handle.
+    loop.write_text(loop.read_text().replace(
+        "    raise RuntimeError('edited on the laptop')\n", ""))
+    notebook = (
+        "import hpc_ddp, json\n"
+        f"run = hpc_ddp.submit({[*LOOP, 'nodes=2', *where, 'app.steps=20', 'run_dir=runs/api']!r},"
+        " config_dir='conf')\n"
+        "summary = run.wait(progress=False)\n"
+        "again = hpc_ddp.open_run('runs/api')\n"
+        "print(json.dumps({'step': summary['global_step'], 'kind': again.kind, "
+        "'state': again.state, 'losses': len(again.scalars('loss')['loss'])}))\n")
+    command, env = on_laptop(remote, ["-c", notebook])
+    api = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert api.returncode == 0, api.stdout + api.stderr
+    said = json.loads(api.stdout.strip().splitlines()[-1])
+    assert said == {"step": 20, "kind": "remote", "state": "COMPLETED", "losses": 2}, said
+
+    # A 4-point sweep: one submit, arrays on the cluster, watched from the laptop.
+    sweep = laptop(remote, "submit", ["-m", "--config-dir", "conf", *LOOP, "nodes=1", *where,
+                                      "app.steps=10", "app.lr=0.003,0.002,0.001,0.0005",
+                                      "sweep.max_array_size=2", "sweep.dir=runs/sweep"],
+                   project)
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    watched = laptop(remote, "status", [str(project / "runs" / "sweep"), "--watch",
+                                        "--interval", "2"], project)
+    assert watched.returncode == 0, watched.stdout + watched.stderr
+    swept = handles.read(project / "runs" / "sweep")
+    assert swept is not None and swept.sweep
+    manifest = json.loads((Path(swept.remote_dir) / "sweep.json").read_text())
+    assert len(manifest["points"]) == 4
+    for point in manifest["points"]:
+        assert json.loads((Path(point["run_dir"]) / "summary.json").read_text())[
+            "global_step"] == 10
+
+    # A cancel from the laptop: the job ends CANCELLED in Slurm's accounts.
+    long = laptop(remote, "submit", [*common, "app.steps=100000", "run_dir=runs/cancelled"],
+                  project)
+    assert long.returncode == 0, long.stdout + long.stderr
+    victim = handles.read(project / "runs" / "cancelled")
+    assert victim is not None and victim.job_id
+    cancel = laptop(remote, "status", [str(project / "runs" / "cancelled"), "--cancel"],
+                    project)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    rows = final_rows(victim.job_id, slurm_env, timeout_s=120)
+    assert rows and rows[0][1].startswith("CANCELLED"), rows

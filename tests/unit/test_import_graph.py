@@ -34,10 +34,11 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.launch",),
     ("hpc_ddp.runcost", "hpc_ddp.recovery_lines"),
     ("hpc_ddp.follow", "hpc_ddp.failures"),
-    ("hpc_ddp.api", "hpc_ddp.datacheck"),
+    ("hpc_ddp.api", "hpc_ddp.datacheck", "hpc_ddp.checkpoint"),
     ("hpc_ddp.doctor",),
     ("hpc_ddp.remote",),  # a cluster reached over SSH: status and logs forward through it
-    ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs", "hpc_ddp.stoprun", "hpc_ddp.checkpoint"),
+    ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs", "hpc_ddp.stoprun",
+     "hpc_ddp.collect"),
     ("hpc_ddp.submit", "hpc_ddp.env"),
     # The public names (lazy: they import nothing until asked), then what uses them as a
     # user's program would.

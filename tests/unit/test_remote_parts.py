@@ -205,3 +205,33 @@ def test_a_status_through_a_handle_runs_where_the_run_is(
     assert out.getvalue() == ("ran: /v/bin/python -m hpc_ddp.status --interval 2 "
                               "'~/hpc_ddp/runs/x' --json\n")
     assert handle.forward("status", [str(tmp_path)], out, {}) is None  # not a handle
+
+
+def test_collect_sends_the_results_and_then_only_what_changed(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from hpc_ddp.remote import results
+
+    run = tmp_path / "run"
+    for rel, text in {"summary.json": "{}", "events.jsonl": "{}\n", "logs/rank0.log": "a\n",
+                      "tb/events.out.tfevents.1": "x", "checkpoints/step_1.pt": "w",
+                      "submitit/1_0_submitted.pkl": "p", "job.json": "{}", "sweep.json": "{}",
+                      "p1/logs/rank0.log": "b\n", "p1/job.json": "{}"}.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    stream = io.BytesIO()
+    assert results.send(run, {}, stream) == 5
+    stream.seek(0)
+    laptop = tmp_path / "laptop"
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        tar.extractall(laptop, filter="data")
+    assert sorted(p.relative_to(laptop).as_posix() for p in laptop.rglob("*") if p.is_file()) \
+        == ["events.jsonl", "logs/rank0.log", "p1/logs/rank0.log", "summary.json",
+            "tb/events.out.tfevents.1"]
+    # What the laptop has is not sent again; a grown log is.
+    have = results.manifest(laptop)
+    assert results.changed(run, have) == []
+    with open(run / "logs" / "rank0.log", "a") as log:
+        log.write("more\n")
+    assert results.changed(run, have) == [run / "logs" / "rank0.log"]
