@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from hpc_ddp.rank.services import checkpoint
 from hpc_ddp.remote import handle as handles
@@ -326,6 +327,10 @@ def test_a_laptop_follows_through_a_cut_stops_resumes_collects_sweeps_and_cancel
     assert not (handle / "checkpoints").exists() and not (handle / "job.json").exists()
     nothing = laptop(remote, "collect", [str(handle)], project)
     assert "collected 0 new" in nothing.stdout, nothing.stdout + nothing.stderr
+    exported = laptop(remote, "collect", [str(handle), "--checkpoint"], project)
+    assert exported.returncode == 0, exported.stdout + exported.stderr
+    model = torch.load(handle / "exported" / "model.pt", weights_only=True)
+    assert model["hpc_ddp"]["step"] == stopped + 20, model.keys()
 
     # The Python API in a notebook on the laptop: the same call, a remote run's handle.
     loop.write_text(loop.read_text().replace(
