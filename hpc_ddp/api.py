@@ -283,7 +283,7 @@ class Run:
             return query(self.job_id) or JobState("UNKNOWN")
         if not self.done():
             return JobState("RUNNING")
-        from hpc_ddp.follow import failed_ranks  # deferred (start-up): follow
+        from hpc_ddp.watch.follow import failed_ranks  # deferred (start-up): follow
 
         if self.summary() is not None and not failed_ranks(self.files):
             return JobState("COMPLETED")
@@ -354,7 +354,7 @@ class Run:
         line (a bar on a terminal) per logged step.
         """
 
-        from hpc_ddp.follow import RunView, follow  # deferred (start-up): follow
+        from hpc_ddp.watch.follow import RunView, follow  # deferred (start-up): follow
 
         sink = (out or sys.stdout) if progress else io.StringIO()
         view = RunView(self)
@@ -367,7 +367,7 @@ class Run:
             raise RunFailed(f"job {self.job_id} {view.pending.line()}")
         if timeout is not None and time.monotonic() - started >= timeout and not self.done():
             raise TimeoutError(f"{self!r} still running after {timeout:.0f}s")
-        from hpc_ddp.follow import failure_report  # deferred (start-up): follow
+        from hpc_ddp.watch.follow import failure_report  # deferred (start-up): follow
 
         raise RunFailed(failure_report(self.files, view))
 

@@ -85,7 +85,7 @@ class RunDir:
         return self.logs / f"rank{rank}.error"
 
     def rank_usage(self, rank: int) -> Path:
-        """The CPU time a rank used, written at its exit (hpc_ddp/runcost.py reads it)."""
+        """The CPU time a rank used, written at its exit (hpc_ddp/watch/runcost.py reads it)."""
         return self.ranks / f"rank{rank}{USAGE_SUFFIX}"
 
 

@@ -273,8 +273,8 @@ def interrupted(run: Any, out: TextIO, exc: KeyboardInterrupt) -> int:
     if killed:  # outside the block: nothing interrupts the kill
         run.cancel(grace_s=0.0)
     # deferred (start-up): rundir
-    from hpc_ddp.follow import stopped_how  # deferred (start-up): follow
     from hpc_ddp.rundir import resume_command
+    from hpc_ddp.watch.follow import stopped_how  # deferred (start-up): follow
 
     print(f"{stopped_how(run.files, killed)} Continue with: {resume_command(run.run_dir)}",
           file=out, flush=True)

@@ -115,7 +115,7 @@ def wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: fl
          on_poll: Callable[[], None] | None = None) -> bool:
     """True if the job ended by itself. After a rank reports a failure the others get a grace
     to report theirs, then the job is cancelled (they would wait in a collective otherwise)."""
-    from hpc_ddp.follow import FAILURE_GRACE_S, failed_ranks  # deferred (start-up): follow
+    from hpc_ddp.watch.follow import FAILURE_GRACE_S, failed_ranks  # deferred (start-up): follow
 
     poll = on_poll or (lambda: None)
     try:
@@ -147,7 +147,7 @@ def _wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: f
 
 def rank_errors(run: RunDir) -> list[tuple[int, str, str, float]]:
     """(rank, host, message, time written) of every rank that recorded a failure."""
-    from hpc_ddp.follow import failed_ranks  # deferred (start-up): follow
+    from hpc_ddp.watch.follow import failed_ranks  # deferred (start-up): follow
 
     found = []
     for rank in failed_ranks(run):

@@ -307,7 +307,7 @@ def progress_line(progress: dict[str, Any]) -> str:
     """"step 40/64  loss 1.3086  16320 samples/s  epoch 1" (what is known of it: no total for a
     loop that gave none); a stop's: "stopped at step 520 of 100000, checkpoint saved"."""
     # deferred (start-up): follow
-    from hpc_ddp.follow import progress_text
+    from hpc_ddp.watch.follow import progress_text
 
     total = progress.get("total_steps")
     if progress.get("stopped"):

@@ -17,8 +17,8 @@ import pytest
 
 from hpc_ddp.api import Run, RunFailed
 from hpc_ddp.slurm import fit as slurm_fit
-from hpc_ddp.status import main as status
 from hpc_ddp.submit import main as submit_main
+from hpc_ddp.watch.status import main as status
 
 pytestmark = pytest.mark.cluster
 NAME = "hpc_ddp_i21_never"

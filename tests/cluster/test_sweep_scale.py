@@ -129,8 +129,8 @@ def _counted(what: Any) -> tuple[Any, Counter[str]]:
 def test_following_a_1000_point_sweep_costs_two_slurm_calls_a_refresh(
         slurm_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hpc_ddp.api import Run
-    from hpc_ddp.follow import RunView
-    from hpc_ddp.status import Lookups, main, rows_of, runs_of
+    from hpc_ddp.watch.follow import RunView
+    from hpc_ddp.watch.status import Lookups, main, rows_of, runs_of
 
     _hook()
     folder = tmp_path / "sweep1000"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.procs import start_time
-from hpc_ddp.status import main
+from hpc_ddp.watch.status import main
 
 
 def run_status(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -89,7 +89,7 @@ def test_a_run_made_by_train_still_shows(run_dir: Path,
 
 
 def test_best_point_without_accuracy_is_the_lowest_eval_loss() -> None:
-    from hpc_ddp.status import best, render
+    from hpc_ddp.watch.status import best, render
 
     rows = [{"label": f"p{i}", "run_dir": f"/r{i}", "job_id": None, "state": "COMPLETED",
              "restarts": 0, "step": 5, "total_steps": 5, "loss": 0.1, "eval_accuracy": None,
@@ -107,7 +107,7 @@ def test_a_resumed_attempt_that_runs_shows_its_restart_and_its_own_step(tmp_path
     import os
     import time
 
-    from hpc_ddp.status import row
+    from hpc_ddp.watch.status import row
 
     run = tmp_path / "run"
     run.mkdir()

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp import runcost
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.cost import Cost, gpus_of
 from hpc_ddp.slurm.state import parse_costs, parse_sacct
+from hpc_ddp.watch import runcost
 
 
 def _t(seconds: int) -> str:

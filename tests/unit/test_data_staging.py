@@ -301,7 +301,7 @@ def test_rank_0_progress_reaches_the_console_of_wait(tmp_path: Path) -> None:
     import json
     import time
 
-    from hpc_ddp.follow import _Reporter
+    from hpc_ddp.watch.follow import _Reporter
 
     out = io.StringIO()
     reporter = _Reporter(out, since=time.time() - 1)

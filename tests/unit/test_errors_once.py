@@ -8,9 +8,10 @@ import json
 import os
 from pathlib import Path
 
-from hpc_ddp import events, failures
-from hpc_ddp.follow import failure_report
+from hpc_ddp import events
 from hpc_ddp.rundir import RunDir
+from hpc_ddp.watch import failures
+from hpc_ddp.watch.follow import failure_report
 
 JOB = type("Job", (), {"job_id": "7", "state": "FAILED"})()
 

@@ -32,14 +32,16 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.train",),
     # The submit side: what runs where `submit` is typed.
     ("hpc_ddp.launch",),
-    ("hpc_ddp.runcost", "hpc_ddp.recovery_lines"),
-    ("hpc_ddp.follow", "hpc_ddp.failures"),
+    # After submission (watch/): a run's cost and failures, followed; status, logs, stop.
+    ("hpc_ddp.watch", "hpc_ddp.watch.runcost", "hpc_ddp.watch.recovery_lines"),
+    ("hpc_ddp.watch.follow", "hpc_ddp.watch.failures"),
     ("hpc_ddp.api", "hpc_ddp.datacheck", "hpc_ddp.checkpoint"),
     ("hpc_ddp.doctor",),
     ("hpc_ddp.remote",),  # a cluster reached over SSH: status and logs forward through it
-    ("hpc_ddp.sweep", "hpc_ddp.status", "hpc_ddp.logs", "hpc_ddp.stoprun",
+    ("hpc_ddp.sweep", "hpc_ddp.watch.status", "hpc_ddp.watch.logs", "hpc_ddp.watch.stoprun",
      "hpc_ddp.collect"),
-    ("hpc_ddp.submit", "hpc_ddp.env"),
+    # The commands.
+    ("hpc_ddp.submit", "hpc_ddp.env", "hpc_ddp.status", "hpc_ddp.logs"),
     # The public names (lazy: they import nothing until asked), then what uses them as a
     # user's program would.
     ("hpc_ddp",),

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp import logs, ranklines
+from hpc_ddp import ranklines
 from hpc_ddp.errors import USAGE_EXIT_CODE
+from hpc_ddp.watch import logs
 
 T0 = 1_800_000_000.0
 

@@ -13,8 +13,8 @@ import pytest
 
 from hpc_ddp.api import Run, RunFailed
 from hpc_ddp.config.compose import to_yaml
-from hpc_ddp.follow import RunView, follow
-from hpc_ddp.status import finished, main, render
+from hpc_ddp.watch.follow import RunView, follow
+from hpc_ddp.watch.status import finished, main, render
 from tests.unit.slurm_records import SINFO_2205, calls, fake_slurm
 from tests.unit.test_slurm_fit import cfg_of
 

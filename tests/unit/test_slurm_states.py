@@ -115,7 +115,7 @@ def test_no_slurm_at_all_is_unknown(tmp_path: Path) -> None:
 
 def test_status_rows_of_a_sweep_cost_two_calls(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpc_ddp.status import rows_of
+    from hpc_ddp.watch.status import rows_of
 
     squeue = "".join(f"9_{t}|PENDING|JobHeldUser|normal\n" for t in range(10))
     folder, log = fake_slurm(tmp_path / "bin", {"squeue": squeue, "sacct": "", "sinfo": ""})

@@ -11,10 +11,10 @@ import pytest
 
 from hpc_ddp import events
 from hpc_ddp.errors import UserError
-from hpc_ddp.follow import stop_report, stopped_how
 from hpc_ddp.rank.services.checkpoint import LATEST
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.submit import check_cfg_flag, next_steps
+from hpc_ddp.watch.follow import stop_report, stopped_how
 
 
 def test_a_slurm_submission_says_what_follows_it(tmp_path: Path) -> None:
@@ -121,7 +121,7 @@ def test_a_signal_while_a_job_goes_out_waits_until_it_is_out() -> None:
 def test_a_failure_report_leaves_out_the_logs_a_rank_never_wrote(tmp_path: Path) -> None:
     """A rank that failed before Python started (a missing venv) has an error file and no
     log: its report is the error, without `(no log at ...)` noise."""
-    from hpc_ddp.follow import failure_report
+    from hpc_ddp.watch.follow import failure_report
 
     run = RunDir(tmp_path / "run")
     run.logs.mkdir(parents=True)

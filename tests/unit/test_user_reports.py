@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.errors import UserError
-from hpc_ddp.failures import first_failure
 from hpc_ddp.launch.target import counted
 from hpc_ddp.rank.supervise.supervisor import last_lines
-from hpc_ddp.runcost import local_cost
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.state import JobState
 from hpc_ddp.targets import locate
+from hpc_ddp.watch.failures import first_failure
+from hpc_ddp.watch.runcost import local_cost
 
 
 def test_a_run_that_failed_while_joining_has_a_failure_line(tmp_path: Path) -> None:

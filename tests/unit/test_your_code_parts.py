@@ -209,7 +209,7 @@ def test_context_logs_scalars_and_progress(group: None, tmp_path: Path) -> None:
     ctx.close()  # type: ignore[attr-defined]
     progress = json.loads((tmp_path / "run" / "progress.json").read_text())
     assert progress["step"] == 10 and progress["total_steps"] == 20 and progress["loss"] == 0.5
-    from hpc_ddp.follow import progress_text
+    from hpc_ddp.watch.follow import progress_text
 
     assert progress_text(progress) == "loss 0.5000  acc 1"
 
@@ -298,8 +298,8 @@ def test_script_command_and_environment(tmp_path: Path) -> None:
 
 
 def test_results_table_for_an_entry() -> None:
-    from hpc_ddp.follow import results_table
     from hpc_ddp.rank.supervise.outcome import summary_line
+    from hpc_ddp.watch.follow import results_table
 
     table = results_table({"world_size": 2, "nodes": ["a"], "program": "entry p:m",
                            "global_step": 5, "eval_accuracy": None,
@@ -313,7 +313,7 @@ def test_results_table_for_an_entry() -> None:
 def test_what_main_returns_is_in_the_table_booleans_and_dicts_too() -> None:
     """docs/your-code.md: what main(ctx) returns goes into the results table; booleans and
     dicts were left out."""
-    from hpc_ddp.follow import results_table
+    from hpc_ddp.watch.follow import results_table
 
     table = results_table({"world_size": 1, "nodes": ["a"], "program": "entry p:m",
                            "result": {"converged": True, "early": False,

@@ -162,7 +162,7 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
 def _record_usage(run_dir: RunDir, env: DistEnv) -> None:
     """This rank's CPU time, its own and its children's (a script under its supervisor), kept
     per attempt (a resume is a new job, a requeue a new start of it): what a local run's cost
-    counts, every attempt's (hpc_ddp/runcost.py, docs/observability.md)."""
+    counts, every attempt's (hpc_ddp/watch/runcost.py, docs/observability.md)."""
     me, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
                                                           resource.RUSAGE_CHILDREN))
     cpu = me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime

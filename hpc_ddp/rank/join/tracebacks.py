@@ -1,6 +1,6 @@
 """What a rank's failure says of the program that failed: the traceback a user reads (the
 program's own frames, not those it was called through), and the marks its records carry
-(rank/join/joined.py writes them, hpc_ddp/failures.py and the supervisors read them)."""
+(rank/join/joined.py writes them, hpc_ddp/watch/failures.py and the supervisors read them)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _WRAPPERS = ("hpc_ddp/rank/main/", "hpc_ddp/rank/join/joined.py", "hpc_ddp/rank/
 # Marks an exception whose rank recorded it (error file, rank log): the process that ends
 # with it exits 1 without printing it again (rank/main/submitted.py, child.py).
 RECORDED = "_hpc_ddp_recorded"
-# Heads the last block of an error file: the whole chain (hpc_ddp/failures.py reads it); the
+# Heads the last block of an error file: the whole chain (hpc_ddp/watch/failures.py reads it); the
 # second form for a failure that is another rank's (a collective that failed when a peer
 # died: the rank's last log lines say more than its frames).
 FULL_TRACEBACK = "Full traceback (hpc_ddp's frames too):"

@@ -236,7 +236,7 @@ class Generation:
             if end.verdict == FINAL:
                 # The program's own error, which every rank usually meets at once: a moment
                 # for the others to end by themselves (each then reports its own error, said
-                # once for all: hpc_ddp/failures.py) before the rest are stopped.
+                # once for all: hpc_ddp/watch/failures.py) before the rest are stopped.
                 time.sleep(FINAL_GRACE_S)
             world = self.rank.env.world_size
             self.store.multi_set([key(self.generation, f"wake/{r}") for r in range(world)],

@@ -92,7 +92,7 @@ def tracker_lines(run: RunDir) -> list[str]:
 
 def _cost(run: RunDir) -> str:
     """The ended run's cost in words, recorded in summary.json (runcost.finish)."""
-    from hpc_ddp import runcost  # deferred (start-up): runcost, slurm.state
+    from hpc_ddp.watch import runcost  # deferred (start-up): runcost, slurm.state
 
     try:
         cost = runcost.finish(run)
@@ -129,8 +129,9 @@ def results_table(summary: dict[str, Any]) -> str:
 
 
 def _cost_cell(cost: Any) -> str | None:
-    from hpc_ddp import runcost  # deferred (start-up): runcost
+    # deferred (start-up): slurm.cost, watch.runcost
     from hpc_ddp.slurm.cost import Cost
+    from hpc_ddp.watch import runcost
 
     try:
         return runcost.line(Cost(**cost)) if isinstance(cost, dict) else None
@@ -216,7 +217,7 @@ def failure_report(run: RunDir, job: Any) -> str:
     state = getattr(job, "state", "?")
     lines = [f"job {job.job_id} failed (state {state})."]
     if ranks:
-        from hpc_ddp import failures  # deferred (start-up): failures
+        from hpc_ddp.watch import failures  # deferred (start-up): failures
 
         lines += failures.report(run, ranks)
     else:

@@ -22,7 +22,7 @@ GRACE_S = 120.0
 def stop(runs: list[tuple[str, Path]], out: TextIO) -> int:
     """Stop every run of ``runs`` that has not ended; 0 when each one stopped or had ended."""
     # deferred (start-up): follow
-    from hpc_ddp.follow import stopped_how
+    from hpc_ddp.watch.follow import stopped_how
 
     for label, run_dir in runs:
         job = read_json(run_dir / JOB_FILE)
