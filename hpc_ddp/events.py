@@ -133,4 +133,22 @@ def recovery(events: list[dict[str, Any]]) -> dict[str, Any]:
                        for n in e.get("nodes", [])})
     return {"restarts_in_place": sum(1 for e in events if e.get("kind") == "restart_in_place"),
             "requeues": requeues_by_us(events), "excluded_nodes": excluded,
-            "failures": failures}
+            "failures": failures, "shrinks": shrinks(events, failures)}
+
+
+def shrinks(events: list[dict[str, Any]], failures: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each time the run went on with fewer nodes (cluster.min_nodes): when, which nodes
+    were lost, the nodes and world size before and after, and what the failure that caused
+    it cost (the steps lost, the seconds from the failure to the first step after)."""
+    found = []
+    for e in events:
+        if e.get("kind") != "shrink":
+            continue
+        cause: dict[str, Any] = next((f for f in reversed(failures)
+                      if f.get("time") is not None and f["time"] <= e.get("time", 0)), {})
+        found.append({"time": e.get("time"), "lost": e.get("lost", []),
+                      "nodes_before": e.get("nodes_before"), "nodes_after": e.get("nodes_after"),
+                      "world_before": e.get("world_before"), "world_after": e.get("world_after"),
+                      "steps_lost": cause.get("steps_lost"),
+                      "seconds_to_first_step": cause.get("seconds_to_first_step")})
+    return found

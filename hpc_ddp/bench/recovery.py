@@ -2,7 +2,9 @@
 step after it, restarted in place vs requeued.
 
     python -m hpc_ddp.bench recovery                  # SIGKILL of one rank, median of 3 each
-    python -m hpc_ddp.bench recovery --node-loss      # + a node set DOWN, with/without a spare
+    python -m hpc_ddp.bench recovery --node-loss      # + a node set DOWN, with/without a spare,
+                                                      #   and shrunk past it (min_nodes)
+    python -m hpc_ddp.bench recovery --node-loss-only --rounds 3   # only the node losses
 
 Runs real jobs on the Slurm cluster the environment points at (``sbatch`` on PATH; the test
 cluster: ``python -m hpc_ddp.testcluster up``, docs/testcluster.md). Each run trains the
@@ -14,7 +16,11 @@ after it, docs/fault-tolerance.md#what-a-failure-cost). "In place" is the defaul
 (``cluster.restarts_in_place=3``); "requeue" is ``cluster.restarts_in_place=0``, which
 waits for Slurm to start the requeued job (its begin time is ~2 minutes away: Slurm's own
 delay, part of what a requeue costs). ``--node-loss`` sets rank 1's node DOWN (it needs the
-right to: an administrator's, or the test cluster) and brings it back after.
+right to: an administrator's, or the test cluster) and brings it back after: with a spare
+node (the same job), without one (a requeue without the node), and with
+``cluster.min_nodes=1`` (the same job goes on with the one node left,
+docs/fault-tolerance.md#shrinking-past-a-lost-node); their figure runs from the moment the
+node is set DOWN (to the first step after it, the run's ``recovered`` event).
 """
 
 from __future__ import annotations
@@ -98,6 +104,7 @@ def one_run(root: Path, label: str, extra: Sequence[str], node_loss: bool) -> di
     job = _submit(run_dir, extra)
     _wait(f"step {KILL_AT_STEP} of job {job}", lambda: _step(run_dir) >= KILL_AT_STEP, 600)
     record = _record(run_dir, 1)
+    down_at = time.time()
     if node_loss:
         subprocess.run(["scontrol", "update", f"nodename={record['host']}", "state=down",
                         "reason=hpc_ddp-bench"], check=True, capture_output=True)
@@ -111,18 +118,27 @@ def one_run(root: Path, label: str, extra: Sequence[str], node_loss: bool) -> di
                             "state=resume"], capture_output=True, check=False)
     summary = json.loads((run_dir / "summary.json").read_text())
     failure = (summary.get("failures") or [{}])[0]
-    return {"label": label, "job": job, "seconds": failure.get("seconds_to_first_step"),
+    seconds = failure.get("seconds_to_first_step")
+    if node_loss:  # from the node set DOWN (Slurm's word) to the first step after it
+        from hpc_ddp import events  # deferred (start-up): events
+
+        back = [e["time"] for e in events.read(run_dir)
+                if e.get("kind") == "recovered" and e.get("time", 0) > down_at]
+        seconds = round(back[0] - down_at, 3) if back else None
+    return {"label": label, "job": job, "seconds": seconds,
             "steps_lost": failure.get("steps_lost"), "by": failure.get("recovered_by"),
             "restarts_in_place": summary.get("restarts_in_place"),
             "requeues": summary.get("requeues")}
 
 
-def cases(node_loss: bool) -> list[tuple[str, list[str], bool]]:
+def cases(node_loss: bool, kills: bool = True) -> list[tuple[str, list[str], bool]]:
     """(label, extra overrides, node loss?) of each kind of run measured."""
     found = [("in place", [], False), ("requeue", ["cluster.restarts_in_place=0"], False)]
+    found = found if kills else []
     if node_loss:
         found += [("node lost, 1 spare", ["cluster.spare_nodes=1"], True),
-                  ("node lost, no spare", [], True)]
+                  ("node lost, no spare", [], True),
+                  ("node lost, shrink", ["cluster.min_nodes=1"], True)]
     return found
 
 
@@ -140,6 +156,9 @@ def report(results: dict[str, list[dict[str, Any]]]) -> str:
         lines.append(f"{label:<21} {len(runs):>4}  {median:>8.1f}  {each:<24} {lost}")
     if medians.get("in place") and medians.get("requeue"):
         lines.append(f"requeue / in place: {medians['requeue'] / medians['in place']:.1f}x")
+    if medians.get("node lost, shrink") and medians.get("node lost, no spare"):
+        lines.append("node lost, requeue / shrink: "
+                     f"{medians['node lost, no spare'] / medians['node lost, shrink']:.1f}x")
     return "\n".join(lines)
 
 
@@ -149,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="runs per kind (median)")
     parser.add_argument("--node-loss", action="store_true",
                         help="also set a node DOWN (needs the right to), with/without a spare")
+    parser.add_argument("--node-loss-only", action="store_true",
+                        help="only the node losses (no killed rank)")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON")
     args = parser.parse_args(argv)
     try:
@@ -163,8 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE_EXIT_CODE
     results: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="hpc_ddp_recovery_", dir=os.getcwd()) as tmp:
-        for label, extra, node_loss in cases(args.node_loss):
-            rounds = args.rounds if not node_loss else 1
+        for label, extra, node_loss in cases(args.node_loss or args.node_loss_only,
+                                             not args.node_loss_only):
+            rounds = args.rounds
             for i in range(rounds):
                 print(f"{label}: run {i + 1} of {rounds} ...", file=sys.stderr, flush=True)
                 done = one_run(Path(tmp), f"{label.replace(' ', '_').replace(',', '')}_{i}",

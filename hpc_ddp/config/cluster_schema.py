@@ -59,6 +59,12 @@ class ClusterConfig:
     # among them, in the same job (within restarts_in_place). Without a spare left, the lost
     # nodes are excluded and the job requeued (docs/fault-tolerance.md#a-node-lost).
     spare_nodes: int = 0
+    # A node lost with no spare left: the same job goes on with the nodes that remain, never
+    # fewer than this many (below it: excluded and requeued, as without it), and the run
+    # grows back at its next requeue. The built-in trainer then keeps the global batch and
+    # each step's samples whatever the world size (docs/fault-tolerance.md#shrinking-past-
+    # a-lost-node). null: off (a lost node without a spare requeues the job).
+    min_nodes: int | None = None
     # On Slurm, run each rank's training (built-in or entry=) in a child of a supervisor
     # process that outlives it: when the child dies abruptly (NCCL's watchdog aborts every
     # rank after a failed collective) or hangs, the supervisors restart every rank in place

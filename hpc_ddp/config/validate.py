@@ -188,6 +188,8 @@ def _validate_cluster(cfg: Config) -> None:
         raise UserError("cluster.spare_nodes", c.spare_nodes, "needs hpc_ddp's driver in the "
                         "batch script, which runs outside the container (not yet supported).",
                         "set cluster.spare_nodes=0 with a container.")
+    if c.min_nodes is not None:
+        _check_min_nodes(cfg)
     if c.mem_gb is not None and c.mem_gb * 1024 < 1:
         # Below 1 MB the request would round to --mem=0M, which Slurm reads as "all of the
         # node's memory" (https://slurm.schedmd.com/sbatch.html#OPT_mem).
@@ -225,6 +227,20 @@ def _validate_cluster(cfg: Config) -> None:
             "only letters, digits and _ . + - are allowed (it becomes a file and job name).",
             "choose a plain name such as my_run.",
         )
+
+
+def _check_min_nodes(cfg: Config) -> None:
+    """cluster.min_nodes: between 1 and nodes, on a run hpc_ddp's node-loss driver runs."""
+    c = cfg.cluster
+    if not 1 <= (c.min_nodes or 0) <= cfg.nodes:
+        raise UserError("cluster.min_nodes", c.min_nodes, f"must be between 1 and nodes "
+                        f"({cfg.nodes}).", f"e.g. cluster.min_nodes={max(cfg.nodes - 1, 1)}, "
+                        "or null to requeue on a lost node.")
+    if c.container.kind != "none" or c.supervise is False or c.restarts_in_place == 0:
+        raise UserError("cluster.min_nodes", c.min_nodes, "needs hpc_ddp's driver in the batch "
+                        "script: supervised ranks (cluster.supervise), restarts in place "
+                        "(cluster.restarts_in_place > 0), no container.",
+                        "drop cluster.min_nodes, or use those settings.")
 
 
 def _validate_signal(c: ClusterConfig) -> None:

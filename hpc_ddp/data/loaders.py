@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from hpc_ddp.config.schema import DataConfig
+from hpc_ddp.data.global_order import GlobalBatches
 from hpc_ddp.data.gpu_decode import GpuDecoded
 from hpc_ddp.data.sampler import ResumableDistributedSampler, eval_shard
 from hpc_ddp.data.sets import DataSets, build_datasets
@@ -35,8 +36,9 @@ MAX_DECODE_WORKERS = 16
 class Loaders:
     train: Any
     eval: Any | None
-    # The train set's sampler (None for an iterable data set, which shards itself).
-    sampler: ResumableDistributedSampler | None
+    # The train set's sampler (None for an iterable data set, which shards itself); the
+    # global order's batch sampler under cluster.min_nodes (data/global_order.py).
+    sampler: ResumableDistributedSampler | GlobalBatches | None
     sets: DataSets
     settings: LoaderSettings | None = None
 
@@ -59,6 +61,21 @@ class Loaders:
             self.sets.train.set_position(epoch, start)
         elif hasattr(self.sets.train, "set_epoch"):
             self.sets.train.set_epoch(epoch)
+
+    @property
+    def global_order(self) -> bool:
+        """Each step's samples by the global batch index (cluster.min_nodes)."""
+        return isinstance(self.sampler, GlobalBatches)
+
+    @property
+    def loss_weight(self) -> float:
+        """This rank's loss weight (global order: its share of the global batch)."""
+        return self.sampler.weight if isinstance(self.sampler, GlobalBatches) else 1.0
+
+    def weighed(self, loss: Any) -> Any:
+        """A micro-batch's mean loss as this rank's share of the global batch weighs it
+        (unchanged, not even multiplied, when the shares are equal)."""
+        return loss if self.loss_weight == 1.0 else loss * self.loss_weight
 
     def samples_per_epoch(self) -> int:
         """This rank's train samples per epoch (equal on every rank)."""
@@ -97,8 +114,10 @@ def loader_settings(cfg: DataConfig, device_type: str, cpus_per_task: int,
 
 def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, seed: int,
                   device_type: str = "cpu", cpus_per_task: int = 1,
-                  sets: DataSets | None = None) -> Loaders:
-    """This rank's train and eval loaders (``sets``: the data sets, when already built)."""
+                  sets: DataSets | None = None, planned: int | None = None) -> Loaders:
+    """This rank's train and eval loaders (``sets``: the data sets, when already built;
+    ``planned``: the ranks the run was planned with, for the global order that keeps each
+    step's samples at any world size, data/global_order.py)."""
 
     sets = sets or build_datasets(cfg, seed, rank, world_size)
     settings = loader_settings(cfg, device_type, cpus_per_task, sets.decodes)
@@ -113,7 +132,9 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
     batched = settings.batched and isinstance(train_set, ImageTensorDataset) and (
         eval_set is None or isinstance(eval_set, ImageTensorDataset))
     settings = dataclasses.replace(settings, batched=batched)
-    sampler = ResumableDistributedSampler(train_set, world_size, rank, seed)
+    sampler: ResumableDistributedSampler | GlobalBatches = (
+        GlobalBatches(len(train_set), batch_size, planned, world_size, rank, seed) if planned
+        else ResumableDistributedSampler(train_set, world_size, rank, seed))
     common: dict[str, Any] = dict(num_workers=settings.num_workers,
                                   pin_memory=settings.pin_memory,
                                   persistent_workers=settings.persistent_workers)
@@ -122,16 +143,23 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
     shard = eval_shard(len(eval_set), rank, world_size) if eval_set is not None else []
     train: Any
     evaluation: Any = None
+    if isinstance(sampler, GlobalBatches):  # it gives the batches: lists of indices
+        train = (DataLoader(train_set, sampler=sampler, batch_size=None,  # type: ignore[arg-type]
+                            generator=loader_gen, **common) if settings.batched
+                 else DataLoader(train_set, batch_sampler=sampler, generator=loader_gen,
+                                 **common))
     if settings.batched:
         # batch_size=None: the data set receives each list of indices and returns the batch.
-        train = DataLoader(train_set, sampler=BatchedSampler(sampler, batch_size),  # type: ignore[arg-type]
-                           batch_size=None, generator=loader_gen, **common)
+        if not isinstance(sampler, GlobalBatches):
+            train = DataLoader(train_set, sampler=BatchedSampler(sampler, batch_size),  # type: ignore[arg-type]
+                               batch_size=None, generator=loader_gen, **common)
         if eval_set is not None:
             evaluation = DataLoader(eval_set, sampler=BatchedSampler(shard, batch_size),  # type: ignore[arg-type]
                                     batch_size=None, **common)
     else:  # the textbook path: one __getitem__ per sample, then default_collate
-        train = DataLoader(train_set, sampler=sampler, generator=loader_gen,  # type: ignore[arg-type]
-                           batch_size=batch_size, **common)
+        if not isinstance(sampler, GlobalBatches):
+            train = DataLoader(train_set, sampler=sampler, generator=loader_gen,  # type: ignore[arg-type]
+                               batch_size=batch_size, **common)
         if eval_set is not None:
             evaluation = DataLoader(Subset(eval_set, shard), batch_size=batch_size,  # type: ignore[arg-type]
                                     shuffle=False, **common)

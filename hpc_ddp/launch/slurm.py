@@ -127,6 +127,7 @@ def driver_line(cfg: Config, python: list[str], run_root: Path | None) -> str:
     tasks = c.tasks_per_node or 1  # derived before submission (launch/resolve.py)
     argv = [*python, "-m", "hpc_ddp.slurm.driver", f"--nodes={cfg.nodes}",
             f"--tasks-per-node={tasks}", f"--budget={c.restarts_in_place}",
+            *([f"--min-nodes={c.min_nodes}"] if c.min_nodes is not None else []),
             *([f"--run-dir={run_root}"] if run_root is not None else [])]
     probe = shlex.join([*python, "-c", "import hpc_ddp.slurm.driver"])
     plain = f"--nodes={cfg.nodes} --ntasks={cfg.nodes * tasks}"  # not the spares

@@ -8,10 +8,13 @@ LOST). This process runs in the batch script in place of submitit's ``srun`` (a 
 function of that name, launch/slurm.py) and starts the step on ``cluster.nodes`` of the
 allocation's nodes; when the step ends because nodes were lost, it starts it again in the
 same job on the nodes left, a spare among them (``cluster.spare_nodes``), within
-``cluster.restarts_in_place``; the ranks resume from the latest checkpoint. Without enough
-nodes left it adds the lost ones to the job's excluded nodes and requeues the job, so the
-requeued job never lands on them. The batch host is the last node it gives the step, so a
-spare is the node this process runs on: a lost worker node never takes the driver with it.
+``cluster.restarts_in_place``; the ranks resume from the latest checkpoint. With no spare
+left, and ``cluster.min_nodes`` set, it starts the step on fewer nodes (a shrink, never below
+the minimum): the ranks resume with the smaller world size. Without enough nodes left it adds
+the lost ones to the job's excluded nodes and requeues the job, so the requeued job never
+lands on them (and has its full node count again). The batch host is the last node it gives
+the step, so a spare is the node this process runs on: a lost worker node never takes the
+driver with it.
 
 Its cost to slurmctld: one ``squeue`` per step that failed (which nodes the job still has),
 and on a requeue two ``scontrol`` calls (requeue, update). Nothing per rank.
@@ -48,22 +51,25 @@ class Plan:
 
 
 def step_nodes(allocated: Sequence[str], lost: Sequence[str], batch_host: str,
-               wanted: int) -> list[str] | None:
+               wanted: int, least: int | None = None) -> list[str] | None:
     """The nodes of the next step: ``wanted`` of the allocation's healthy ones, the batch
-    host last (it stays a spare while there is another); None when too few are left."""
+    host last (it stays a spare while there is another), or as many as are left down to
+    ``least`` (a shrink; default ``wanted``); None when too few are left."""
     healthy = [n for n in allocated if n not in lost]
     ordered = [n for n in healthy if n != batch_host] + [n for n in healthy if n == batch_host]
-    return ordered[:wanted] if len(ordered) >= wanted else None
+    return ordered[:wanted] if len(ordered) >= (least or wanted) else None
 
 
 def plan(code: int, used: Sequence[str], still: Sequence[str] | None, lost: Sequence[str],
          allocated: Sequence[str], batch_host: str, wanted: int, relaunches: int,
-         budget: int, deferred: bool = False) -> Plan:
+         budget: int, deferred: bool = False, least: int | None = None) -> Plan:
     """Pure: what to do after a step that used ``used`` and ended with ``code``; ``still``:
     the job's nodes now (None: unknown); ``deferred``: the ranks left the step's failure to
     this driver (a supervisor stopped answering). A step that lost no node ended as its
     ranks decided (done, failed, requeued by them), unless they deferred: then it starts
-    again on the same nodes (a supervisor lost on a healthy node), within the budget."""
+    again on the same nodes (a supervisor lost on a healthy node), within the budget.
+    ``least``: the fewest nodes a step may shrink to when no spare is left
+    (``cluster.min_nodes``; None: the step never shrinks)."""
     if code == 0:
         return Plan("done")
     if still is None:  # the job is not running any more (its ranks requeued it) or unknown
@@ -76,7 +82,7 @@ def plan(code: int, used: Sequence[str], still: Sequence[str] | None, lost: Sequ
             return Plan("requeue")
         return Plan("relaunch", tuple(used))
     every_lost = tuple(dict.fromkeys([*lost, *gone]))
-    nxt = step_nodes(allocated, every_lost, batch_host, wanted)
+    nxt = step_nodes(allocated, every_lost, batch_host, wanted, least)
     if nxt is None or relaunches >= budget:
         return Plan("requeue", every_lost, gone)
     return Plan("relaunch", tuple(nxt), gone)
@@ -174,7 +180,7 @@ def drive(args: argparse.Namespace, srun_args: list[str], environ: Mapping[str, 
     run_root = Path(args.run_dir) if args.run_dir else None
     lost: list[str] = []
     relaunches = 0
-    nodes = step_nodes(allocated, lost, batch_host, args.nodes)
+    nodes = step_nodes(allocated, lost, batch_host, args.nodes, args.min_nodes)
     if nodes is None:
         print(f"error: the job has {len(allocated)} nodes, fewer than the {args.nodes} its step "
               "needs", file=sys.stderr)
@@ -185,7 +191,7 @@ def drive(args: argparse.Namespace, srun_args: list[str], environ: Mapping[str, 
         deferred = code != 0 and run_root is not None and deferred_failure(
             events.read(run_root), job)
         decided = plan(code, nodes, still, lost, allocated, batch_host, args.nodes,
-                       relaunches, args.budget, deferred)
+                       relaunches, args.budget, deferred, args.min_nodes)
         if decided.what in ("done", "end"):
             return code
         lost = [*lost, *decided.lost]
@@ -197,6 +203,14 @@ def drive(args: argparse.Namespace, srun_args: list[str], environ: Mapping[str, 
             _note(run_root, {"kind": "node_lost", **record, "nodes": list(decided.lost)})
         if decided.what == "relaunch":
             relaunches += 1
+            if len(decided.nodes) != len(nodes):  # a shrink (or, never today, a growth)
+                _note(run_root, {"kind": "shrink", **record, "lost": list(decided.lost),
+                                 "nodes_before": len(nodes), "nodes_after": len(decided.nodes),
+                                 "world_before": len(nodes) * args.tasks_per_node,
+                                 "world_after": len(decided.nodes) * args.tasks_per_node})
+                log.warning("%s and no spare node is left: going on with %d of %d nodes "
+                            "(cluster.min_nodes=%d)", why, len(decided.nodes), args.nodes,
+                            args.min_nodes)
             nodes = list(decided.nodes)
             log.warning("%s: the step starts again on %s (restart %d of at most %d in this "
                         "job)", why, ",".join(nodes), relaunches, args.budget)
@@ -227,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, required=True)
     parser.add_argument("--tasks-per-node", type=int, required=True)
     parser.add_argument("--budget", type=int, required=True)
+    parser.add_argument("--min-nodes", type=int, default=None,
+                        help="shrink to no fewer nodes than this when no spare is left")
     parser.add_argument("--run-dir", default=None, help="where events.jsonl is (none for a "
                         "sweep's array: its points' events are not written)")
     parser.add_argument("srun_args", nargs=argparse.REMAINDER)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.data.global_order import planned_ranks
 from hpc_ddp.data.loaders import build_loaders
 from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank.context.context import Context
@@ -62,7 +63,8 @@ class Trainer:
         self.model, self.forward = ddp_setup.wrap(model, tune, device)
         tune = ddp_setup.fused_optimizer(tune, self.model, cfg, device)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
-                                     device.type, cpus or torch.get_num_threads(), self.data)
+                                     device.type, cpus or torch.get_num_threads(), self.data,
+                                     planned_ranks(cfg))  # the global order: min_nodes
         ls = self.loaders.settings
         assert ls is not None
         self.tuning = dataclasses.replace(tune, num_workers=ls.num_workers,
@@ -80,7 +82,6 @@ class Trainer:
         self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision, t.strategy)
         self.scaler = ddp_setup.grad_scaler(self.tuning, device)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
-        # Counters (all in state_dict).
         self.global_step = 0
         self.epoch = 0
         self.micro_in_epoch = 0
@@ -90,9 +91,9 @@ class Trainer:
         self.last_train_loss = float("nan")
         self.last_eval: dict[str, float] = {}
         self.checkpoint_step: int | None = None
-        self._settled = False
-        # Throughput (trainer/throughput.py): this rank's own time, the ranks' mean own time
-        # per step in the last window (what "behind" is measured against), FLOPs per sample.
+        self._settled = False  # DDP's buckets (_settle_buckets)
+        # Throughput (trainer/throughput.py): own time, the ranks' mean (what "behind" is
+        # measured against) per step in the last window, FLOPs per sample.
         self.clock = throughput.RankClock(device)
         self._own_mean_s: float | None = None
         self.stragglers = throughput.Stragglers()  # rank 0 names them
@@ -157,7 +158,7 @@ class Trainer:
             return
         self.checkpoint_step = self.global_step
         saved_world = self.ctx.checkpoints.resumed_world_size
-        if saved_world is not None and saved_world != self.env.world_size:
+        if saved_world not in (None, self.env.world_size) and not self.loaders.global_order:
             # Each rank's batches of the epoch so far, counted for the new world size: the
             # samples of the epoch already trained are skipped (exactly when the counts
             # divide; docs/fault-tolerance.md#resuming-on-another-world-size).
@@ -198,7 +199,6 @@ class Trainer:
     def _settle_buckets(self) -> None:
         """DDP's final gradient buckets before the first real step (services/ddp_warmup), so
         a resumed run sums gradients exactly as the uninterrupted one."""
-
         if self._settled or self.sharded:  # FSDP has no buckets to settle
             return
         self._settled = True
@@ -270,7 +270,7 @@ class Trainer:
         with ctx, torch.autocast(self.device.type, dtype=self.autocast_dtype,
                                  enabled=self.autocast_dtype is not None):
             self.clock.forward_begins()
-            loss = self.criterion(self.forward(x), labels)
+            loss = self.loaders.weighed(self.criterion(self.forward(x), labels))
             self.clock.forward_ends()
         accum = self.cfg.trainer.grad_accum
         self.scaler.scale(loss / accum if accum > 1 else loss).backward()

@@ -5,6 +5,7 @@ real cluster: tests/cluster/test_fault_tolerance.py."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -124,6 +125,27 @@ def test_what_each_failure_cost() -> None:
     assert second["recovered_by"] == "requeue" and second["seconds_to_first_step"] is None
 
 
+def test_a_shrink_is_shown_with_the_node_the_world_sizes_and_its_cost() -> None:
+    from hpc_ddp.watch.recovery_lines import failure_lines
+
+    seen = _events(
+        ("failure", {"time": 100.0, "rank": 3, "host": "node4", "cause": "node lost",
+                     "reached": 57}),
+        ("node_lost", {"time": 104.0, "nodes": ["node4"]}),
+        ("shrink", {"time": 104.5, "lost": ["node4"], "nodes_before": 4, "nodes_after": 3,
+                    "world_before": 4, "world_after": 3}),
+        ("restart_in_place", {"time": 104.6}),
+        ("recovered", {"time": 118.0, "from_step": 50}))
+    (shrink,) = events.recovery(seen)["shrinks"]
+    assert shrink == {"time": 104.5, "lost": ["node4"], "nodes_before": 4, "nodes_after": 3,
+                      "world_before": 4, "world_after": 3, "steps_lost": 7,
+                      "seconds_to_first_step": 18.0}
+    lines = failure_lines([{"recovery": events.recovery(seen)}])
+    said = next(line for line in lines if line.startswith("shrank:"))
+    assert "4 -> 3 nodes (world size 4 -> 3)" in said and "after node4 was lost" in said
+    assert "7 steps lost, training again 18.0s after the failure" in said
+
+
 def test_a_start_after_a_failure_is_awaited_as_a_recovery_a_start_after_a_stop_is_not() -> None:
     assert events.after_failure(_events(("failure", {}), ("restart_in_place", {})))
     assert not events.after_failure(_events(("failure", {}), ("recovered", {})))
@@ -152,6 +174,41 @@ def test_a_lost_node_restarts_the_step_on_the_spare_and_without_one_requeues() -
     assert again == driver.Plan("requeue", ("n2", "n3"), ("n3",))  # no spare left
     spent = driver.plan(137, ["n2", "n3"], ["n1", "n3"], [], relaunches=3, **args)
     assert spent.what == "requeue" and spent.nodes == ("n2",)
+
+
+def test_with_min_nodes_a_lost_node_without_a_spare_shrinks_the_step_down_to_the_minimum(
+) -> None:
+    args = {"allocated": ["n1", "n2", "n3", "n4"], "batch_host": "n1", "wanted": 4,
+            "budget": 3, "least": 2}
+    assert driver.step_nodes(args["allocated"], ["n3"], "n1", 4, least=3) == ["n2", "n4", "n1"]
+    shrunk = driver.plan(137, ["n2", "n3", "n4", "n1"], ["n1", "n2", "n4"], [], relaunches=0,
+                         **args)
+    assert shrunk == driver.Plan("relaunch", ("n2", "n4", "n1"), ("n3",))
+    again = driver.plan(137, ["n2", "n4", "n1"], ["n1", "n2"], ["n3"], relaunches=1, **args)
+    assert again == driver.Plan("relaunch", ("n2", "n1"), ("n4",))
+    # Below the minimum: excluded and requeued, as without the policy.
+    below = driver.plan(137, ["n2", "n1"], ["n1"], ["n3", "n4"], relaunches=2, **args)
+    assert below == driver.Plan("requeue", ("n3", "n4", "n2"), ("n2",))
+    # Without the policy the same loss requeues at once.
+    assert driver.plan(137, ["n2", "n3", "n4", "n1"], ["n1", "n2", "n4"], [], relaunches=0,
+                       **{**args, "least": None}).what == "requeue"
+
+
+def test_min_nodes_reaches_the_driver_and_is_checked() -> None:
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.errors import UserError
+    from hpc_ddp.launch import slurm
+
+    params = slurm.executor_parameters(compose(["cluster=slurm", "nodes=4",
+                                                "cluster.min_nodes=3"]))
+    assert params["nodes"] == 4 and "--min-nodes=3" in params["setup"][-1]
+    for bad, said in (("cluster.min_nodes=5", "between 1 and nodes (4)"),
+                      ("cluster.min_nodes=0", "between 1 and nodes (4)")):
+        with pytest.raises(UserError, match=re.escape(said)):
+            compose(["cluster=slurm", "nodes=4", bad])
+    with pytest.raises(UserError, match="needs hpc_ddp's driver"):
+        compose(["cluster=slurm", "nodes=4", "cluster.min_nodes=3",
+                 "cluster.restarts_in_place=0"])
 
 
 def test_a_failure_the_ranks_left_to_the_driver_starts_the_step_again() -> None:

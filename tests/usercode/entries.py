@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import torch
@@ -162,3 +163,57 @@ def fails_with_escapes(ctx: Any) -> None:
     """Prints terminal control sequences, then raises with one in its message."""
     print("\x1b]52;c;cm0gLXJmIH4=\x07 before", flush=True)
     raise RuntimeError("bad \x1b[2J\u009b2J end")
+
+
+def ordered_sharded(ctx: Any) -> dict[str, Any]:
+    """A loop of a user's own that survives a shrink: FSDP2 through ctx.shard, the
+    world-size-invariant order through ctx.global_batches, its state saved and loaded by
+    ctx (resharded on load). Each step's sample ids go to ``app.record_dir/rank<R>.jsonl``
+    with the start they belong to (the test's record); the loss to ctx.log."""
+    import json
+    from pathlib import Path
+
+    from torch.utils.data import DataLoader
+
+    from tests.usercode.parts import IdImages
+
+    app = ctx.app
+    steps, batch = int(app.get("steps", 64)), int(app.get("batch_size", 16))
+    data = IdImages(int(app.get("size", 1024)), 4, 0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 32),
+                              torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = ctx.shard(net)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    order = ctx.global_batches(data, batch)
+    step = 0
+    state = ctx.load(into={"step": 0, **ctx.state_dict(model, optimizer)})
+    if state is not None:
+        ctx.load_state_dict(model, optimizer, state)
+        step = int(state["step"])
+    record = Path(app["record_dir"]) / f"rank{ctx.rank}.jsonl"
+    start = [os.environ.get("HPC_DDP_DRIVEN", "0"), os.environ.get("HPC_DDP_GENERATION", "0")]
+    per_epoch = order.micro_per_epoch
+    while step < steps:
+        epoch, done = divmod(step, per_epoch)
+        order.set_position(epoch, done * batch)
+        for x, y in DataLoader(data, batch_sampler=order):
+            with open(record, "a") as out:
+                out.write(json.dumps({"start": start,
+                                      "ids": x[:, 0, 0, 0].round().long().tolist()}) + "\n")
+            time.sleep(float(app.get("delay_s", 0)))  # long enough to lose a node mid-run
+            loss = torch.nn.functional.cross_entropy(model(x.to(ctx.device)),
+                                                     y.to(ctx.device)) * order.weight
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step % 8 == 0:
+                ctx.save({"step": step, **ctx.state_dict(model, optimizer)})
+                ctx.log({"loss": float(loss.detach()) / order.weight}, step)
+            if step >= steps or ctx.should_stop():
+                break
+        if ctx.should_stop():
+            ctx.save({"step": step, **ctx.state_dict(model, optimizer)})
+            return {}
+    return {"step": step, "world_size": ctx.world_size}

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -144,3 +146,48 @@ def model_with_token(api_token: str, num_classes: int | None = None) -> Any:
     model = torch.nn.Linear(4, 2)
     model.token_sha = hashlib.sha256(api_token.encode()).hexdigest()  # type: ignore[assignment]
     return model
+
+
+class IdImages(Dataset):  # type: ignore[type-arg]
+    """Small random images whose first pixel is their index: a model can tell which samples
+    each batch holds (tests/cluster/test_shrink.py records them)."""
+
+    def __init__(self, size: int, classes: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(size, 3, 8, 8, generator=gen)
+        self.x[:, 0, 0, 0] = torch.arange(size, dtype=torch.float32)
+        self.y = torch.randint(0, classes, (size,), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+
+def id_images(size: int = 1024, classes: int = 4) -> dict[str, Any]:
+    train = IdImages(size, classes, 0)
+    train.classes = [f"c{i}" for i in range(classes)]  # type: ignore[attr-defined]
+    return {"train": train, "eval": IdImages(64, classes, 1)}
+
+
+class IdRecorder(nn.Module):
+    """An MLP that appends the sample ids of each training batch it gets to
+    ``record_dir/rank<RANK>.jsonl``, with the start it belongs to (the driver's relaunch,
+    the supervisors' generation): the test's record, not the product's."""
+
+    def __init__(self, record_dir: str, num_classes: int = 4, delay_s: float = 0.0) -> None:
+        super().__init__()
+        self.record_dir, self.delay_s = record_dir, delay_s
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 32), nn.ReLU(),
+                                 nn.Linear(32, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            start = [os.environ.get("HPC_DDP_DRIVEN", "0"),
+                     os.environ.get("HPC_DDP_GENERATION", "0")]
+            ids = x[:, 0, 0, 0].round().long().tolist()
+            with open(Path(self.record_dir) / f"rank{os.environ['RANK']}.jsonl", "a") as out:
+                out.write(json.dumps({"start": start, "ids": ids}) + "\n")
+            time.sleep(self.delay_s)  # a step long enough to lose a node in the middle
+        return self.net(x)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp import events
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
+from hpc_ddp.rank.context.ordered import GlobalOrder
 from hpc_ddp.rank.context.sharded import ShardedModels
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 OnSums = Callable[[window_sync.Reduction, window_sync.Sums], None]
 
 
-class Context(ShardedModels):
+class Context(ShardedModels, GlobalOrder):
     """One rank's view of the job and its services (see the module docstring)."""
 
     def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any,
