@@ -39,9 +39,12 @@ ARGS = ["cluster=slurm", "nodes=4", "cluster.min_nodes=3", f"trainer.max_steps={
         "data.num_workers=0", "trainer.checkpoint_interval=8", "trainer.log_interval=8",
         "trainer.eval_interval=1000", "trainer.stop_check_interval=2",
         "trainer.collective_timeout_s=20", "trainer.rendezvous_timeout_s=60"]
-# Losses after the change against the uninterrupted run's: the same samples and global batch,
-# summed in another order (measured: see the test's printed figure).
-LOSS_TOLERANCE = 1e-4
+# Losses after the change against the uninterrupted run's, relative: the same samples and
+# global batch, summed in another order. At the first logged step after the change the
+# difference is rounding (measured ~1e-6); SGD carries it on and it grows with the steps
+# (measured at most 1.6e-4 over the 40 steps after it).
+FIRST_LOSS_TOLERANCE = 1e-5
+LOSS_TOLERANCE = 1e-3
 
 
 # The three kinds of training a shrink must carry: the built-in trainer (DDP), the built-in
@@ -147,6 +150,7 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_with_the_same_batches_and_s
              if s > STEPS - len(after)]
     assert later
     ref = reference["losses"]
-    worst = max(abs(v - ref[s]) / max(abs(ref[s]), 1e-12) for s, v in later)
-    print(f"{kind}: largest relative loss difference after the change: {worst:.2e}")
-    assert worst < LOSS_TOLERANCE, (later, ref)
+    diffs = [abs(v - ref[s]) / abs(ref[s]) for s, v in later]
+    print(f"{kind}: relative loss differences after the change: "
+          f"{', '.join(f'{d:.1e}' for d in diffs)}")
+    assert diffs[0] < FIRST_LOSS_TOLERANCE and max(diffs) < LOSS_TOLERANCE, (later, ref)

@@ -175,7 +175,7 @@ def ordered_sharded(ctx: Any) -> dict[str, Any]:
 
     from torch.utils.data import DataLoader
 
-    from tests.usercode.parts import IdImages
+    from tests.usercode.parts import IdImages, sample_ids
 
     app = ctx.app
     steps, batch = int(app.get("steps", 64)), int(app.get("batch_size", 16))
@@ -199,8 +199,7 @@ def ordered_sharded(ctx: Any) -> dict[str, Any]:
         order.set_position(epoch, done * batch)
         for x, y in DataLoader(data, batch_sampler=order):
             with open(record, "a") as out:
-                out.write(json.dumps({"start": start,
-                                      "ids": x[:, 0, 0, 0].round().long().tolist()}) + "\n")
+                out.write(json.dumps({"start": start, "ids": sample_ids(x)}) + "\n")
             time.sleep(float(app.get("delay_s", 0)))  # long enough to lose a node mid-run
             loss = torch.nn.functional.cross_entropy(model(x.to(ctx.device)),
                                                      y.to(ctx.device)) * order.weight

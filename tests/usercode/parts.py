@@ -149,20 +149,32 @@ def model_with_token(api_token: str, num_classes: int | None = None) -> Any:
 
 
 class IdImages(Dataset):  # type: ignore[type-arg]
-    """Small random images whose first pixel is their index: a model can tell which samples
+    """Small random images whose first pixels hold their index: a model can tell which samples
     each batch holds (tests/cluster/test_shrink.py records them)."""
 
     def __init__(self, size: int, classes: int, seed: int) -> None:
         gen = torch.Generator().manual_seed(seed)
         self.x = torch.randn(size, 3, 8, 8, generator=gen)
-        self.x[:, 0, 0, 0] = torch.arange(size, dtype=torch.float32)
-        self.y = torch.randint(0, classes, (size,), generator=gen)
+        # The index in two pixels of at most 64 each: exact in bfloat16 too (FSDP casts the
+        # inputs to the precision it computes in).
+        index = torch.arange(size)
+        self.x[:, 0, 0, 0], self.x[:, 0, 0, 1] = (index // 16).float(), (index % 16).float()
+        # Labels a fixed linear teacher gives: a task a model learns, whose training converges
+        # (random labels make it chaotic: rounding differences would grow step by step).
+        teacher = torch.randn(3 * 8 * 8, classes, generator=torch.Generator().manual_seed(7))
+        self.y = (self.x.flatten(1) @ teacher).argmax(1)
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[i], self.y[i]
+
+
+def sample_ids(x: torch.Tensor) -> list[int]:
+    """The indices of a batch of :class:`IdImages`."""
+    return (x[:, 0, 0, 0].float().round().long() * 16
+            + x[:, 0, 0, 1].float().round().long()).tolist()
 
 
 def id_images(size: int = 1024, classes: int = 4) -> dict[str, Any]:
@@ -186,7 +198,7 @@ class IdRecorder(nn.Module):
         if self.training and torch.is_grad_enabled():
             start = [os.environ.get("HPC_DDP_DRIVEN", "0"),
                      os.environ.get("HPC_DDP_GENERATION", "0")]
-            ids = x[:, 0, 0, 0].round().long().tolist()
+            ids = sample_ids(x)
             with open(Path(self.record_dir) / f"rank{os.environ['RANK']}.jsonl", "a") as out:
                 out.write(json.dumps({"start": start, "ids": ids}) + "\n")
             time.sleep(self.delay_s)  # a step long enough to lose a node in the middle
