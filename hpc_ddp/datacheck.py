@@ -101,6 +101,8 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
     if first.sampler is None:
         return _iterable_report(cfg, first, world_size, epoch, batches, progress)
     dataset = sets.train
+    # built without planned ranks: DistributedSampler's order, as a run without min_nodes
+    assert isinstance(first.sampler, ResumableDistributedSampler)
     indices = {}
     for rank in range(world_size):
         sampler = first.sampler if rank == 0 else ResumableDistributedSampler(

@@ -29,21 +29,22 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.cluster
 
-STEPS = 64
-# 16 a rank on 4 ranks: a global batch of 64, an epoch of 1024 // 64 = 16 steps; on 3 ranks
-# 22, 21 and 21 samples.
+STEPS = 48
+# 16 a rank on 4 ranks: a global batch of 64, an epoch of 1024 // 64 = 16 steps (the run:
+# three); on 3 ranks 22, 21 and 21 samples. A step takes 0.05 s (the test's model sleeps).
 ARGS = ["cluster=slurm", "nodes=4", "cluster.min_nodes=3", f"trainer.max_steps={STEPS}",
         "trainer.batch_size=16", "data._target_=tests.usercode.parts.id_images",
         "data.size=1024", "model._target_=tests.usercode.parts.IdRecorder",
-        "model.delay_s=0.1", "app.delay_s=0.1",
+        "model.delay_s=0.05", "app.delay_s=0.05",
         "data.num_workers=0", "trainer.checkpoint_interval=8", "trainer.log_interval=8",
         "trainer.eval_interval=1000", "trainer.stop_check_interval=2",
         "trainer.collective_timeout_s=20", "trainer.rendezvous_timeout_s=60"]
 # Losses after the change against the uninterrupted run's, relative: the same samples and
-# global batch, summed in another order. At the first logged step after the change the
-# difference is rounding (measured ~1e-6); SGD carries it on and it grows with the steps
-# (measured at most 1.6e-4 over the 40 steps after it).
-FIRST_LOSS_TOLERANCE = 1e-5
+# global batch, summed in another order. At the first logged step after the change (the mean
+# of up to 8 steps) the difference is rounding carried a few steps (measured 9.7e-7 to
+# 7.1e-5); SGD carries it on and it grows with the steps (measured at most 1.6e-4 forty steps
+# after the change).
+FIRST_LOSS_TOLERANCE = 3e-4
 LOSS_TOLERANCE = 1e-3
 
 
@@ -105,7 +106,7 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_with_the_same_batches_and_s
         tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = submit(run_dir, tmp_path / "ids", slurm_env, False, KINDS[kind])
-    wait_for_step(run_dir, 24)
+    wait_for_step(run_dir, 16)
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
     down_at = time.time()
     try:
