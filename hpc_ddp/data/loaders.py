@@ -142,27 +142,25 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
         common["prefetch_factor"] = settings.prefetch_factor
     shard = eval_shard(len(eval_set), rank, world_size) if eval_set is not None else []
     train: Any
-    evaluation: Any = None
     if isinstance(sampler, GlobalBatches):  # it gives the batches: lists of indices
         train = (DataLoader(train_set, sampler=sampler, batch_size=None,  # type: ignore[arg-type]
                             generator=loader_gen, **common) if settings.batched
                  else DataLoader(train_set, batch_sampler=sampler, generator=loader_gen,
                                  **common))
-    if settings.batched:
+    elif settings.batched:
         # batch_size=None: the data set receives each list of indices and returns the batch.
-        if not isinstance(sampler, GlobalBatches):
-            train = DataLoader(train_set, sampler=BatchedSampler(sampler, batch_size),  # type: ignore[arg-type]
-                               batch_size=None, generator=loader_gen, **common)
-        if eval_set is not None:
-            evaluation = DataLoader(eval_set, sampler=BatchedSampler(shard, batch_size),  # type: ignore[arg-type]
-                                    batch_size=None, **common)
+        train = DataLoader(train_set, sampler=BatchedSampler(sampler, batch_size),  # type: ignore[arg-type]
+                           batch_size=None, generator=loader_gen, **common)
     else:  # the textbook path: one __getitem__ per sample, then default_collate
-        if not isinstance(sampler, GlobalBatches):
-            train = DataLoader(train_set, sampler=sampler, generator=loader_gen,  # type: ignore[arg-type]
-                               batch_size=batch_size, **common)
-        if eval_set is not None:
-            evaluation = DataLoader(Subset(eval_set, shard), batch_size=batch_size,  # type: ignore[arg-type]
-                                    shuffle=False, **common)
+        train = DataLoader(train_set, sampler=sampler, generator=loader_gen,  # type: ignore[arg-type]
+                           batch_size=batch_size, **common)
+    evaluation: Any = None
+    if eval_set is not None and settings.batched:
+        evaluation = DataLoader(eval_set, sampler=BatchedSampler(shard, batch_size),  # type: ignore[arg-type]
+                                batch_size=None, **common)
+    elif eval_set is not None:
+        evaluation = DataLoader(Subset(eval_set, shard), batch_size=batch_size,  # type: ignore[arg-type]
+                                shuffle=False, **common)
     return Loaders(train, evaluation, sampler, sets, settings)
 
 

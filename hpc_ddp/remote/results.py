@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tarfile
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import IO, TextIO
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.remote import handle as handles
-from hpc_ddp.remote.ssh import SSH_FAILED, Ssh, command_line, control_dir, failure
+from hpc_ddp.remote.ssh import SSH_FAILED, Ssh, command_line, control_dir, failure, said
 from hpc_ddp.rundir import RunDir
 
 # Never copied: checkpoints (large; --checkpoint exports one file), submitit's pickles, the
@@ -135,13 +133,8 @@ def collect(folder: Path, checkpoint: bool = False,
     line = command_line([*record.python, "-m", "hpc_ddp.remote.results", record.remote_dir,
                          *(["--checkpoint"] if checkpoint else [])])
     count = size = 0
-    # standard error to a file, not a pipe: a full pipe there would stop the command
-    with tempfile.TemporaryFile() as err, subprocess.Popen(
-            ssh.argv(line), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=err) as proc:
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(have)
-        proc.stdin.close()
+    with ssh.opened(line, have) as (proc, err):
+        assert proc.stdout is not None
         try:
             with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
                 for member in tar:
@@ -152,13 +145,11 @@ def collect(folder: Path, checkpoint: bool = False,
                     count, size = count + 1, size + member.size
         except tarfile.ReadError:
             pass  # no stream: the remote command failed before it wrote one (said below)
-        code = proc.wait()
-        err.seek(0)
-        said = err.read().decode(errors="replace")
+        code, text = proc.wait(), said(err)
     if code == SSH_FAILED:
-        raise failure(record.host, said)
+        raise failure(record.host, text)
     if code != 0:
-        last = said.strip().splitlines()[-1:] or [f"exit {code}"]
+        last = text.strip().splitlines()[-1:] or [f"exit {code}"]
         raise UserError("HANDLE", str(folder), f"the cluster could not send the results "
                         f"({last[0].removeprefix('error: ')}).",
                         "check the run there: python -m hpc_ddp.status "

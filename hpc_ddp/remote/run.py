@@ -28,10 +28,11 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.remote import handle as handles
 from hpc_ddp.remote.results import Collected, collect
 from hpc_ddp.rundir import read_json
+from hpc_ddp.slurm.state import TERMINAL
 
-# Slurm's end states (hpc_ddp.slurm.state.TERMINAL) and the status command's own.
-ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-                   "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "NOT SUBMITTED"})
+# Slurm's end states and the status command's own for a run never submitted (a preempted
+# or requeued job is not an end: it comes back).
+ENDED = frozenset({*TERMINAL, "NOT SUBMITTED"})
 RETRY_S = 5.0
 
 

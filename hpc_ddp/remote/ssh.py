@@ -19,14 +19,15 @@ travel on the connection's standard input (hpc_ddp/remote/submit_remote.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from hpc_ddp.errors import UserError
 
@@ -83,32 +84,45 @@ class Ssh:
             raise failure(self.destination, done.stderr.decode(errors="replace"))
         return done
 
+    @contextlib.contextmanager
+    def opened(self, line: str, stdin: bytes | None = None
+               ) -> Iterator[tuple[subprocess.Popen[bytes], IO[bytes]]]:
+        """``line`` running there: (the process, its standard output a pipe to read; a file
+        that receives its standard error, read with :func:`said` once it has ended). ``stdin``
+        is written and closed first."""
+        # standard error to a file, not a pipe: a full pipe there would stop the command
+        with tempfile.TemporaryFile() as err, subprocess.Popen(
+                self.argv(line), stdin=subprocess.PIPE if stdin is not None else None,
+                stdout=subprocess.PIPE, stderr=err) as proc:
+            if proc.stdin is not None:
+                proc.stdin.write(stdin or b"")
+                proc.stdin.close()
+            yield proc, err
+
     def stream(self, line: str, out: TextIO, stdin: bytes | None = None,
                shown: Callable[[str], str | None] = lambda text: text) -> tuple[int, str]:
         """Run ``line`` there, its output written to ``out`` as it comes, each line as
         ``shown`` makes it (None: left out): (the exit code, its standard error; ssh's own
         failure is exit SSH_FAILED, see :func:`failure`)."""
-        # standard error to a file, not a pipe: a full pipe there would stop the command
-        with tempfile.TemporaryFile() as err, subprocess.Popen(
-                self.argv(line), stdin=subprocess.PIPE if stdin is not None else None,
-                stdout=subprocess.PIPE, stderr=err) as proc:
+        with self.opened(line, stdin) as (proc, err):
             assert proc.stdout is not None
-            if proc.stdin is not None:
-                proc.stdin.write(stdin or b"")
-                proc.stdin.close()
             for raw in proc.stdout:
                 text = shown(raw.decode(errors="replace"))
                 if text is not None:
                     out.write(text)
                     out.flush()
-            code = proc.wait()
-            err.seek(0)
-            return code, err.read().decode(errors="replace")
+            return proc.wait(), said(err)
 
     def close(self) -> None:
         """End the shared connection (the next command opens a new one)."""
         subprocess.run(["ssh", *self.options(), "-O", "exit", "--", self.destination],
                        capture_output=True, timeout=30, check=False)
+
+
+def said(err: IO[bytes]) -> str:
+    """What a command of :meth:`Ssh.opened` wrote to its standard error."""
+    err.seek(0)
+    return err.read().decode(errors="replace")
 
 
 def command_line(words: Sequence[str], cwd: str | None = None) -> str:
