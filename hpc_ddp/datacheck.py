@@ -9,7 +9,9 @@ and every rank's sampler over that data set (the trainer's sampler, with the tra
 arguments), without starting any process. Every data kind works: the built-in ones, a
 `_target_` factory's map-style data sets, an iterable data set (which shards itself, so
 its shards are read rank by rank instead of drawn from a sampler), and shards (data=shards),
-whose every rank's order is drawn from the sample counts alone, no shard read.
+whose every rank's order is drawn from the sample counts alone, no shard read. A run that
+may shrink (``cluster.min_nodes``) is checked in its global order: each rank's part of every
+global micro-batch at ``world_size`` (data/global_order.py), the planned ranks' batch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.data.global_order import GlobalBatches, part, planned_ranks
 from hpc_ddp.errors import UserError
 
 
@@ -49,6 +52,8 @@ class DataReport:
     eval_size: int | None = None
     # shards: the train batches of each rank per epoch (all equal, or some rank would hang).
     batches_per_rank: list[int] = field(default_factory=list)
+    # The global order (cluster.min_nodes): the global micro-batch and each rank's part.
+    global_batch: str = ""
 
     @property
     def ok(self) -> bool:
@@ -65,6 +70,7 @@ class DataReport:
             ("samples per rank", per_rank), ("padding", self.padded),
             *([("batches per rank", _spread(self.batches_per_rank))]
               if self.batches_per_rank else []),
+            *([("global order", self.global_batch)] if self.global_batch else []),
             ("shards disjoint", self.disjoint), ("shards cover the data", self.covers_dataset),
             ("set_epoch reshuffles", self.reshuffled_by_set_epoch),
             ("batch", ", ".join(f"{k} {v} {self.batch_dtypes[k]}"
@@ -93,15 +99,24 @@ def check_data(config: Config | Sequence[str] = (), world_size: int = 2, epoch: 
     t = cfg.trainer
     # The data set is the same on every rank: build it once (building it per rank made a
     # large world_size take minutes), and each rank's sampler over it as build_loaders does.
-    first = build_loaders(cfg.data, t.batch_size, 0, world_size, t.seed)
+    planned = planned_ranks(cfg)  # a run that may shrink (min_nodes): the global order
+    try:
+        first = build_loaders(cfg.data, t.batch_size, 0, world_size, t.seed, planned=planned)
+    except ValueError as exc:  # the global batch too small for the ranks or the data set
+        if not planned:
+            raise
+        raise UserError("world_size", world_size, f"does not fit the global order: {exc}.",
+                        "check trainer.batch_size, nodes and cluster.tasks_per_node.") from None
     sets = first.sets
     progress = _Progress(world_size)
+    if planned and first.global_order:
+        return _global_report(cfg, first, planned, world_size, epoch, batches, progress)
     if hasattr(sets.train, "order"):
         return _shard_report(cfg, first, world_size, epoch, batches, progress)
     if first.sampler is None:
         return _iterable_report(cfg, first, world_size, epoch, batches, progress)
     dataset = sets.train
-    # built without planned ranks: DistributedSampler's order, as a run without min_nodes
+    # DistributedSampler's order (a run without min_nodes)
     assert isinstance(first.sampler, ResumableDistributedSampler)
     indices = {}
     for rank in range(world_size):
@@ -190,6 +205,45 @@ def _shard_report(cfg: Config, first: Any, world_size: int, epoch: int, batches:
                       dtypes, speed, problems, kind="shards", num_classes=first.sets.num_classes,
                       eval_size=None if first.sets.eval is None else first.sets.eval.split.total,
                       batches_per_rank=counted)
+
+
+def _global_report(cfg: Config, first: Any, planned: int, world_size: int, epoch: int,
+                   batches: int, progress: _Progress) -> DataReport:
+    """Each rank's part of every global micro-batch of the epoch, by the trainer's own batch
+    sampler (data/global_order.py) at ``world_size`` ranks, the run planned on ``planned``."""
+
+    t = cfg.trainer
+    glob = first.sampler
+    assert isinstance(glob, GlobalBatches)
+    sequence = list(glob.order(epoch))  # drawn once: every rank slices the same sequence
+    indices = {}
+    for rank in range(world_size):
+        mine = GlobalBatches(glob.length, t.batch_size, planned, world_size, rank, t.seed,
+                             order=lambda _epoch: sequence)
+        indices[rank] = [i for part in mine.parts(epoch, 0) for i in part]
+        progress.update(rank + 1)
+    union = [i for part in indices.values() for i in part]
+    whole = glob.micro_per_epoch * glob.global_batch
+    disjoint = len(set(union)) == len(union)
+    covers = set(union) == set(sequence[:whole])
+    reshuffled = list(glob.order(epoch + 1)) != sequence
+    problems = [text for bad, text in (
+        (not disjoint, "a sample is in two ranks' parts"),
+        (not covers, "the parts do not make up the whole micro-batches"),
+        (not reshuffled, "set_epoch does not change the order: every epoch would be the same"),
+    ) if bad]
+    sizes = sorted({part(glob.global_batch, world_size, r)[1] for r in range(world_size)})
+    described = (f"micro-batch of {glob.global_batch} ({t.batch_size} x {planned} planned "
+                 f"ranks), parts of {' or '.join(map(str, sizes))} on {world_size}; "
+                 f"{glob.micro_per_epoch} an epoch, {glob.length - whole} samples left out")
+    shapes, dtypes, speed, _ = _time_loader(first, epoch, batches)
+    shards = first.sets.iterable
+    evaluation = first.sets.eval
+    return DataReport(world_size, glob.length, indices, disjoint, covers, 0, reshuffled, shapes,
+                      dtypes, speed, problems, kind="shards" if shards else "map-style",
+                      num_classes=first.sets.num_classes, global_batch=described,
+                      eval_size=(evaluation.split.total if shards and evaluation is not None
+                                 else _size(evaluation)))
 
 
 def _spread(values: list[int]) -> str:

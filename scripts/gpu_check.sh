@@ -29,6 +29,10 @@ cpu=0; [ "${1:-}" = --cpu ] && cpu=1
 # other test worker's runs) the same steps get 3 times as long, nothing being budgeted.
 slow=1; [ $cpu = 1 ] && slow=3
 t() { echo $(( $1 * slow )); }
+# Steps of the resume run (stopped at a quarter: enough that the stop lands before the end
+# even on a fast CPU) and of the script runs (on CPU a fifth: nothing is measured there).
+resume_steps=600; script_steps=300
+[ $cpu = 1 ] && script_steps=60
 
 cd "$(dirname "$0")/.."
 out="${OUT:-./gpu_results}"
@@ -100,18 +104,19 @@ tail -1 "$out/gpu-tests.txt" | tee -a "$summary"
 fi
 
 # 3. Stopped mid-way by SIGTERM (the ranks agree, checkpoint, stop), then resumed.
-timeout $(t 50) "$py" - "$work/resume" >"$out/resume.txt" 2>&1 <<'EOF'
+timeout $(t 50) "$py" - "$work/resume" "$resume_steps" >"$out/resume.txt" 2>&1 <<'EOF'
 import sys, time
 import hpc_ddp
-args = ["cluster=local", "trainer.max_steps=600", "trainer.checkpoint_interval=100",
-        f"run_dir={sys.argv[1]}"]
+steps = int(sys.argv[2])
+args = ["cluster=local", f"trainer.max_steps={steps}",
+        f"trainer.checkpoint_interval={steps // 6}", f"run_dir={sys.argv[1]}"]
 run = hpc_ddp.submit(args)
-while (run.progress() or {}).get("step", 0) < 150:
+while (run.progress() or {}).get("step", 0) < steps // 4:
     time.sleep(0.1)
 run.cancel(grace_s=30)
 stopped = (run.progress() or {}).get("step")
 summary = hpc_ddp.submit([*args, "resume=true"]).wait(progress=False)
-ok = summary["global_step"] == 600 and summary["resumed_from_step"] == stopped
+ok = summary["global_step"] == steps and summary["resumed_from_step"] == stopped
 print(f"resume: stopped at step {stopped}, resumed from {summary['resumed_from_step']}, "
       f"ended at {summary['global_step']} on {summary['device']}: {'met' if ok else 'NOT met'}")
 sys.exit(0 if ok else 1)
@@ -160,10 +165,10 @@ fi
   timeout $(t 20) "$py" -m hpc_ddp.submit cluster=local cluster.tasks_per_node=1 \
       entry=tests.usercode.entries:report run_dir="$work/entry" &&
   timeout $(t 20) "$py" -m hpc_ddp.submit cluster=local cluster.tasks_per_node=1 \
-      script=hpc_ddp/bench/ddp_script.py run_dir="$work/script" -- --steps 300 \
+      script=hpc_ddp/bench/ddp_script.py run_dir="$work/script" -- --steps $script_steps \
       --out "$work/script.json" &&
   timeout $(t 20) "$py" -m torch.distributed.run --nproc-per-node=1 hpc_ddp/bench/ddp_script.py \
-      --steps 300 --out "$work/torchrun.json"
+      --steps $script_steps --out "$work/torchrun.json"
 } >"$out/your-code.txt" 2>&1
 ran $? "your code (entry, script)"
 "$py" - "$work" <<'EOF' 2>&1 | tee -a "$summary" | tee -a "$out/your-code.txt"

@@ -14,18 +14,21 @@ permutation, and each rank takes ``batch_size`` of them a step: both the global 
   (64 on 3 ranks: 22, 21, 21), and weighs its mean loss by ``part x W / M``, so that the
   mean over ranks DDP (or FSDP's reduce-scatter) takes of the gradients is the mean over the
   M samples: the optimizer sees the same global batch at any W;
+- ``data=shards`` takes the same slices of its own epoch sequence (shards.py), the same
+  on every rank;
 - an epoch is ``len // M`` whole micro-batches (the rest of the permutation is left out, as
   ``drop_last`` does), so a checkpoint's position (the micro-batch of the epoch) means the
   same samples on any W.
 
 What stays inexact across a change of W: the order in which floating-point sums are taken
 (each rank's part, then the all-reduce over W ranks), so losses agree to rounding, not bit
-for bit; random augmentation drawn per rank (the built-in flip and crop) differs.
+for bit; random augmentation drawn per rank (the built-in flip and crop) differs; an iterable data
+set of the user's orders itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -59,7 +62,7 @@ class GlobalBatches:
     """
 
     def __init__(self, length: int, batch_size: int, planned: int, world: int, rank: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, order: Callable[[int], Sequence[int]] | None = None) -> None:
         self.global_batch = batch_size * planned
         if self.global_batch < world:
             raise ValueError(f"a global batch of {self.global_batch} samples cannot feed "
@@ -72,6 +75,9 @@ class GlobalBatches:
         self.epoch = 0
         self.start = 0  # micro-batches of the epoch already trained
         self.offset, self.size = part(self.global_batch, world, rank)
+        # The epoch's sequence of samples (default: a permutation drawn from seed + epoch;
+        # shards: their shard-then-window shuffle over all ranks, shard_index.global_order).
+        self._order = order
 
     @property
     def weight(self) -> float:
@@ -97,7 +103,9 @@ class GlobalBatches:
     def set_epoch(self, epoch: int) -> None:
         self.set_position(epoch, 0)
 
-    def order(self, epoch: int) -> list[int]:
+    def order(self, epoch: int) -> Sequence[int]:
+        if self._order is not None:
+            return self._order(epoch)
         import torch  # deferred: torch
 
         generator = torch.Generator()
@@ -105,10 +113,15 @@ class GlobalBatches:
         return torch.randperm(self.length, generator=generator).tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = self.order(self.epoch)
-        for k in range(self.start, self.micro_per_epoch):
+        return self.parts(self.epoch, self.start)
+
+    def parts(self, epoch: int, start: int, every: int = 1) -> Iterator[list[int]]:
+        """This rank's part of micro-batches ``start``, ``start + every``, ... of ``epoch``
+        (``every``: the loader workers that share them, each from its own ``start``)."""
+        order = self.order(epoch)
+        for k in range(start, self.micro_per_epoch, every):
             first = k * self.global_batch + self.offset
-            yield order[first:first + self.size]
+            yield [int(i) for i in order[first:first + self.size]]
 
     def __len__(self) -> int:
         return self.micro_per_epoch - self.start

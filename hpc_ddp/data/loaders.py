@@ -37,7 +37,8 @@ class Loaders:
     train: Any
     eval: Any | None
     # The train set's sampler (None for an iterable data set, which shards itself); the
-    # global order's batch sampler under cluster.min_nodes (data/global_order.py).
+    # global order's batch sampler under cluster.min_nodes (data/global_order.py; for
+    # shards, the one they order themselves by).
     sampler: ResumableDistributedSampler | GlobalBatches | None
     sets: DataSets
     settings: LoaderSettings | None = None
@@ -127,7 +128,7 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
     loader_gen = torch.Generator().manual_seed(seed + 1_000 * rank)
     if sets.iterable:
         return _iterable_loaders(sets, batch_size, settings, loader_gen,
-                                 cfg.decoder == "cuda" and device_type == "cuda")
+                                 cfg.decoder == "cuda" and device_type == "cuda", planned)
     # The batched path needs a data set that gives a whole batch for a list of indices.
     batched = settings.batched and isinstance(train_set, ImageTensorDataset) and (
         eval_set is None or isinstance(eval_set, ImageTensorDataset))
@@ -165,9 +166,15 @@ def build_loaders(cfg: DataConfig, batch_size: int, rank: int, world_size: int, 
 
 
 def _iterable_loaders(sets: DataSets, batch_size: int, settings: LoaderSettings,
-                      loader_gen: Any, gpu_decode: bool = False) -> Loaders:
+                      loader_gen: Any, gpu_decode: bool = False,
+                      planned: int | None = None) -> Loaders:
     """An IterableDataset shards itself per rank (and per worker, if it uses workers); shards
-    make whole batches in the workers (``gpu_decode``: encoded, decoded on the GPU)."""
+    make whole batches in the workers (``gpu_decode``: encoded, decoded on the GPU) and,
+    with ``planned`` ranks, take the global order (shards.py; a data set of yours keeps its
+    own order)."""
+
+    sampler = (sets.train.use_global_order(batch_size, planned)
+               if planned and hasattr(sets.train, "use_global_order") else None)
 
     common: dict[str, Any] = dict(num_workers=settings.num_workers,
                                   pin_memory=settings.pin_memory,
@@ -187,4 +194,5 @@ def _iterable_loaders(sets: DataSets, batch_size: int, settings: LoaderSettings,
         return made
 
     evaluation = loader(sets.eval) if sets.eval is not None else None
-    return Loaders(loader(sets.train, generator=loader_gen), evaluation, None, sets, settings)
+    return Loaders(loader(sets.train, generator=loader_gen), evaluation, sampler, sets,
+                   settings)

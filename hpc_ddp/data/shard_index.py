@@ -104,3 +104,12 @@ def rank_order(counts: tuple[int, ...], rank: int, world_size: int, seed: int, e
                 mix(seed, epoch, rank, w)))
             stream[start:start + shuffle_buffer] = window[perm]
     return stream
+
+
+def global_order(counts: tuple[int, ...], seed: int, epoch: int,
+                 shuffle_buffer: int) -> list[int]:
+    """The epoch's samples over all ranks at once, for the global order (cluster.min_nodes,
+    data/global_order.py): the shards in their random order, concatenated, windows of
+    ``shuffle_buffer`` shuffled; the same sequence on any world size (it is the order of a
+    single rank), which each global micro-batch then takes a slice of."""
+    return rank_order(counts, 0, 1, seed, epoch, shuffle_buffer).tolist()  # type: ignore[no-any-return]

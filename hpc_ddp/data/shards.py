@@ -26,6 +26,12 @@ w, w + W, ... (DataLoader returns them in order), and a resume at batch k starts
 (``set_position``), so an interrupted run continues exactly as an uninterrupted one. Each
 sample's crop is drawn from its own seed (images.py), independent of workers and resumes.
 Evaluation reads its split unshuffled and unpadded, contiguous slices per rank.
+
+Under ``cluster.min_nodes`` (the global order, data/global_order.py) step 2 is taken over
+all ranks at once instead: the windows shuffle the whole concatenation (shard_index.
+global_order), global micro-batch k is its slice k of ``batch_size`` x the planned ranks, and
+rank r of the ranks there are now reads its contiguous part of that slice (with the .idx, any
+sample is one ``pread``): a step trains on the same samples at any world size.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from hpc_ddp.data import images
-from hpc_ddp.data.shard_index import per_rank, rank_order, read_index, split_of
+from hpc_ddp.data.global_order import GlobalBatches
+from hpc_ddp.data.shard_index import global_order, per_rank, rank_order, read_index, split_of
 
 # Open shard files a worker keeps (a rank's slice runs through its shards in order).
 _OPEN_SHARDS = 8
@@ -63,8 +70,29 @@ class ShardSet(IterableDataset):  # type: ignore[type-arg]
         # [epoch, first sample]: shared memory, so persistent loader workers see set_position.
         self._position = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._files: dict[int, tuple[int, Any]] = {}
+        self.glob: GlobalBatches | None = None  # the global order, once use_global_order
+
+    def use_global_order(self, batch_size: int, planned: int) -> GlobalBatches:
+        """Order the train split by the global micro-batch of ``batch_size`` x ``planned``
+        ranks (module docstring); what the loaders keep as the sampler (its weight, its
+        epoch's length)."""
+        self.glob = GlobalBatches(self.split.total, batch_size, planned, self.world_size,
+                                  self.rank, self.seed, order=self.global_sequence)
+        return self.glob
+
+    def global_sequence(self, epoch: int) -> list[int]:
+        return global_order(self.split.counts, self.seed, epoch, self.shuffle_buffer)
+
+    def glob_parts(self, worker: int = 0, workers: int = 1) -> Iterator[list[int]]:
+        """Under the global order: this rank's part of each micro-batch from the position on
+        (``set_position``'s start counts micro-batches x batch_size), every ``workers``-th."""
+        assert self.glob is not None
+        epoch, start = int(self._position[0]), int(self._position[1])
+        return self.glob.parts(epoch, start // self.glob.batch_size + worker, workers)
 
     def __len__(self) -> int:
+        if self.glob is not None and self.train:
+            return self.glob.num_samples
         if self.train:
             return per_rank(self.split.total, self.world_size)
         total = self.split.total
@@ -83,6 +111,10 @@ class ShardSet(IterableDataset):  # type: ignore[type-arg]
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         epoch, start = int(self._position[0]), int(self._position[1])
+        if self.glob is not None:
+            for samples in self.glob_parts():
+                yield from (self.load(sample, epoch) for sample in samples)
+            return
         for sample in self.order(epoch)[start:].tolist():
             yield self.load(sample, epoch)
 
@@ -148,9 +180,13 @@ class ShardBatches(IterableDataset):  # type: ignore[type-arg]
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         s = self.shards
         epoch, start = int(s._position[0]), int(s._position[1])
-        order = s.order(epoch)[start:]
-        for first in range(worker * self.batch_size, len(order), workers * self.batch_size):
-            samples = order[first:first + self.batch_size].tolist()
+        if s.glob is not None:  # the global order: this rank's part of each micro-batch
+            batches: Iterator[list[int]] = s.glob_parts(worker, workers)
+        else:
+            order = s.order(epoch)[start:]
+            batches = (order[first:first + self.batch_size].tolist() for first in range(
+                worker * self.batch_size, len(order), workers * self.batch_size))
+        for samples in batches:
             if self.raw:
                 yield self._raw(samples, epoch)
                 continue

@@ -1,6 +1,6 @@
 """Sharded models and checkpoints locally end to end (real processes, gloo on CPU): the
-example project's transformer under trainer.strategy=fsdp and its own loop with ctx.shard,
-stopped on 4 ranks, resumed bitwise on 4 and continued on 2 from the same checkpoint; a DDP
+example project's transformer under trainer.strategy=fsdp, stopped on 2 ranks, resumed bitwise
+on 2 and continued on 1 from the same checkpoint; shards saved on 4 ranks loaded on 2; a DDP
 run with trainer.checkpoint_format=dcp; the export command on what they wrote."""
 
 from __future__ import annotations
@@ -32,11 +32,12 @@ TRAINER = ["cluster=local", "trainer.strategy=fsdp",
 ENTRY = ["cluster=local", "entry=seqproj.loop:main", "app.shard=true",
          "app.checkpoint_every=10", "trainer.stop_check_interval=2"]
 STEPS = {"trainer": "trainer.max_steps", "entry": "app.steps"}
-# How far each logged loss of a run continued on 2 ranks from the 4-rank checkpoint may lie
-# from the 4-rank run's at the same step, as a fraction of the loss where it stopped: the same
-# samples in the same order, a global batch half as large (measured: at most 0.12 over 100
-# steps; docs/fault-tolerance.md#resuming-on-another-world-size). That the 2 ranks start from
-# exactly the saved weights is test_shards_saved_on_four_ranks_load_exactly_on_two's.
+# How far each logged loss of a run continued on 1 rank from the 2-rank checkpoint may lie
+# from the 2-rank run's at the same step, as a fraction of the loss where it stopped: the same
+# samples in the same order, a global batch half as large (measured 2026-12-05: at most 0.022
+# over 30 steps, printed by the test; docs/fault-tolerance.md#resuming-on-another-world-size).
+# That the ranks start from exactly the saved weights is
+# test_shards_saved_on_four_ranks_load_exactly_on_two's.
 TOLERANCE = 0.25
 
 
@@ -67,42 +68,43 @@ def test_sharded_run_stops_resumes_bitwise_and_continues_on_fewer_ranks(
         hpc_ddp: Run, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(PROJECT)  # the ranks import the project from where the run is submitted
     args = TRAINER if kind == "trainer" else ENTRY
-    four = [*args, "cluster.tasks_per_node=4", f"{STEPS[kind]}=60"]
+    two = [*args, "cluster.tasks_per_node=2", f"{STEPS[kind]}=40"]
     reference = tmp_path / "reference"
-    submit(hpc_ddp, four, reference, "wait=true")
+    submit(hpc_ddp, two, reference, "wait=true")
     expected = final(reference)
-    assert step_of(expected) == 60 and checkpoint.latest_path(
+    assert step_of(expected) == 40 and checkpoint.latest_path(
         reference / "checkpoints").name.endswith(".dcp")  # type: ignore[union-attr]
 
     run_dir = tmp_path / "run"
-    run = api.submit([*four, f"run_dir={run_dir}"], cwd=PROJECT, config_dir=PROJECT / "conf")
+    run = api.submit([*two, f"run_dir={run_dir}"], cwd=PROJECT, config_dir=PROJECT / "conf")
     deadline = time.monotonic() + 180
-    while (run.progress() or {}).get("step", 0) < 20:
+    while (run.progress() or {}).get("step", 0) < 10:
         assert time.monotonic() < deadline and not run.done()
         time.sleep(0.05)
     assert run.cancel(grace_s=60)  # SIGTERM: the ranks agree, save their shards, end
     stopped = step_of(final(run_dir))
-    assert 20 <= stopped < 60
-    fewer = tmp_path / "fewer"  # the same stopped run, to continue on 2 ranks
+    assert 10 <= stopped < 40
+    fewer = tmp_path / "fewer"  # the same stopped run, to continue on 1 rank
     shutil.copytree(run_dir, fewer, symlinks=True)
 
-    submit(hpc_ddp, [*four, "resume=true"], run_dir, "wait=true")
+    submit(hpc_ddp, [*two, "resume=true"], run_dir, "wait=true")
     resumed = final(run_dir)
-    assert step_of(resumed) == 60 and resumed["hpc_ddp"]["restarts"][0]["from_step"] == stopped
+    assert step_of(resumed) == 40 and resumed["hpc_ddp"]["restarts"][0]["from_step"] == stopped
     for name, tensor in expected["model"].items():  # every rank's shard, bitwise
         assert torch.equal(tensor, resumed["model"][name]), name
 
-    two = [*args, "cluster.tasks_per_node=2", f"{STEPS[kind]}=60", "resume=true"]
-    submit(hpc_ddp, two, fewer, "wait=true")
+    one = [*args, "cluster.tasks_per_node=1", f"{STEPS[kind]}=40", "resume=true"]
+    submit(hpc_ddp, one, fewer, "wait=true")
     continued = final(fewer)
-    assert step_of(continued) == 60 and continued["hpc_ddp"]["world_size"] == 2
+    assert step_of(continued) == 40 and continued["hpc_ddp"]["world_size"] == 1
     assert continued["hpc_ddp"]["restarts"][0]["from_step"] == stopped
-    # The curve goes on from where it stopped, close to the 4-rank run's.
+    # The curve goes on from where it stopped, close to the 2-rank run's.
     curve = dict(losses(kind, reference))
     at_stop = [loss for step, loss in curve.items() if step <= stopped][-1]
     after = [(step, loss) for step, loss in losses(kind, fewer) if step > stopped]
-    assert after and all(abs(loss - curve[step]) <= TOLERANCE * at_stop
-                         for step, loss in after), (at_stop, curve, after)
+    off = [abs(loss - curve[step]) / at_stop for step, loss in after]
+    print(f"continued on 1 rank: the losses within {max(off):.3f} of the loss at the stop")
+    assert after and max(off) <= TOLERANCE, (at_stop, curve, after)
 
 
 def test_ddp_with_dcp_checkpoints_resumes_and_exports(hpc_ddp: Run, tmp_path: Path) -> None:

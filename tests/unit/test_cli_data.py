@@ -143,3 +143,24 @@ def test_check_data_shows_progress_when_slow(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(datacheck._Progress, "EVERY_S", 0.0)
     hpc_ddp.check_data(SMALL, world_size=4, batches=1)
     assert "check_data: shards of 1 of 4 ranks drawn" in capsys.readouterr().err
+
+
+def test_check_data_of_a_run_that_may_shrink_shows_the_global_order() -> None:
+    """cluster.min_nodes: each rank's part of the global micro-batches, the trainer's own
+    batch sampler's, at the world size asked (the planned 4 ranks' batch on 3)."""
+    cfg = hpc_ddp.compose([*SMALL, "cluster=slurm", "nodes=4", "cluster.min_nodes=3"])
+    t = cfg.trainer
+    expected = {}
+    for rank in range(3):
+        built = loaders.build_loaders(cfg.data, t.batch_size, rank, 3, t.seed, planned=4)
+        built.sampler.set_position(1, 0)
+        expected[rank] = [i for batch in built.sampler for i in batch]
+    report = hpc_ddp.check_data(cfg, world_size=3, epoch=1, batches=1)
+    assert report.indices == expected and report.ok, report
+    assert [len(part) for part in report.indices.values()] == [33, 33, 30]  # 3 x (11, 11, 10)
+    assert ("micro-batch of 32 (8 x 4 planned ranks), parts of 10 or 11 on 3; 3 an epoch, "
+            "0 samples left out") in str(report)
+    plain = hpc_ddp.check_data(SMALL, world_size=3, batches=1)
+    assert "global order" not in str(plain) and len(plain.indices[0]) == 32
+    with pytest.raises(UserError, match="world_size=40.*cannot feed 40 ranks"):
+        hpc_ddp.check_data(cfg, world_size=40, batches=1)

@@ -92,6 +92,46 @@ def test_batches_do_not_depend_on_workers_and_resume_exactly(packed: Path) -> No
     assert labels.dtype == torch.int64 and set(labels.tolist()) <= {0, 1, 2}
 
 
+def _ids(batch: Any) -> list[bytes]:
+    """The images of a batch as bytes (the packed images differ, so they identify samples)."""
+    return [image.numpy().tobytes() for image in batch[0]]
+
+
+def test_under_min_nodes_each_step_reads_the_same_samples_at_any_world_size(
+        packed: Path) -> None:
+    """The global order (cluster.min_nodes): 51 samples, a global micro-batch of 4 x 3
+    planned ranks = 12, 4 whole micro-batches an epoch; on 3, 2 or 1 ranks, with or without
+    loader workers, micro-batch k holds the same samples, each rank weighs its part, and a
+    position saved on 3 ranks continues exactly on 2."""
+    from hpc_ddp.config.compose import compose
+    from hpc_ddp.data.loaders import build_loaders
+
+    cfgs = {workers: compose(["data=shards", f"data.root={packed}", "data.image_size=32",
+                              "data.shuffle_buffer=8", f"data.num_workers={workers}"]).data
+            for workers in (0, 2)}
+    cfg = cfgs[0]
+
+    def steps(world: int, workers: int, epoch: int, start: int) -> list[list[bytes]]:
+        ranks = []
+        for rank in range(world):
+            loaders = build_loaders(cfgs[workers], 4, rank, world, 3, planned=3)
+            assert loaders.global_order and loaders.samples_per_epoch() == 4 * 4
+            assert len(loaders.sets.train) == 16  # 4 micro-batches in the trainer's count
+            loaders.set_position(epoch, start)
+            ranks.append(list(loaders.train))
+        assert {len(r) for r in ranks} == {4 - start // 4}  # every rank, every step
+        return [sorted(i for r in ranks for i in _ids(r[k])) for k in range(len(ranks[0]))]
+
+    three = steps(3, 0, 1, 0)
+    assert all(len(step) == 12 for step in three)
+    assert steps(2, 2, 1, 0) == three == steps(1, 0, 1, 0)  # parts of 6; one rank of 12
+    assert steps(2, 0, 1, 2 * 4) == three[2:]  # saved after micro-batch 2 on 3 ranks
+    assert steps(3, 0, 0, 0) != three  # another epoch, another order
+    uneven = [build_loaders(cfg, 4, r, 5, 3, planned=3) for r in range(5)]
+    assert [len(next(iter(p.train))[1]) for p in uneven] == [3, 3, 2, 2, 2]
+    assert [p.loss_weight for p in uneven] == [1.25, 1.25, 5 / 6, 5 / 6, 5 / 6]
+
+
 def test_webdataset_reads_what_pack_wrote(packed: Path) -> None:
     wds = pytest.importorskip("webdataset")
     import json

@@ -192,7 +192,8 @@ def ordered_sharded(ctx: Any) -> dict[str, Any]:
         ctx.load_state_dict(model, optimizer, state)
         step = int(state["step"])
     record = Path(app["record_dir"]) / f"rank{ctx.rank}.jsonl"
-    start = [os.environ.get("HPC_DDP_DRIVEN", "0"), os.environ.get("HPC_DDP_GENERATION", "0")]
+    start = [os.environ.get("SLURM_RESTART_COUNT", "0"), os.environ.get("HPC_DDP_DRIVEN", "0"),
+             os.environ.get("HPC_DDP_GENERATION", "0")]
     per_epoch = order.micro_per_epoch
     while step < steps:
         epoch, done = divmod(step, per_epoch)

@@ -185,8 +185,8 @@ def id_images(size: int = 1024, classes: int = 4) -> dict[str, Any]:
 
 class IdRecorder(nn.Module):
     """An MLP that appends the sample ids of each training batch it gets to
-    ``record_dir/rank<RANK>.jsonl``, with the start it belongs to (the driver's relaunch,
-    the supervisors' generation): the test's record, not the product's."""
+    ``record_dir/rank<RANK>.jsonl``, with the start it belongs to (the job's requeue, the
+    driver's relaunch, the supervisors' generation): the test's record, not the product's."""
 
     def __init__(self, record_dir: str, num_classes: int = 4, delay_s: float = 0.0) -> None:
         super().__init__()
@@ -196,7 +196,8 @@ class IdRecorder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
-            start = [os.environ.get("HPC_DDP_DRIVEN", "0"),
+            start = [os.environ.get("SLURM_RESTART_COUNT", "0"),
+                     os.environ.get("HPC_DDP_DRIVEN", "0"),
                      os.environ.get("HPC_DDP_GENERATION", "0")]
             ids = sample_ids(x)
             with open(Path(self.record_dir) / f"rank{os.environ['RANK']}.jsonl", "a") as out:
