@@ -186,3 +186,39 @@ def test_below_the_minimum_the_job_is_requeued_without_the_node_and_resumes_exac
     assert 8 <= resumed <= len(before) and len(after) == STEPS - resumed
     assert after[:len(before) - resumed] == before[resumed:]  # the same samples again
     assert all(sum(step.values()) == 32 for step in after)  # the global batch: 16 x 2
+
+
+def test_a_shrunk_run_requeued_grows_back_to_its_nodes_in_the_same_order(
+        reference: dict[str, Any], slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """Shrunk to 3 nodes, then requeued (USR2, as a preemption) once the lost node is back:
+    the requeued job has its 4 nodes again, and every step of the three starts (4, 3, then 4
+    nodes) trains on the uninterrupted run's samples."""
+    from tests.cluster.test_fault_tolerance import finish_releasing_requeues, progress_step
+
+    run_dir = tmp_path / "run"
+    job = submit(run_dir, tmp_path / "ids", slurm_env, False, [])
+    wait_for_step(run_dir, 20)
+    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
+    try:
+        take_down(victim, slurm_env)
+        deadline = time.monotonic() + 120
+        while "shrink" not in [e["kind"] for e in events.read(run_dir)]:
+            assert time.monotonic() < deadline, "the run did not shrink"
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
+                       env=slurm_env, check=False)
+    # Training on 3 nodes (the ranks of the first start left their error files: not waited on).
+    shrunk_at, deadline = progress_step(run_dir), time.monotonic() + 120
+    while progress_step(run_dir) < shrunk_at + 4:
+        assert time.monotonic() < deadline, "no step on 3 nodes"
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR2", "--full", job], env=slurm_env, check=True)
+    assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 4 and len(summary["hosts"]) == 4, summary
+    assert len(summary["shrinks"]) == 1 and summary["requeues"] >= 1
+    expected = reference["steps"]
+    first, middle, last = starts_of(tmp_path / "ids", settles=True)
+    assert first == expected[:len(first)] and last == expected[STEPS - len(last):]
+    assert any(expected[at:at + len(middle)] == middle for at in range(STEPS)), middle
