@@ -222,3 +222,42 @@ def test_a_shrunk_run_requeued_grows_back_to_its_nodes_in_the_same_order(
     first, middle, last = starts_of(tmp_path / "ids", settles=True)
     assert first == expected[:len(first)] and last == expected[STEPS - len(last):]
     assert any(expected[at:at + len(middle)] == middle for at in range(STEPS)), middle
+
+
+def test_a_torchrun_style_script_shrinks_with_the_new_world_size(
+        slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The example's textbook script, unchanged, on 4 nodes with ``cluster.min_nodes=3``: a
+    node lost, the same job starts it again on 3 nodes with the torchrun variables of 3
+    ranks (a wrong WORLD_SIZE would hang its init_process_group), and it resumes from its
+    own checkpoint to its last epoch."""
+    saved, run_dir = tmp_path / "ckpt.pt", tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "hpc_ddp.submit", "cluster=slurm", "nodes=4",
+                           "cluster.min_nodes=3", "script=train_ddp.py", f"run_dir={run_dir}",
+                           "--", "--epochs", "6", "--checkpoint", str(saved)],
+                          cwd=REPO / "examples" / "seqproject", env=slurm_env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = job_id_of(done.stdout)
+    deadline = time.monotonic() + 240
+    while not saved.exists():
+        assert time.monotonic() < deadline, "the script never saved its first epoch"
+        time.sleep(0.3)
+    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
+    try:
+        take_down(victim, slurm_env)
+        deadline = time.monotonic() + 300
+        while not (run_dir / "summary.json").exists():
+            assert time.monotonic() < deadline, "the shrunk script did not finish"
+            time.sleep(1)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
+                       env=slurm_env, check=False)
+    assert_one_start_completed(job, slurm_env)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (shrink,) = summary["shrinks"]
+    assert shrink["lost"] == [victim] and (shrink["world_before"], shrink["world_after"]) == (4, 3)
+    import torch
+
+    assert torch.load(saved)["epoch"] == 6
+    out = (run_dir / "submitit" / job / f"{job}_0_log.out").read_text()
+    assert "resumed at epoch" in out and "epoch 5 loss" in out
