@@ -6,12 +6,14 @@ hpc_ddp."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +73,17 @@ def submit(run_dir: Path, records: Path, env: dict[str, str], wait: bool,
     return job_id_of(done.stdout)
 
 
+@contextlib.contextmanager
+def node_down(node: str, env: dict[str, str]) -> Iterator[None]:
+    """``node`` DOWN as a dead one (take_down) for the block, back in service after it."""
+    try:
+        take_down(node, env)
+        yield
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=env,
+                       check=False)
+
+
 def starts_of(records: Path, settles: bool) -> list[list[Counter[int]]]:
     """Per start of the ranks (the driver's relaunch, the supervisors' generation), in
     order: its micro-batches, each the multiset of the sample ids all its ranks trained on.
@@ -110,15 +123,11 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_with_the_same_batches_and_s
     wait_for_step(run_dir, 20)  # past the checkpoint at 16, which the shrunk run resumes from
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
     down_at = time.time()
-    try:
-        take_down(victim, slurm_env)
+    with node_down(victim, slurm_env):
         deadline = time.monotonic() + 300
         while not (run_dir / "summary.json").exists():
             assert time.monotonic() < deadline, "the shrunk run did not finish"
             time.sleep(1)
-    finally:
-        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
-                       env=slurm_env, check=False)
     # The same job: no requeue, COMPLETED 0:0; every step trained, the last ones on 3 nodes.
     assert_one_start_completed(job, slurm_env)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -170,12 +179,8 @@ def test_below_the_minimum_the_job_is_requeued_without_the_node_and_resumes_exac
     job = submit(run_dir, tmp_path / "ids", slurm_env, False, ["nodes=2", "cluster.min_nodes=2"])
     wait_for_step(run_dir, 20)
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
-    try:
-        take_down(victim, slurm_env)
+    with node_down(victim, slurm_env):
         assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
-    finally:
-        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
-                       env=slurm_env, check=False)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["requeues"] >= 1 and summary["excluded_nodes"] == [victim], summary
     assert summary["world_size"] == 2 and victim not in summary["hosts"]
@@ -199,15 +204,11 @@ def test_a_shrunk_run_requeued_grows_back_to_its_nodes_in_the_same_order(
     job = submit(run_dir, tmp_path / "ids", slurm_env, False, [])
     wait_for_step(run_dir, 20)
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
-    try:
-        take_down(victim, slurm_env)
+    with node_down(victim, slurm_env):
         deadline = time.monotonic() + 120
         while "shrink" not in [e["kind"] for e in events.read(run_dir)]:
             assert time.monotonic() < deadline, "the run did not shrink"
             time.sleep(0.5)
-    finally:
-        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
-                       env=slurm_env, check=False)
     # Training on 3 nodes (the ranks of the first start left their error files: not waited on).
     shrunk_at, deadline = progress_step(run_dir), time.monotonic() + 120
     while progress_step(run_dir) < shrunk_at + 4:
@@ -243,15 +244,11 @@ def test_a_torchrun_style_script_shrinks_with_the_new_world_size(
         assert time.monotonic() < deadline, "the script never saved its first epoch"
         time.sleep(0.3)
     victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
-    try:
-        take_down(victim, slurm_env)
+    with node_down(victim, slurm_env):
         deadline = time.monotonic() + 300
         while not (run_dir / "summary.json").exists():
             assert time.monotonic() < deadline, "the shrunk script did not finish"
             time.sleep(1)
-    finally:
-        subprocess.run(["scontrol", "update", f"nodename={victim}", "state=resume"],
-                       env=slurm_env, check=False)
     assert_one_start_completed(job, slurm_env)
     summary = json.loads((run_dir / "summary.json").read_text())
     (shrink,) = summary["shrinks"]
