@@ -95,6 +95,18 @@ ONE_WORKER_MODULES = frozenset({
 })
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The docs' benchmarks as documented (tests/cluster/test_doc_benchmarks.py, ~40 minutes)
+    run only when asked for by name, ``-m docbench`` (``make bench-docs``): the every-change
+    suite deselects them (it runs each benchmark small in its own tests)."""
+    if "docbench" in (config.getoption("markexpr", "") or ""):
+        return
+    benches = [item for item in items if item.get_closest_marker("docbench")]
+    if benches:
+        config.hook.pytest_deselected(items=benches)
+        items[:] = [item for item in items if not item.get_closest_marker("docbench")]
+
+
 def work_unit(nodeid: str) -> str:
     """What xdist hands one worker at a time: every cluster test together (they share the
     one 4-node test cluster and each expects its nodes idle when it starts: one after another

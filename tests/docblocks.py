@@ -11,6 +11,9 @@ of it)::
     <!-- doc: gpu: WHY -->               needs a GPU: not run
     <!-- doc: site: WHY -->              needs a real site (partitions, data, network): not run
     <!-- doc: skip: WHY -->              runnable, not by the suite (the suite itself, a server)
+    <!-- doc: bench local: WHY -->       a benchmark (minutes): run as documented by the
+    <!-- doc: bench cluster: WHY -->     benchmark tier, ``make bench-docs`` (tests/cluster/
+                                         test_doc_benchmarks.py), not by every suite run
     <!-- doc: file: PATH -->             the block is a part of PATH in this repository
     <!-- doc: text -->                   not a command: a layout, a formula, a format
 
@@ -38,8 +41,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_KINDS = ("local", "cluster")
-QUIET_KINDS = ("gpu", "site", "skip")  # not run; the reason is required
+QUIET_KINDS = ("gpu", "site", "skip", "bench")  # not run by the suite; the reason is required
 KINDS = (*RUN_KINDS, *QUIET_KINDS, "file", "text")
+# A benchmark block runs where it says: on this machine or against the test cluster.
+BENCH_PLACES = RUN_KINDS
 # Pages whose blocks are not marked yet, with why; a page on this list fails once it is
 # fully marked (then take it off).
 NOT_MARKED_YET: dict[str, str] = {}
@@ -51,6 +56,7 @@ HELP = ("Put a marker on the line above the block, e.g. <!-- doc: local --> (run
 MARKER = re.compile(r"^\s*<!--\s*doc:\s*(?P<body>.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")
 BLOCK_TIMEOUT_S = 240
+BENCH_TIMEOUT_S = 1800  # a benchmark block: the longest (bench checkpoint) runs ~10 minutes
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class Marker:
     kind: str  # one of KINDS
     arg: str = ""  # the reason, the path, or the command whose output the block is
     output: bool = False  # "local output: COMMAND"
+    place: str = ""  # a bench block's: "local" or "cluster"
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,14 @@ def parse_marker(body: str) -> Marker:
     if not words or words[0] not in KINDS:
         raise ValueError(f"unknown kind {head.strip()!r}; use one of {', '.join(KINDS)}")
     kind, output = words[0], words[1:] == ["output"]
+    if kind == "bench":
+        if words[1:] not in ([place] for place in BENCH_PLACES):
+            raise ValueError("a benchmark says where it runs: <!-- doc: bench local: why --> "
+                             "or <!-- doc: bench cluster: why -->")
+        if not arg:
+            raise ValueError("bench needs a reason after a colon, e.g. "
+                             "<!-- doc: bench local: about 2 min here -->")
+        return Marker(kind, arg, place=words[1])
     if words[1:] and not (output and kind in RUN_KINDS):
         raise ValueError(f"{head.strip()!r}: only local and cluster take 'output'")
     if output and not arg:
@@ -160,11 +175,13 @@ def _file_problem(block: Block) -> list[str]:
             "file's lines into the doc again."]
 
 
-def runnable(kind: str) -> list[tuple[str, list[Block]]]:
-    """(page, its blocks of this kind, in page order) for every page that has some."""
+def runnable(kind: str, place: str = "") -> list[tuple[str, list[Block]]]:
+    """(page, its blocks of this kind, in page order) for every page that has some; for
+    ``bench``, those that run at ``place``."""
     found = []
     for page in pages():
-        mine = [b for b in blocks(page) if b.marker and b.marker.kind == kind]
+        mine = [b for b in blocks(page) if b.marker and b.marker.kind == kind
+                and b.marker.place == place]
         if mine:
             found.append((page, mine))
     return found
@@ -282,7 +299,7 @@ class Step:
 
 def steps(block: Block) -> Iterator[Step]:
     marker = block.marker
-    assert marker is not None and marker.kind in RUN_KINDS
+    assert marker is not None and (marker.kind in RUN_KINDS or marker.kind == "bench")
     if marker.output:
         yield Step(marker.arg, block.text)
         return
@@ -308,7 +325,8 @@ def steps(block: Block) -> Iterator[Step]:
         yield Step(command, "\n".join(shown))
 
 
-def run_step(step: Step, folder: Path, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+def run_step(step: Step, folder: Path, env: Mapping[str, str],
+             timeout_s: float = BLOCK_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """A script (stops at its first failing command and names it) or a Python block, in
     ``folder``; both output streams in one, in the order a terminal shows them."""
     if step.python:
@@ -322,15 +340,15 @@ def run_step(step: Step, folder: Path, env: Mapping[str, str]) -> subprocess.Com
                           f"{PRELUDE}\n{step.command}\n")
         argv = ["bash", str(script)]
     return subprocess.run(argv, cwd=folder, env=dict(env), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=BLOCK_TIMEOUT_S,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout_s,
                           check=False, stdin=subprocess.DEVNULL)
 
 
 _MARK = "@@docs-test@@"
 
 
-def run_session(commands: Sequence[str], folder: Path,
-                env: Mapping[str, str]) -> list[tuple[int, str, float]]:
+def run_session(commands: Sequence[str], folder: Path, env: Mapping[str, str],
+                timeout_s: float = BLOCK_TIMEOUT_S) -> list[tuple[int, str, float]]:
     """The ``$`` commands of a block in one shell, as typed one after the other in a terminal
     (a ``cd`` or an ``export`` holds for the next): (exit code, output, seconds) of each."""
     lines = ["exec 2>&1", PRELUDE]
@@ -341,7 +359,7 @@ def run_session(commands: Sequence[str], folder: Path,
     script.write_text("\n".join(lines) + "\n")
     done = subprocess.run(["bash", str(script)], cwd=folder, env=dict(env),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=BLOCK_TIMEOUT_S * max(1, len(commands)), check=False,
+                          timeout=timeout_s * max(1, len(commands)), check=False,
                           stdin=subprocess.DEVNULL)
     found: list[tuple[int, str, float]] = []
     for i in range(len(commands)):
@@ -358,13 +376,15 @@ def run_session(commands: Sequence[str], folder: Path,
 def check_block(block: Block, folder: Path, env: Mapping[str, str]) -> list[str]:
     """Run ``block`` in ``folder``; what went wrong (empty when the block did what it shows)."""
     todo = list(steps(block))
+    bench = block.marker is not None and block.marker.kind == "bench"
+    timeout_s = BENCH_TIMEOUT_S if bench else BLOCK_TIMEOUT_S
     if all(s.shown is not None for s in todo):  # commands with their output, typed in a shell
-        results = run_session([s.command for s in todo], folder, env)
+        results = run_session([s.command for s in todo], folder, env, timeout_s)
     else:
         results = []
         for step in todo:
             began = time.monotonic()
-            done = run_step(step, folder, env)
+            done = run_step(step, folder, env, timeout_s)
             results.append((done.returncode, done.stdout, time.monotonic() - began))
     problems = []
     for step, (code, output, took) in zip(todo, results, strict=False):

@@ -41,10 +41,12 @@ def final_rows(job: str, env: dict[str, str], timeout_s: float = 60) -> list[tup
         time.sleep(0.5)
 
 
-def assert_completed(job: str, env: dict[str, str], note: str = "") -> None:
-    """Slurm says ``job`` (each array task, or the step) ended COMPLETED with exit code 0:0.
-    ``note`` (e.g. the job's output) is shown with a failure, to tell why."""
-    rows = final_rows(job, env)
+def assert_completed(job: str, env: dict[str, str], note: str = "",
+                     timeout_s: float = 60) -> None:
+    """Slurm says ``job`` (each array task, or the step) ended COMPLETED with exit code 0:0,
+    waiting up to ``timeout_s`` for it to end. ``note`` (e.g. the job's output) is shown with
+    a failure, to tell why."""
+    rows = final_rows(job, env, timeout_s)
     bad = [r for r in rows if r[1:] != ("COMPLETED", "0:0")]
     assert not bad, f"job {job} did not end COMPLETED 0:0 in Slurm (sacct: {rows})\n{note}"
 

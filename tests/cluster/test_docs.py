@@ -15,6 +15,7 @@ from tests import docblocks
 from tests.cluster.slurm_final import assert_completed
 
 PAGES = docblocks.runnable("cluster")
+JOB_END_TIMEOUT_S = 300
 pytestmark = pytest.mark.cluster
 
 
@@ -61,11 +62,13 @@ def test_cluster_blocks_do_what_the_page_shows(page: str, blocks: list[docblocks
     cancels = sum(line.lstrip("$ ").startswith("scancel ")
                   for block in blocks for line in block.text.splitlines())
     excused = 0
+    # A page's `submit` returns once its job is queued (your-code.md queues three 4-node
+    # jobs of 30-60 s each, one after another): each is waited for until it ends.
     for job in jobs:
         if excused < cancels and never_started_and_cancelled(job, env):
             excused += 1
             continue
-        assert_completed(job, env)
+        assert_completed(job, env, timeout_s=JOB_END_TIMEOUT_S)
 
 
 def never_started_and_cancelled(job: str, env: dict[str, str]) -> bool:

@@ -41,6 +41,8 @@ def test_a_new_unmarked_block_fails_with_the_fix(tmp_path, monkeypatch) -> None:
     ("site: needs a partition named gpu", Marker("site", "needs a partition named gpu")),
     ("file: conf/config.yaml", Marker("file", "conf/config.yaml")),
     ("text", Marker("text")),
+    ("bench local: about 2 min here", Marker("bench", "about 2 min here", place="local")),
+    ("bench cluster: minutes", Marker("bench", "minutes", place="cluster")),
 ])
 def test_markers_read(body: str, marker: Marker) -> None:
     assert parse_marker(body) == marker
@@ -52,6 +54,9 @@ def test_markers_read(body: str, marker: Marker) -> None:
     ("local: why", "local takes no argument"),
     ("site output: x", "only local and cluster take 'output'"),
     ("local output", "an output marker names its command"),
+    ("bench: minutes", "a benchmark says where it runs"),
+    ("bench gpu: minutes", "a benchmark says where it runs"),
+    ("bench local", "bench needs a reason"),
 ])
 def test_bad_markers_say_why(body: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
@@ -95,3 +100,16 @@ def test_session_blocks_split_into_commands_and_their_output() -> None:
     assert [(s.command, s.shown) for s in steps] == [("a \\\n  --b", "out 1"), ("c", "error: bad")]
     plain = Block("x.md", 1, "bash", "a\nb", Marker("local"))
     assert [(s.command, s.shown) for s in docblocks.steps(plain)] == [("a\nb", None)]
+
+
+def test_the_benchmark_tier_finds_every_bench_block_once() -> None:
+    """``make bench-docs`` runs the bench blocks, each at its place: none is left out, none
+    runs twice, and the every-change suite runs none of them."""
+    every = [(b.page, b.line) for page in docblocks.pages() for b in docblocks.blocks(page)
+             if b.marker and b.marker.kind == "bench"]
+    tier = [(b.page, b.line) for place in docblocks.BENCH_PLACES
+            for _, found in docblocks.runnable("bench", place) for b in found]
+    assert every and sorted(tier) == sorted(every)
+    suite = [(b.page, b.line) for kind in docblocks.RUN_KINDS
+             for _, found in docblocks.runnable(kind) for b in found]
+    assert not set(suite) & set(every)
