@@ -373,8 +373,11 @@ def run_session(commands: Sequence[str], folder: Path, env: Mapping[str, str],
     return found
 
 
-def check_block(block: Block, folder: Path, env: Mapping[str, str]) -> list[str]:
-    """Run ``block`` in ``folder``; what went wrong (empty when the block did what it shows)."""
+def check_block(block: Block, folder: Path, env: Mapping[str, str],
+                keep: Path | None = None) -> list[str]:
+    """Run ``block`` in ``folder``; what went wrong (empty when the block did what it shows).
+    ``keep``: a folder that gets each command's whole output, ``PAGE-LINE.log`` (the
+    benchmark tier keeps the figures a page's tables are copied from)."""
     todo = list(steps(block))
     bench = block.marker is not None and block.marker.kind == "bench"
     timeout_s = BENCH_TIMEOUT_S if bench else BLOCK_TIMEOUT_S
@@ -387,6 +390,12 @@ def check_block(block: Block, folder: Path, env: Mapping[str, str]) -> list[str]
             done = run_step(step, folder, env, timeout_s)
             results.append((done.returncode, done.stdout, time.monotonic() - began))
     problems = []
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        name = block.where.replace("/", "_").replace(":", "-")
+        (keep / f"{name}.log").write_text("".join(
+            f"$ {step.command}\n{output}\n# exit {code}, {took:.1f} s\n\n"
+            for step, (code, output, took) in zip(todo, results, strict=False)))
     for step, (code, output, took) in zip(todo, results, strict=False):
         first = step.command.splitlines()[0] if step.command.strip() else "(empty)"
         print(f"{block.where}: {took:5.1f} s  {first[:90]}")

@@ -3,7 +3,8 @@
     python -m hpc_ddp.bench checkpoint                       # ~1 GB of state, 4 ranks, CPU
     python -m hpc_ddp.bench checkpoint --state-mb 200 --ranks 2 --json out.json
 
-In one run, on local ranks (gloo, CPU; each phase in fresh processes):
+In one run, on local ranks (gloo, CPU; each phase in fresh processes, forked from a
+forkserver that imported torch once):
 
 - **stall per save** of one model's state (a stack of linear blocks sharded with FSDP2, its
   AdamW state: parameters x 3 = ``--state-mb``), through the checkpoint implementation the

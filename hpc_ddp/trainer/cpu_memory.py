@@ -22,21 +22,32 @@ NEVER_TRIM = 2**31 - 1
 _applied = False
 
 
-def keep_freed_memory() -> bool:
-    """Apply the settings (once per process); True if glibc took them."""
-    global _applied
-    if _applied:
-        return True
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's mallopt(3); False where it is not there (musl, macOS) or refuses."""
     # deferred: ctypes
     import ctypes
     import ctypes.util
 
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    _applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(
-        mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    return bool(mallopt(param, value))
+
+
+def keep_freed_memory() -> bool:
+    """Apply the settings (once per process); True if glibc took them."""
+    global _applied
+    if not _applied:
+        _applied = _mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) and _mallopt(
+            M_TRIM_THRESHOLD, NEVER_TRIM)
     return _applied
+
+
+def map_large_blocks_alone(threshold: int) -> bool:
+    """The opposite, for measuring memory: blocks above ``threshold`` bytes are mapped on
+    their own and go back to the kernel when freed, and the threshold stays fixed (glibc
+    stops raising it), so the resident peak is the peak of what was in use. True if glibc
+    took it."""
+    return _mallopt(M_MMAP_THRESHOLD, threshold)

@@ -7,7 +7,11 @@ repository, as its reader would run them: ``bench local`` blocks on this machine
 ``SLURM_CONF``: ``cluster=auto`` stays local, where the pages' CPU figures come from),
 ``bench cluster`` blocks on a login node of the test cluster. They take minutes each (about
 40 in all here), so the every-change suite deselects them (tests/conftest.py) and runs the
-same benchmarks small (the tests each block's marker names)."""
+same benchmarks small (the tests each block's marker names).
+
+Each block's whole output is kept in ``outputs/bench-docs/PAGE-LINE.log`` of the repository
+(each command, its output, its exit code and seconds): the run a page's figures are copied
+from, and checked against."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from hpc_ddp.testcluster.cluster import TestCluster
 from tests import docblocks
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docbench]
+KEEP = docblocks.REPO / "outputs" / "bench-docs"
 LOCAL = docblocks.runnable("bench", "local")
 CLUSTER = docblocks.runnable("bench", "cluster")
 
@@ -26,7 +31,7 @@ CLUSTER = docblocks.runnable("bench", "cluster")
 def run_page(blocks: list[docblocks.Block], folder: Path, env: dict[str, str]) -> None:
     problems: list[str] = []
     for block in blocks:
-        problems += docblocks.check_block(block, folder, env)
+        problems += docblocks.check_block(block, folder, env, keep=KEEP)
         if problems:  # the page's later blocks may build on this one
             break
     assert not problems, "\n\n".join(problems)
