@@ -167,14 +167,21 @@ def _rank(rank: int, world: int, root: Path, phase: str) -> None:
 
 
 def test_shards_saved_on_four_ranks_load_exactly_on_two(tmp_path: Path) -> None:
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
-    mp.start_processes(_rank, args=(4, tmp_path, "save"), nprocs=4, start_method="spawn")
+    # Fresh ranks for each phase, forked from a server that imported torch once (as bench
+    # checkpoint's are): six ranks would otherwise import it six times.
+    from hpc_ddp.bench.checkpoint_rank import PRELOAD
+
+    multiprocessing.set_forkserver_preload([*PRELOAD, __name__])
+    mp.start_processes(_rank, args=(4, tmp_path, "save"), nprocs=4, start_method="forkserver")
     latest = checkpoint.latest_path(tmp_path / "run" / "checkpoints")
     assert latest is not None and latest.name == "step_000000001.dcp"
     assert sorted(p.name for p in latest.glob("*.distcp")) == [
         f"__{r}_0.distcp" for r in range(4)]  # every rank wrote its own shards
-    mp.start_processes(_rank, args=(2, tmp_path, "load"), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, tmp_path, "load"), nprocs=2, start_method="forkserver")
     full, moments, saved_world = torch.load(tmp_path / "loaded.pt", weights_only=True)
     whole = checkpoint.load_latest(tmp_path / "run" / "checkpoints")  # every tensor whole
     assert whole is not None and saved_world == 4
