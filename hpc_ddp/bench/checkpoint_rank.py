@@ -13,6 +13,7 @@ for the 8 phases on 2 ranks): what a phase measures starts after that anyway.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import resource
 import time
 import warnings
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.rank.services.process_exit import leave
+from hpc_ddp.trainer.cpu_memory import map_large_blocks_alone
 
 # What the forkserver imports once, before it forks any rank: torch, its distributed parts,
 # and Dynamo, which DDP's constructor and the optimizers import on first use in torch 2.14.
@@ -191,8 +193,6 @@ def _map_large_blocks_alone() -> None:
     resident memory is then the peak of what was in use
     (https://man7.org/linux/man-pages/man3/mallopt.3.html). Only in the memory phases:
     mapping every buffer anew slows the saves and steps the other phases time."""
-    from hpc_ddp.trainer.cpu_memory import map_large_blocks_alone  # deferred: ctypes
-
     if not map_large_blocks_alone(MMAP_THRESHOLD_BYTES):
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed: the memory figures would be "
                            "glibc's cache, not the phase's peak")
@@ -209,8 +209,6 @@ def _phase_rank(rank: int, kind: str, world: int, root: Path, spec: dict[str, An
 
 def run_phase(kind: str, world: int, root: Path, spec: dict[str, Any]) -> dict[str, Any]:
     """Run one phase (``saves`` or ``train``) on ``world`` fresh ranks; what rank 0 measured."""
-    import multiprocessing  # deferred: the benchmark's own processes
-
     import torch.multiprocessing as mp  # deferred: torch
 
     multiprocessing.set_forkserver_preload(list(PRELOAD))  # read when the server starts
