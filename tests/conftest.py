@@ -96,7 +96,7 @@ ONE_WORKER_MODULES = frozenset({
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The docs' benchmarks as documented (tests/cluster/test_doc_benchmarks.py, ~40 minutes)
+    """The docs' benchmarks as documented (tests/cluster/test_doc_benchmarks.py, ~45 minutes)
     run only when asked for by name, ``-m docbench`` (``make bench-docs``): the every-change
     suite deselects them (it runs each benchmark small in its own tests)."""
     if "docbench" in (config.getoption("markexpr", "") or ""):

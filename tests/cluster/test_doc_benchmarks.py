@@ -6,7 +6,7 @@ test's own — each page's blocks in page order, in one folder that looks like a
 repository, as its reader would run them: ``bench local`` blocks on this machine (no
 ``SLURM_CONF``: ``cluster=auto`` stays local, where the pages' CPU figures come from),
 ``bench cluster`` blocks on a login node of the test cluster. They take minutes each (about
-40 in all here), so the every-change suite deselects them (tests/conftest.py) and runs the
+45 in all here), so the every-change suite deselects them (tests/conftest.py) and runs the
 same benchmarks small (the tests each block's marker names).
 
 Each block's whole output is kept in ``outputs/bench-docs/PAGE-LINE.log`` of the repository
