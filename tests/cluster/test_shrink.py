@@ -84,6 +84,18 @@ def node_down(node: str, env: dict[str, str]) -> Iterator[None]:
                        check=False)
 
 
+def lose_a_node_and_finish(run_dir: Path, env: dict[str, str], what: str) -> str:
+    """rank 1's node DOWN until the run (``what``) has written its summary in the same job;
+    the node it lost."""
+    victim: str = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
+    with node_down(victim, env):
+        deadline = time.monotonic() + 300
+        while not (run_dir / "summary.json").exists():
+            assert time.monotonic() < deadline, f"the shrunk {what} did not finish"
+            time.sleep(1)
+    return victim
+
+
 def starts_of(records: Path, settles: bool) -> list[list[Counter[int]]]:
     """Per start of the ranks (the driver's relaunch, the supervisors' generation), in
     order: its micro-batches, each the multiset of the sample ids all its ranks trained on.
@@ -121,13 +133,8 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_with_the_same_batches_and_s
     run_dir = tmp_path / "run"
     job = submit(run_dir, tmp_path / "ids", slurm_env, False, KINDS[kind])
     wait_for_step(run_dir, 20)  # past the checkpoint at 16, which the shrunk run resumes from
-    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
     down_at = time.time()
-    with node_down(victim, slurm_env):
-        deadline = time.monotonic() + 300
-        while not (run_dir / "summary.json").exists():
-            assert time.monotonic() < deadline, "the shrunk run did not finish"
-            time.sleep(1)
+    victim = lose_a_node_and_finish(run_dir, slurm_env, "run")
     # The same job: no requeue, COMPLETED 0:0; every step trained, the last ones on 3 nodes.
     assert_one_start_completed(job, slurm_env)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -243,12 +250,7 @@ def test_a_torchrun_style_script_shrinks_with_the_new_world_size(
     while not saved.exists():
         assert time.monotonic() < deadline, "the script never saved its first epoch"
         time.sleep(0.3)
-    victim = json.loads((run_dir / "ranks" / "rank1.json").read_text())["host"]
-    with node_down(victim, slurm_env):
-        deadline = time.monotonic() + 300
-        while not (run_dir / "summary.json").exists():
-            assert time.monotonic() < deadline, "the shrunk script did not finish"
-            time.sleep(1)
+    victim = lose_a_node_and_finish(run_dir, slurm_env, "script")
     assert_one_start_completed(job, slurm_env)
     summary = json.loads((run_dir / "summary.json").read_text())
     (shrink,) = summary["shrinks"]
