@@ -5,10 +5,13 @@
 One interpreter imports torch once; per kill it forks a child (cheap) that checkpoints a
 2-rank world in the background as fast as it can (rank/services/ckpt_writer.py: both ranks' writers
 on one store, a 1 MiB state; one rank's part, chosen at random, is the slowest to write),
-SIGKILLs the child after a random delay, and checks that
+SIGKILLs the child a random delay after it says (over a pipe) which step it starts from, and
+checks that
 ``latest`` names a complete set: rank 0's file loads as data and holds its step, and each
 rank's stream file of that step loads and holds the same step. Each child starts from the
-step after the latest, so the run goes on across kills as a requeued job would. Used by
+step after the latest, so the run goes on across kills as a requeued job would: ``starts``
+holds the step each child started from, which the tests hold to the latest before it (a
+check of the resuming that does not depend on how fast this machine is today). Used by
 tests/unit/test_checkpoint.py (a few kills here) and tests/cluster/test_checkpoint_kills.py
 (one srun step per node, 50+ kills in all). ``sharded``: one rank saving its tensors in the
 sharded format (DCP, rank/services/dcp_files.py) in the background, staged as an
@@ -27,7 +30,14 @@ from pathlib import Path
 from typing import Any
 
 
-def _child(folder: Path, slow_rank: int) -> None:
+def _started(pipe: int, step: int) -> None:
+    """Tell the parent the step this child starts from: its random delay counts from here,
+    so a loaded machine's slow fork and set-up do not eat the time the child writes in."""
+    os.write(pipe, f"{step}\n".encode())
+    os.close(pipe)
+
+
+def _child(folder: Path, slow_rank: int, pipe: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -38,6 +48,7 @@ def _child(folder: Path, slow_rank: int) -> None:
     writers = [CheckpointWriter(folder, r, 2, keep=2, store=store, timeout_s=60)
                for r in (0, 1)]
     step = (checkpoint.latest_step(folder) or 0) + 1
+    _started(pipe, step)
     weights = torch.randn(256, 1024)  # 1 MiB: a write takes long enough to be hit
     ballast = torch.zeros(2048, 1024)  # 8 MiB in the slow rank's part: it finishes last
     while True:
@@ -50,7 +61,7 @@ def _child(folder: Path, slow_rank: int) -> None:
         step += 1
 
 
-def _sharded_child(folder: Path) -> None:
+def _sharded_child(folder: Path, pipe: int) -> None:
     import torch
 
     from hpc_ddp.rank.services import checkpoint, tensor_tree
@@ -58,6 +69,7 @@ def _sharded_child(folder: Path) -> None:
 
     writer = CheckpointWriter(folder, 0, 1, keep=2, timeout_s=60, background=True)
     step = (checkpoint.latest_step(folder) or 0) + 1
+    _started(pipe, step)
     weights = torch.randn(1024, 1024)  # 4 MiB of tensors a save
     while True:
         weights.fill_(float(step))
@@ -95,24 +107,45 @@ def kills(folder: Path, count: int, seed: int, sharded: bool = False) -> dict[st
         from hpc_ddp.rank.services import ckpt_writer, dcp_read  # noqa: F401
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    steps, problems = [], []
+    steps: list[int | None] = []
+    starts: list[int] = []
+    problems: list[str] = []
     for _ in range(count):
+        read_end, write_end = os.pipe()
+        slow_rank = rng.randrange(2)
         pid = os.fork()
         if pid == 0:
             try:
+                os.close(read_end)
                 if sharded:
-                    _sharded_child(folder)
-                _child(folder, slow_rank=rng.randrange(2))
+                    _sharded_child(folder, write_end)
+                _child(folder, slow_rank, write_end)
             finally:
                 os._exit(1)
-        time.sleep(rng.uniform(0.05, 0.5))
+        os.close(write_end)
+        with os.fdopen(read_end) as said:
+            line = said.readline()  # "" when the child died before it started
+        if line:
+            starts.append(int(line))
+            time.sleep(rng.uniform(0.05, 0.5))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        if not line:
+            problems.append("a writer child died before it started (see its stderr)")
+            break
         found = check(folder, ranks=1 if sharded else 2)
         steps.append(found["step"])
         if found["problem"]:
             problems.append(found["problem"])
-    return {"host": os.uname().nodename, "kills": count, "steps": steps, "problems": problems}
+    return {"host": os.uname().nodename, "kills": len(steps), "steps": steps,
+            "starts": starts, "problems": problems}
+
+
+def resumed_each_time(result: dict[str, Any]) -> bool:
+    """Each child started from the step after the latest its predecessor left (the first
+    from step 1): the run went on across every kill, as a requeued job does."""
+    before = [0] + [s or 0 for s in result["steps"][:-1]]
+    return bool(result["starts"]) and result["starts"] == [b + 1 for b in before]
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.checkpoint_kills import resumed_each_time
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import job_id_of
 from tests.conftest import REPO
@@ -46,6 +47,7 @@ def test_sigkill_during_background_checkpoints_on_every_node(slurm_env: dict[str
     assert sum(r["kills"] for r in results) >= 50
     assert [p for r in results for p in r["problems"]] == []
     for r in results:  # every node's run went on across its kills, never backwards
+        assert resumed_each_time(r), r
         steps = [s for s in r["steps"] if s is not None]
         assert steps and steps == sorted(steps), r
 
