@@ -5,7 +5,8 @@
 One interpreter imports torch once; per kill it forks a child (cheap) that checkpoints a
 2-rank world in the background as fast as it can (rank/services/ckpt_writer.py: both ranks' writers
 on one store, a 1 MiB state; one rank's part, chosen at random, is the slowest to write),
-SIGKILLs the child a random delay after it says (over a pipe) which step it starts from, and
+SIGKILLs the child a random delay after it says (over a pipe) which step it starts from
+(every other child only once it saved a set: the run goes on however slow the machine), and
 checks that
 ``latest`` names a complete set: rank 0's file loads as data and holds its step, and each
 rank's stream file of that step loads and holds the same step. Each child starts from the
@@ -96,6 +97,19 @@ def check(folder: Path, ranks: int = 2) -> dict[str, Any]:
     return {"step": step, "problem": None}
 
 
+def _saved(folder: Path, step: int, deadline_s: float) -> bool:
+    """Wait until a set of ``step`` or later is the latest: every other kill comes only after
+    its child saved one, so the run goes on however slow the disk and the cores are today."""
+    from hpc_ddp.rank.services import checkpoint
+
+    deadline = time.monotonic() + deadline_s
+    while (checkpoint.latest_step(folder) or 0) < step:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def kills(folder: Path, count: int, seed: int, sharded: bool = False) -> dict[str, Any]:
     import torch
 
@@ -127,6 +141,8 @@ def kills(folder: Path, count: int, seed: int, sharded: bool = False) -> dict[st
             line = said.readline()  # "" when the child died before it started
         if line:
             starts.append(int(line))
+            if len(starts) % 2 == 0 and not _saved(folder, starts[-1], deadline_s=120):
+                problems.append(f"no set of step {starts[-1]} was saved in 120 s")
             time.sleep(rng.uniform(0.05, 0.5))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)

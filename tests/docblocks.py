@@ -17,6 +17,13 @@ of it)::
     <!-- doc: file: PATH -->             the block is a part of PATH in this repository
     <!-- doc: text -->                   not a command: a layout, a formula, a format
 
+``bf16`` after ``local`` or ``cluster`` (``<!-- doc: cluster bf16 -->``, ``<!-- doc: local
+output bf16: COMMAND -->``): the block's figures are a run's in bf16 on a CPU, which
+``trainer.precision=auto`` picks only on a CPU with native bf16 (AVX512-BF16 or AMX); on a CPU
+without it the same run trains in fp32 with other losses, so there its figures are compared
+as if each had a ``~`` and the word ``bf16`` matches ``fp32`` too (the rest of every line
+still as written).
+
 In a run block, lines that start with ``$ `` are commands typed into one shell and the lines
 under each one its output, compared by ``mismatch``; a block without ``$ `` lines is one bash
 script, a ``python`` block one Python script.
@@ -65,6 +72,7 @@ class Marker:
     arg: str = ""  # the reason, the path, or the command whose output the block is
     output: bool = False  # "local output: COMMAND"
     place: str = ""  # a bench block's: "local" or "cluster"
+    bf16: bool = False  # its figures are a CPU's with native bf16 (module doc)
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,9 @@ def parse_marker(body: str) -> Marker:
     arg = arg.strip()
     if not words or words[0] not in KINDS:
         raise ValueError(f"unknown kind {head.strip()!r}; use one of {', '.join(KINDS)}")
+    bf16 = words[-1:] == ["bf16"] and words[0] in RUN_KINDS
+    if bf16:
+        words = words[:-1]
     kind, output = words[0], words[1:] == ["output"]
     if kind == "bench":
         if words[1:] not in ([place] for place in BENCH_PLACES):
@@ -111,7 +122,7 @@ def parse_marker(body: str) -> Marker:
         raise ValueError(f"{kind} needs {what} after a colon, e.g. <!-- doc: {kind}: {example} -->")
     if kind in ("local", "cluster", "text") and arg and not output:
         raise ValueError(f"{kind} takes no argument (did you mean '{kind} output: ...'?)")
-    return Marker(kind, arg, output)
+    return Marker(kind, arg, output, bf16=bf16)
 
 
 def blocks(page: str) -> list[Block]:
@@ -196,18 +207,24 @@ _TOKEN = re.compile(rf"\.\.\.|…|<[^<>\s][^<>]*>|{VARIES}{FIGURE}|\s+")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def line_pattern(shown: str) -> re.Pattern[str]:
+# A bf16 block on a CPU without native bf16: its figures and the precision it names vary.
+_TOKEN_ANY_FIGURE = re.compile(rf"\.\.\.|…|<[^<>\s][^<>]*>|\bbf16\b|{VARIES}?{FIGURE}|\s+")
+
+
+def line_pattern(shown: str, figures_vary: bool = False) -> re.Pattern[str]:
     """A shown line as a pattern: ``~`` and a figure match any figure, ``...`` (or ``…``)
     any text, ``<placeholder>`` any text, a run of spaces any run of spaces; the rest, other
-    numbers included, is literal."""
+    numbers included, is literal (``figures_vary``: every figure matches any figure)."""
     out, pos = [], 0
-    for m in _TOKEN.finditer(shown):
+    for m in (_TOKEN_ANY_FIGURE if figures_vary else _TOKEN).finditer(shown):
         out.append(re.escape(shown[pos:m.start()]))
         token = m.group()
         if token in ("...", "…") or token.startswith("<"):
             out.append(".*?")
         elif token.isspace():
             out.append(r"\s+")
+        elif token == "bf16":
+            out.append("(?:bf16|fp32)")
         else:
             out.append(FIGURE)
         pos = m.end()
@@ -219,12 +236,13 @@ def _lines(text: str) -> list[str]:
     return [ANSI.sub("", line).rstrip() for line in text.splitlines() if line.strip()]
 
 
-def mismatch(shown: str, actual: str) -> str | None:
+def mismatch(shown: str, actual: str, figures_vary: bool = False) -> str | None:
     """None when ``actual`` is what ``shown`` describes: every shown line matches one line, in
     order, and a line ``...`` stands for any number of lines (blank lines are left out on
     both sides). Otherwise the first shown line that does not fit."""
     want, got = _lines(shown), _lines(actual)
-    patterns = [None if w.strip() in ("...", "…") else line_pattern(w.strip()) for w in want]
+    patterns = [None if w.strip() in ("...", "…") else line_pattern(w.strip(), figures_vary)
+                for w in want]
     best = [0]  # the furthest shown line reached, for the message
 
     def fits(i: int, j: int, memo: dict[tuple[int, int], bool]) -> bool:
@@ -373,6 +391,16 @@ def run_session(commands: Sequence[str], folder: Path, env: Mapping[str, str],
     return found
 
 
+def same_precision(block: Block) -> bool:
+    """Whether this machine trains in the precision the block's figures come from: a ``bf16``
+    block's are a CPU's with native bf16 (module doc); any other block's hold everywhere."""
+    if block.marker is None or not block.marker.bf16:
+        return True
+    from hpc_ddp.rank.services.precision import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
+
+
 def check_block(block: Block, folder: Path, env: Mapping[str, str],
                 keep: Path | None = None) -> list[str]:
     """Run ``block`` in ``folder``; what went wrong (empty when the block did what it shows).
@@ -409,7 +437,7 @@ def check_block(block: Block, folder: Path, env: Mapping[str, str],
         elif not expect_error and code != 0:
             problems.append(f"{block.where}: `{first}` exited {code}.{said}")
         elif step.shown is not None and step.shown.strip():
-            wrong = mismatch(step.shown, output)
+            wrong = mismatch(step.shown, output, figures_vary=not same_precision(block))
             if wrong:
                 problems.append(f"{block.where}: `{first}`: {wrong}.{said}")
         if problems:

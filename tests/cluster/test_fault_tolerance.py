@@ -260,12 +260,16 @@ def test_preemption_by_the_urgent_partition(hpc_ddp: Run, slurm_env: dict[str, s
                               of], env=slurm_env, capture_output=True, text=True, check=True)
         return [line.split("|") for line in out.stdout.splitlines() if line]
 
-    first, urgent_start = starts(job)[0], starts(urgent_id)[-1][1]
-    assert first[0] == "REQUEUED", starts(job)
+    runs = starts(job)
+    first, urgent_start = runs[0], starts(urgent_id)[-1][1]
+    assert first[0] == "REQUEUED", runs
     from datetime import datetime
 
-    ended, began = (datetime.fromisoformat(t) for t in (first[2], urgent_start))
-    assert 0 <= (began - ended).total_seconds() <= 5, (first, urgent_start)
+    # In this order: the first start ended, the urgent job ran on its nodes, the job started
+    # again (how many seconds each took depends on the machine's load, not on the cause).
+    ended, began, again = (datetime.fromisoformat(t)
+                           for t in (first[2], urgent_start, runs[1][1]))
+    assert ended <= began <= again, (runs, urgent_start)
 
 
 def test_a_hung_rank_is_named_and_restarted_in_place(hpc_ddp: Run, slurm_env: dict[str, str],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,9 @@ def test_wait_timeout_and_cancel(tmp_path: Path) -> None:
         run.wait(timeout=3, progress=False)
     with pytest.raises(hpc_ddp.UserError, match="is still running"):  # no second job in it
         hpc_ddp.plan([f"run_dir={run.run_dir}", "resume=true"])
+    deadline = time.monotonic() + 180  # training, however slowly its ranks started today
+    while not (run.progress() or {}).get("step") and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert run.cancel() is True  # the ranks agree on a step, checkpoint and stop
     with pytest.raises(hpc_ddp.RunFailed):
         run.wait(timeout=120, progress=False)

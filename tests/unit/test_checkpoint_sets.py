@@ -44,11 +44,12 @@ def test_latest_moves_only_once_every_rank_wrote_its_part(tmp_path: Path) -> Non
 
 
 def test_a_rank_that_never_writes_its_part_leaves_the_previous_latest(tmp_path: Path) -> None:
-    ranks = writers(tmp_path, 2, timeout_s=0.5)
+    ranks = writers(tmp_path, 2, timeout_s=30)  # step 10's set is whole, however slow
     for writer in ranks:
         writer.save(10, {"step": 10} if writer.rank == 0 else None, {"step": 10})
     for writer in ranks:
         writer.wait()
+    ranks[0].timeout_s = 0.5  # read when it waits for the others' parts
     ranks[0].save(20, {"step": 20}, {"step": 20})  # rank 1 never saves step 20
     with pytest.raises(CheckpointError, match=r"only 1 of 2 ranks .* step 20 .*missing: rank 1\)"
                                               r".* not made the latest .*step_000000010.pt "

@@ -43,6 +43,8 @@ def test_a_new_unmarked_block_fails_with_the_fix(tmp_path, monkeypatch) -> None:
     ("text", Marker("text")),
     ("bench local: about 2 min here", Marker("bench", "about 2 min here", place="local")),
     ("bench cluster: minutes", Marker("bench", "minutes", place="cluster")),
+    ("cluster bf16", Marker("cluster", bf16=True)),
+    ("local output bf16: cat x.log", Marker("local", "cat x.log", output=True, bf16=True)),
 ])
 def test_markers_read(body: str, marker: Marker) -> None:
     assert parse_marker(body) == marker
@@ -57,6 +59,7 @@ def test_markers_read(body: str, marker: Marker) -> None:
     ("bench: minutes", "a benchmark says where it runs"),
     ("bench gpu: minutes", "a benchmark says where it runs"),
     ("bench local", "bench needs a reason"),
+    ("site bf16: why", "only local and cluster take 'output'"),
 ])
 def test_bad_markers_say_why(body: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
@@ -92,6 +95,24 @@ def test_output_that_fits(shown: str, actual: str) -> None:
 def test_output_that_does_not_fit(shown: str, actual: str, says: str) -> None:
     problem = mismatch(shown, actual)
     assert problem is not None and says in problem
+
+
+def test_a_bf16_blocks_figures_vary_only_on_a_cpu_without_native_bf16(monkeypatch) -> None:
+    shown = "r1  ~42  COMPLETED  0  20/20  2.1725  0.3418  ~5210"
+    fp32 = "r1  77  COMPLETED  0  20/20  2.1802  0.3398  4990"
+    assert mismatch(shown, fp32) is not None  # as written: the figures are compared
+    assert mismatch(shown, fp32, figures_vary=True) is None
+    # The precision it names too; the words around them are still compared.
+    assert mismatch("INFO settings: precision=bf16, channels_last=True",
+                    "INFO settings: precision=fp32, channels_last=True", figures_vary=True) is None
+    assert mismatch(shown, fp32.replace("COMPLETED", "FAILED"), figures_vary=True) is not None
+    from hpc_ddp.rank.services import precision
+
+    block = Block("x.md", 1, "console", "", Marker("cluster", bf16=True))
+    for native in (True, False):
+        monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda native=native: native)
+        assert docblocks.same_precision(block) is native
+        assert docblocks.same_precision(Block("x.md", 1, "console", "", Marker("cluster")))
 
 
 def test_session_blocks_split_into_commands_and_their_output() -> None:

@@ -30,8 +30,11 @@ from hpc_ddp.rank.supervise.supervisor import Child, StackRelay
 from tests.conftest import REPO
 
 # A training process that exits 7 on SIGUSR1 (the stack signal here), else after 60 s.
+# Started with SIGUSR1 blocked, as the supervisor starts a training process: a request that
+# comes before the handler exists waits for it instead of killing the child (no sleep to guess).
 WAITS_FOR_USR1 = ("import signal, sys, time; "
-                  "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7)); time.sleep(60)")
+                  "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7)); "
+                  "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1}); time.sleep(60)")
 
 
 def _rank(store: Any, number: int) -> Any:
@@ -58,13 +61,13 @@ def child_keys(store: Any) -> Any:
 
 
 def _child() -> Child:
-    return Child([sys.executable, "-c", WAITS_FOR_USR1], {})
+    return Child([sys.executable, "-c", WAITS_FOR_USR1], {},
+                 blocked=frozenset({signal.SIGUSR1}))
 
 
 def test_a_request_for_this_rank_signals_its_training_process(store: Any) -> None:
     child = _child()
     relay = StackRelay(_rank(store, 1), child, signal.SIGUSR1)
-    time.sleep(1.0)  # the child has installed its handler
     stacks.request(child_keys(store), [1], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
                    wait_s=0)
     assert child.wait() == 7
@@ -76,7 +79,6 @@ def test_a_request_for_another_rank_leaves_it_alone_and_close_ends_the_thread(
         store: Any) -> None:
     child = _child()
     relay = StackRelay(_rank(store, 1), child, signal.SIGUSR1)
-    time.sleep(1.0)
     stacks.request(child_keys(store), [2], Path("/nonexistent"), "elsewhere", signal.SIGUSR1,
                    wait_s=0)
     time.sleep(0.5)
