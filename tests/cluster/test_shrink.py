@@ -205,7 +205,11 @@ def test_a_shrunk_run_requeued_grows_back_to_its_nodes_in_the_same_order(
     """Shrunk to 3 nodes, then requeued (USR2, as a preemption) once the lost node is back:
     the requeued job has its 4 nodes again, and every step of the three starts (4, 3, then 4
     nodes) trains on the uninterrupted run's samples."""
-    from tests.cluster.test_fault_tolerance import finish_releasing_requeues, progress_step
+    from tests.cluster.test_fault_tolerance import (
+        finish_releasing_requeues,
+        progress_step,
+        wait_for_event,
+    )
 
     run_dir = tmp_path / "run"
     job = submit(run_dir, tmp_path / "ids", slurm_env, False, [])
@@ -216,8 +220,11 @@ def test_a_shrunk_run_requeued_grows_back_to_its_nodes_in_the_same_order(
         while "shrink" not in [e["kind"] for e in events.read(run_dir)]:
             assert time.monotonic() < deadline, "the run did not shrink"
             time.sleep(0.5)
-    # Training on 3 nodes (the ranks of the first start left their error files: not waited on).
-    shrunk_at, deadline = progress_step(run_dir), time.monotonic() + 120
+    # Training on 3 nodes (the ranks of the first start left their error files: not waited on):
+    # its first step is the "recovered" event's (progress.json may still hold the first
+    # start's last step, a later one than the shrunk start resumes from).
+    shrunk_at = wait_for_event(run_dir, "recovered")["step"]
+    deadline = time.monotonic() + 120
     while progress_step(run_dir) < shrunk_at + 4:
         assert time.monotonic() < deadline, "no step on 3 nodes"
         time.sleep(0.2)
