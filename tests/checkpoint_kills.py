@@ -13,7 +13,7 @@ rank's stream file of that step loads and holds the same step. Each child starts
 step after the latest, so the run goes on across kills as a requeued job would: ``starts``
 holds the step each child started from, which the tests hold to the latest before it (a
 check of the resuming that does not depend on how fast this machine is today). Used by
-tests/unit/test_checkpoint.py (a few kills here) and tests/cluster/test_checkpoint_kills.py
+tests/unit/test_checkpoint.py (a few kills here) and tests/cluster/test_checkpoints_and_secrets.py
 (one srun step per node, 50+ kills in all). ``sharded``: one rank saving its tensors in the
 sharded format (DCP, rank/services/dcp_files.py) in the background, staged as an
 asynchronous save is; ``latest`` must name a whole folder that reads back as data.

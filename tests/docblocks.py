@@ -114,7 +114,7 @@ def parse_marker(body: str) -> Marker:
                              "<!-- doc: bench local: about 2 min here -->")
         return Marker(kind, arg, place=words[1])
     if words[1:] and not (output and kind in RUN_KINDS):
-        raise ValueError(f"{head.strip()!r}: only local and cluster take 'output'")
+        raise ValueError(f"{head.strip()!r}: only local and cluster take 'output' and 'bf16'")
     if output and not arg:
         raise ValueError("an output marker names its command: <!-- doc: local output: CMD -->")
     if kind in (*QUIET_KINDS, "file") and not arg:
@@ -203,12 +203,13 @@ def runnable(kind: str, place: str = "") -> list[tuple[str, list[Block]]]:
 # 127.0.0.1:41741), an exponent; "~" before one in shown output: it varies (module doc).
 FIGURE = r"[-+]?\d+(?:[.:]\d+)*(?:e[-+]?\d+)?"
 VARIES = "~"
-_TOKEN = re.compile(rf"\.\.\.|…|<[^<>\s][^<>]*>|{VARIES}{FIGURE}|\s+")
+_PLACEHOLDERS = r"\.\.\.|…|<[^<>\s][^<>]*>|\s+"
+_TOKEN = re.compile(rf"{_PLACEHOLDERS}|{VARIES}{FIGURE}")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 # A bf16 block on a CPU without native bf16: its figures and the precision it names vary.
-_TOKEN_ANY_FIGURE = re.compile(rf"\.\.\.|…|<[^<>\s][^<>]*>|\bbf16\b|{VARIES}?{FIGURE}|\s+")
+_TOKEN_ANY_FIGURE = re.compile(rf"{_PLACEHOLDERS}|\bbf16\b|{VARIES}?{FIGURE}")
 
 
 def line_pattern(shown: str, figures_vary: bool = False) -> re.Pattern[str]:
