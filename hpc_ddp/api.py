@@ -277,10 +277,11 @@ class Run:
     def job_state(self) -> JobState:
         """The state now: ``.state`` (one word), ``.raw`` (Slurm's text), ``.exit_code``,
         ``.reason`` (Slurm's pending reason); one squeue call (sacct once it has ended)."""
-        from hpc_ddp.slurm.state import JobState, query  # deferred (start-up): slurm.state
+        from hpc_ddp.slurm.state import JobState  # deferred (start-up): slurm.state
+        from hpc_ddp.watch.ended import slurm_state  # watch.ended: events
 
-        if self.kind == "slurm":
-            return query(self.job_id) or JobState("UNKNOWN")
+        if self.kind == "slurm":  # without accounting, an ENDED job told by its records
+            return slurm_state(self.run_dir, self._record, self.job_id)
         if not self.done():
             return JobState("RUNNING")
         from hpc_ddp.watch.follow import failed_ranks  # deferred (start-up): follow

@@ -12,13 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.owned import open_append
+from hpc_ddp.rundir import write_text
+
 FILE = "events.jsonl"
 
 
 def append(run_root: Path, event: dict[str, Any]) -> None:
-    """One line, written with O_APPEND in a single write: lines from ranks never interleave."""
+    """One line, written with O_APPEND in a single write: lines from ranks never interleave.
+    owned.Untrusted where events.jsonl is a symbolic link or not this user's file: the line
+    would be written wherever it points (owned.open_append)."""
     line = json.dumps({"time": time.time(), **event}, sort_keys=True) + "\n"
-    fd = os.open(run_root / FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_append(run_root / FILE)
     try:
         os.write(fd, line.encode())
     finally:
@@ -38,8 +43,9 @@ def cause_fields(run_root: Path, message: str, attempt: int, rank: int,
     name = f"logs/failure-attempt{attempt}{f'.{generation}' if generation else ''}-rank{rank}.txt"
     try:
         (run_root / "logs").mkdir(exist_ok=True)
-        with open(run_root / name, "w") as handle:
-            handle.write(message.strip() + "\n")
+        # Replaced, not written in place: a link planted at the name is replaced, its target
+        # left alone (rundir.write_text).
+        write_text(run_root / name, message.strip() + "\n")
     except OSError:  # the history keeps the cause at least
         return {"cause": f"{lines[0]} ... {lines[-1].strip()}"}
     return {"cause": f"{lines[0]} ... {lines[-1].strip()}", "lines": name}

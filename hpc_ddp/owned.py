@@ -10,6 +10,10 @@ checks the run dir, every folder on the way and the file itself on the descripto
 (``fstat``): this user's, writable by nobody else. The caller reads from that descriptor, so
 no other file can take the checked one's place between the check and the read
 (docs/security.md).
+
+The files a run appends to (a rank's log and stacks, events.jsonl) are opened by
+:func:`open_append`: never through a symbolic link, and only a regular file of this user's
+(a link planted at the name would have the run's lines written wherever it points).
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from typing import BinaryIO
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO put there would otherwise block the open until someone writes to it.
 _FILE = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+
+# O_NOFOLLOW: a link at the name is refused (ELOOP), not written through; O_NONBLOCK: a FIFO
+# put there fails the open (ENXIO) instead of blocking it until someone reads.
+_APPEND = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW |
+           os.O_NONBLOCK)
 
 _FOREIGN_FIX = (
     "resume only runs you made yourself. To start from someone else's weights, start a new "
@@ -135,3 +144,47 @@ def run_root_of(path: Path) -> Path:
         if parent.name == "submitit":
             return parent.parent
     return Path(os.path.abspath(path)).parent
+
+
+def check_appendable(info: os.stat_result, shown: Path | str) -> None:
+    """Untrusted unless ``info`` (an lstat or fstat of ``shown``) is a regular file of this
+    user's: what :func:`open_append` writes to. Group-writable is let through: nothing is
+    loaded from these files, and what someone else could append there was theirs to write."""
+    if stat.S_ISLNK(info.st_mode):
+        raise Untrusted(
+            f"{shown} is a symbolic link: hpc_ddp writes through none in a run dir (one planted "
+            f"there would have the run's lines written wherever it points). Fix: remove {shown}, "
+            "and check who else can write in the run dir (docs/security.md).")
+    if not stat.S_ISREG(info.st_mode):
+        raise Untrusted(f"{shown} is not a regular file, so hpc_ddp does not write to it. "
+                        f"Fix: remove {shown}.")
+    if info.st_uid != os.geteuid():
+        raise Untrusted(
+            f"{shown} is not yours: the file belongs to {who(info.st_uid)} and hpc_ddp runs as "
+            f"{who(os.geteuid())}, so what the run wrote there would be theirs to read and "
+            f"change. Fix: remove {shown} (it is in your folder: you can), and check who else "
+            "can write in the run dir (docs/security.md).")
+
+
+def open_append(path: Path | str) -> int:
+    """A descriptor of ``path`` (a run dir's file: a rank's log, its stacks, events.jsonl)
+    open to append, made if missing with the process's umask (cluster.umask: every rank sets
+    it). Untrusted (with the fix) for a symbolic link, anything but a regular file, or a file
+    of someone else's, checked on the descriptor opened (fstat), so nothing can take the
+    checked file's place before the write. Only the name itself is not followed: the folders
+    above it are checked before any rank starts (inputs/run_dir.check_run_files)."""
+    try:
+        fd = os.open(path, _APPEND, 0o666)
+    except OSError as exc:
+        # ELOOP: a link (O_NOFOLLOW); ENXIO: a FIFO with no reader or a socket; EISDIR.
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        check_appendable(os.lstat(path), path)
+        raise
+    try:
+        check_appendable(os.fstat(fd), path)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise

@@ -4,17 +4,20 @@ The rules (docs/security.md "Secrets"):
 
 - a name holds a secret when one of its words (``WANDB_API_KEY``, ``model.api_token``,
   ``--hf-token``, ``dbPassword``: split at ``_ - .`` and case changes) is TOKEN, JWT, PAT,
-  SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), PRIVATE, WEBHOOK, DSN or AUTH at the
-  end, PASS or PWD after another word (``SSHPASS``, ``MYSQL_PWD``; not ``PWD``), KEY, API_KEY
-  or KEY_ID at the end (``WANDB_API_KEY``, ``AWS_ACCESS_KEY_ID``; not ``NCCL_IB_PKEY``, not
-  ``key_dim``), API_KEYS, AUTHORIZATION, COOKIE(S) or SESSION_ID/KEY/TOKEN at the end, or
-  when it is ``CONNECTION_STRING`` / ``DATABASE_URL``; a script's or a setup line's short
-  flag ``-p`` (a password for mysql, sshpass);
-- a value is a secret by its shape: a URL with a password (``https://user:pw@host``),
+  SECRET, PASSWORD, PASSWD, PASSPHRASE, CREDENTIAL(S), PRIVATE, WEBHOOK, DSN, AUTH or BEARER
+  at the end, PASS or PWD after another word (``SSHPASS``, ``MYSQL_PWD``; not ``PWD``), KEY,
+  API_KEY or KEY_ID at the end (``WANDB_API_KEY``, ``AWS_ACCESS_KEY_ID``; not
+  ``NCCL_IB_PKEY``, not ``key_dim``), API_KEYS, AUTHORIZATION, COOKIE(S) or
+  SESSION_ID/KEY/TOKEN at the end, or when it is ``CONNECTION_STRING`` / ``DATABASE_URL``; a
+  script's or a setup line's short flag ``-p`` (a password for mysql, sshpass);
+- a value is a secret by its shape: a URL with a password (``https://user:pw@host``, and
+  ``user:pw@host[:port]`` without a scheme, e.g. a proxy's),
   ``AccountKey=...``, a private key block, a JWT, and the token prefixes of Hugging Face
   (``hf_``), GitHub (``ghp_``, ``github_pat_``...), GitLab (``glpat-``), OpenAI and others
   (``sk-``), Slack (``xox?-``) and AWS (``AKIA``/``ASIA``), and the credentials of an
-  HTTP ``Authorization: Bearer ...`` / ``Basic ...`` header;
+  HTTP ``Authorization: Bearer ...`` / ``Basic ...`` header; the ``user:password`` after
+  curl's ``-u``/``--user`` (``-U``/``--proxy-user``) in a setup line or a script's arguments
+  (:func:`user_password`);
 - ``secrets.secret`` / ``secrets.public`` in the config mark names the rules get wrong
   (:class:`Marks`).
 
@@ -32,7 +35,7 @@ MASK = "****"
 
 # (A number may follow the last word: HF_TOKEN2, API_KEY_1.)
 _WORDS = re.compile(r"""
-    (?:^|_)(?:TOKEN|JWT|PAT|PRIVATE|WEBHOOK|DSN|AUTH|AUTHORIZATION)(?:_?\d+)?$
+    (?:^|_)(?:TOKEN|JWT|PAT|PRIVATE|WEBHOOK|DSN|AUTH|AUTHORIZATION|BEARER)(?:_?\d+)?$
   | (?:^|_)(?:PRIVATE|WEBHOOK)_
   | SECRET | PASSWORD | PASSWD | PASSPHRASE | CREDENTIAL
   | (?:^|_)SSHPASS$ | _PASS$ | _PWD$
@@ -54,11 +57,17 @@ _SHAPES = re.compile(r"""
       | (?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])
       | eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*
     )
-  | (?<=://)[^\s/:@'"]*:[^\s/@'"]+(?=@)
+  | (?<=://)[^\s/:@'"]*:[^\s/'"]+(?=@)
+  | (?<![^\s='",])[\w.%+~-]+:[^\s/@'":]+(?=@[A-Za-z0-9][\w.-]*(?::\d+)?(?:[/\s'",]|$))
   | (?:(?<=Bearer\ )|(?<=bearer\ )|(?<=BEARER\ )|(?<=Basic\ )|(?<=basic\ ))[A-Za-z0-9._~+/-]{8,}=*
   | (?<=AccountKey=)[^;\s'"]+
   | -----BEGIN[A-Z ]*PRIVATE\ KEY-----[^-]*-----END[A-Z ]*PRIVATE\ KEY-----
 """, re.VERBOSE)
+
+# Flags whose value is ``user:password`` (curl's -u/--user, -U/--proxy-user): credentials
+# only with a password, and not as digits (``docker -u 1000:1000`` is a uid:gid).
+USER_FLAGS = ("-u", "--user", "-U", "--proxy-user")
+_USER_PASSWORD = re.compile(r"[^:\s]*:\S+")
 
 # A value shorter than this is not masked where it appears in a text (a secret-named
 # variable set to 0 would mask every 0); it is still never written under its own name.
@@ -107,6 +116,12 @@ def secret_name(name: str, marks: Marks = NO_MARKS) -> bool:
     return bool(_WORDS.search(normalized(name.rpartition(".")[2])))
 
 
+def user_password(flag: str, value: str) -> bool:
+    """Whether ``value``, given to ``flag``, is a ``user:password`` (``curl -u me:pw``)."""
+    return (flag in USER_FLAGS and bool(_USER_PASSWORD.fullmatch(value))
+            and not re.fullmatch(r"[\d:]+", value))
+
+
 def secret_value(text: str) -> bool:
     """Whether ``text`` holds a secret by its shape, whatever its name."""
     return bool(_SHAPES.search(text))
@@ -123,6 +138,27 @@ def mask(text: str, values: Iterable[str]) -> str:
         if len(value) >= MASK_MIN and value in text:
             text = text.replace(value, MASK)
     return mask_shapes(text)
+
+
+# NAME= and the value after it (quoted, or up to a space, a comma, a closing bracket, a
+# quote or ": "), found at every NAME (``comment=token=x``: comment's, then token's).
+_ASSIGNED = re.compile(r"""(?<![\w.-])([A-Za-z_][\w.-]*)=(?=('[^']*'|"[^"]*"|"""
+                       r"""(?:[^\s,;:'"\])}]|:(?=\S))*))""")
+
+
+def mask_assigned(text: str, marks: Marks = NO_MARKS) -> str:
+    """``text`` with the value of each ``NAME=value`` of a secret NAME as ****, however short
+    (an error line echoing ``+cluster.sbatch_extra.comment=token=x``); a reference
+    (``${oc.env:NAME}``) is kept."""
+    out, last = [], 0
+    for match in _ASSIGNED.finditer(text):
+        value = match.group(2)
+        if match.start() < last or not value or value.startswith("${") or value == MASK or \
+                not secret_name(match.group(1), marks):
+            continue
+        out.append(text[last:match.end()] + MASK)
+        last = match.end() + len(value)
+    return "".join(out) + text[last:]
 
 
 def values_to_mask(environ: Mapping[str, str], extra: Iterable[str] = (),

@@ -20,6 +20,7 @@ naming the key, the value and the fix. This command is a thin layer over the Pyt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -70,34 +71,62 @@ def restart_without_secrets(args: list[str]) -> None:
     stays in this process's argv, which every user of the machine reads in ps for as long as
     the command runs (a followed local run: the whole run). The command then starts itself
     again at once with each such value replaced by the reference the run keeps anyway
-    (``${oc.env:HPC_DDP_SECRET_...}``), the value in its environment (config/secrets.py)."""
+    (``${oc.env:HPC_DDP_SECRET_...}``; each value of a swept one by its own,
+    ``..._0``, ``..._1``), the value in its environment (config/secrets.py)."""
     if os.environ.get(_RESTARTED_ENV):
         return
+    argv, values = argv_without_secrets(args)
+    if argv is not None:
+        os.execve(sys.executable, argv, {**os.environ, **values, _RESTARTED_ENV: "1"})
+
+
+def argv_without_secrets(args: list[str]) -> tuple[list[str] | None, dict[str, str]]:
+    """The command line :func:`restart_without_secrets` starts again with and the values
+    its environment carries; None where no secret literal can be taken out of ``args``."""
     # deferred (start-up): config.secrets, config.secret_channels
     from hpc_ddp.config import secrets
     from hpc_ddp.config.secret_channels import Found, scrub_script_args
 
     try:
         overrides, script_args = split_script_args(args)
-        found = Found(secrets.NO_MARKS, strict=False)
+        # strict: two values for one variable (HF_TOKEN in two sections) are left as given,
+        # for the run's own check to refuse, never sent as one value for both
+        found = Found(secrets.NO_MARKS)
         clean = [secrets.scrub_override(a, found) if "=" in a and not a.startswith("-")
                  else a for a in overrides]
-        scrubbed = scrub_script_args(script_args, found) if script_args else None
+        scrubbed = None if script_args is None else scrub_script_args(script_args, found)
     except (UserError, ValueError):
-        return  # compose() refuses what cannot be read, its secrets masked
+        return None, {}  # compose() refuses what cannot be read, its secrets masked
+    # **** stands for what cannot be read or passed by reference (a range over a secret's
+    # name): compose() refuses or reads it as given; a line that changed nothing is kept.
     masked_only = any(c != o and secrets.MASK in c for c, o in zip(clean, overrides, strict=True))
-    if not found.values or masked_only:  # a swept secret has no one reference: kept as given
-        return
-    argv = [sys.executable, "-m", "hpc_ddp.submit", *clean,
-            *(["--", *scrubbed] if scrubbed is not None else [])]
-    os.execve(sys.executable, argv, {**os.environ, **found.values, _RESTARTED_ENV: "1"})
+    if masked_only or (clean == overrides and scrubbed == script_args):
+        return None, {}
+    return [sys.executable, "-m", "hpc_ddp.submit", *clean,
+            *(["--", *scrubbed] if scrubbed is not None else [])], found.values
+
+
+# Set when a laptop sent the command (args_from_stdin): the laptop prints the lines that
+# follow a submission, with its own handle's paths, not this machine's.
+FROM_LAPTOP: list[bool] = []
 
 
 def args_from_stdin(stdin: TextIO) -> list[str]:
     """The command line a laptop sent on the connection's standard input (never on a command
     line: it may reference secrets, whose values come with it and are put in this process's
     environment, as a typed secret is: restart_without_secrets)."""
-    sent = json.loads(stdin.read() or "{}")
+    sent = json.loads(stdin.readline() or "{}")
+    # The laptop keeps the input open: at its end (or its silence) this command ends, and
+    # nothing of ours lingers on the login node (remote/tether.py).
+    from hpc_ddp.remote import tether  # deferred (start-up): remote.tether
+
+    with contextlib.suppress(OSError, ValueError):  # no descriptor (a call from Python)
+        tether.hold(stdin.fileno())
+    FROM_LAPTOP.append(True)
+    # Run as ``python -P``: hpc_ddp came from its install, never from a folder in the copy
+    # of the project; the project's own modules are found from here on, as under ``-m``.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     os.environ.update({str(k): str(v) for k, v in (sent.get("env") or {}).items()})
     script_args = sent.get("script_args")
     return [*(["-m"] if sent.get("multirun") else []), *map(str, sent.get("args") or []),
@@ -152,8 +181,9 @@ def check_cfg_flag(args: Sequence[str]) -> None:
 
 
 def _masked(text: str, args: Sequence[str]) -> str:
-    """``text`` with the secret literals of ``args`` and the values of this environment's
-    secret-named variables as **** (config/secrets.py)."""
+    """``text`` with the secret literals of ``args`` (each value of a swept one too), the
+    values of this environment's secret-named variables, and the value of any secret NAME=
+    in it, however short (``comment=token=x``), as **** (config/secrets.py)."""
     # deferred (start-up): config.secrets
     from hpc_ddp.config import secrets
 
@@ -161,7 +191,7 @@ def _masked(text: str, args: Sequence[str]) -> str:
         given = secrets.literals_in(list(args))
     except UserError:
         given = []
-    return secrets.mask(text, secrets.values_to_mask(os.environ, given))
+    return secrets.mask_assigned(secrets.mask(text, secrets.values_to_mask(os.environ, given)))
 
 
 def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
@@ -221,7 +251,8 @@ def _submit(overrides: list[str], show_cfg: bool, out: TextIO,
                   f"  tensorboard: tensorboard --logdir {shlex.quote(str(run_dir.tb))}",
                   file=out, flush=True)
         if not cfg.wait:
-            for line in next_steps(cfg.cluster.kind, run_dir.root, run.job_id, cfg.detach):
+            for line in [] if FROM_LAPTOP else next_steps(cfg.cluster.kind, run_dir.root,
+                                                          run.job_id, cfg.detach):
                 print(line, file=out, flush=True)
             return 0
         run.wait(out=out)

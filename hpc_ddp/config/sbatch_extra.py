@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 from hpc_ddp.config.schema import ClusterConfig
+from hpc_ddp.config.secret_channels import named_secrets
 from hpc_ddp.errors import UserError
+from hpc_ddp.redact import MASK, NO_MARKS, secret_name
 
 # sbatch options hpc_ddp (or submitit's script) sets itself -> the fix: the same option in
 # cluster.sbatch_extra would silently replace ours ({value}: the value given).
@@ -43,7 +45,6 @@ MANAGED_SBATCH = {
     "test-only": "use dry_run=true to see the script without submitting",
 }
 _SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
-_SBATCH_OPTION = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
 def check_sbatch_extra(c: ClusterConfig) -> None:
@@ -51,6 +52,8 @@ def check_sbatch_extra(c: ClusterConfig) -> None:
     extra one would silently replace ours: nodes=8 for nodes=4, a signal the ranks ignore)."""
     for key, value in c.sbatch_extra.items():
         full = f"cluster.sbatch_extra.{key}"
+        if secret_name(key) or named_secrets([str(value)], NO_MARKS):
+            value = MASK  # refused by config/secrets.py, never echoed here (comment=token=x)
         option = key.replace("_", "-")
         if not _SBATCH_OPTION.match(option):
             raise UserError(full, value, "is not an sbatch option name.",

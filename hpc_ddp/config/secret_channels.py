@@ -8,7 +8,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpc_ddp.errors import UserError
-from hpc_ddp.redact import MASK, Marks, normalized, secret_name, secret_value
+from hpc_ddp.redact import (
+    MASK,
+    USER_FLAGS,
+    Marks,
+    normalized,
+    secret_name,
+    secret_value,
+    user_password,
+)
 
 # ${oc.env:NAME} or ${oc.env:NAME,default}
 REFERENCE = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)(?:,([^}]*))?\}")
@@ -104,16 +112,22 @@ def loose_literals(text: str, found: Found) -> None:
 
 def scrub_setup(lines: Sequence[str], found: Found, where: str) -> list[str]:
     """Setup lines with every literal secret as a reference: ``NAME=value`` of a secret NAME
-    or value, a word after a secret-named flag (``--token x``), any secret-shaped word."""
+    or value, a secret-named flag's value (``--token x``, ``--token=x``), curl's
+    ``-u user:password`` (``--user=``, ``-uuser:password``), any secret-shaped word."""
     anonymous = 0
     done = []
     for line in lines:
-        flag_secret = False
+        flag = ""  # the flag the word before was, whose value this word may be
+
+        def taken(literal: str) -> str:
+            nonlocal anonymous
+            anonymous += 1
+            return '"' + found.take(f"{PREFIX}SETUP_{anonymous}", literal, where) + '"'
 
         def swap(match: re.Match[str]) -> str:
-            nonlocal flag_secret, anonymous
+            nonlocal flag
             word = match.group(0)
-            after_flag, flag_secret = flag_secret, False
+            after, flag = flag, ""
             assign = _ASSIGN.match(word)
             if assign and not word.startswith("-"):
                 name, value = assign.group(1), _shell_literal(assign.group(2))
@@ -124,10 +138,18 @@ def scrub_setup(lines: Sequence[str], found: Found, where: str) -> list[str]:
             if literal is None:
                 return word
             if literal.startswith("-"):
-                flag_secret = secret_name(literal.partition("=")[0], found.marks)
-            if literal and (after_flag or secret_value(literal)):
-                anonymous += 1
-                return '"' + found.take(f"{PREFIX}SETUP_{anonymous}", literal, where) + '"'
+                name, eq, value = literal.partition("=")
+                if eq and value and (secret_name(name, found.marks) or secret_value(value)
+                                     or user_password(name, value)):
+                    return f"{name}={taken(value)}"  # --token=x: the flag stays a word
+                if not eq and literal[:2] in USER_FLAGS and user_password(literal[:2],
+                                                                          literal[2:]):
+                    return literal[:2] + taken(literal[2:])  # -uuser:password
+                flag = "" if eq else literal
+            if literal and (after and (secret_name(after, found.marks)
+                                       or user_password(after, literal))
+                            or secret_value(literal)):
+                return taken(literal)
             return word
 
         try:
@@ -168,7 +190,8 @@ def scrub_tree(path: str, value: Any, found: Found) -> Any:
 
 def scrub_script_args(args: Sequence[str], found: Found) -> list[str]:
     """A script's arguments: ``--flag=value`` / ``NAME=value`` and ``--flag value`` of a
-    secret-named flag, and any secret-shaped argument, as references (resolved in the
+    secret-named flag (and ``--user user:password``), and any secret-shaped argument, as
+    references (resolved in the
     script's process, never on its command line: rank/main/script_runner.py)."""
     out = list(args)
     for i, arg in enumerate(args):
@@ -177,14 +200,50 @@ def scrub_script_args(args: Sequence[str], found: Found) -> list[str]:
         name, eq, value = arg.partition("=")
         if eq and (name.startswith("-") or name.isidentifier()) and value and \
                 not is_reference(value):
-            if secret_name(name, found.marks) or secret_value(value):
+            if secret_name(name, found.marks) or secret_value(value) or \
+                    user_password(name, value):
                 where = PREFIX + "ARG_" + normalized(name)
                 out[i] = f"{name}={found.take(where, value, 'script_args')}"
             continue
         nxt = args[i + 1] if i + 1 < len(args) else ""
-        if arg.startswith("-") and not eq and nxt and not nxt.startswith("-") and \
-                secret_name(arg, found.marks) and not is_reference(nxt):
+        if arg.startswith("-") and not eq and nxt and not nxt.startswith("-") and (
+                secret_name(arg, found.marks) or user_password(arg, nxt)) and \
+                not is_reference(nxt):
             out[i + 1] = found.take(PREFIX + "ARG_" + normalized(arg), nxt, "script_args")
         elif secret_value(arg):
             out[i] = found.take(f"{PREFIX}ARG_{i}", arg, "script_args")
     return out
+
+
+# -- what others can read (sbatch options, srun's and a container's arguments: refused) ----
+
+
+def named_secrets(args: Sequence[str], marks: Marks) -> list[tuple[str, str]]:
+    """(name, value) of each secret a list of arguments sets by name: ``NAME=value``
+    anywhere in an item (``--export=ALL,HF_TOKEN=x``, ``--env WANDB_API_KEY=x``,
+    ``--comment password=x``), ``--flag=value`` and ``--flag value`` with a secret's name
+    (``--token x``). ``--export=ALL,HF_TOKEN`` passes a variable by name, no value: allowed."""
+    words = [w for a in args for w in str(a).split()]
+    found = []
+    for i, word in enumerate(words):
+        for piece in re.split(r"[,\s]+", word):
+            parts = piece.split("=")
+            found += [(name, "=".join(parts[k + 1:])) for k, name in enumerate(parts[:-1])
+                      if parts[k + 1] and secret_name(name, marks)]
+        nxt = words[i + 1] if i + 1 < len(words) else ""
+        if word.startswith("-") and "=" not in word and nxt and not nxt.startswith("-") and (
+                secret_name(word, marks)):
+            found.append((word, nxt))
+    return found
+
+
+def open_literals(given: Any, found: Found) -> None:
+    """The secrets an override of what others can read gives (``+cluster.sbatch_extra.
+    comment='password=x'``): extract() refuses them; taken here to be masked meanwhile (in
+    the refusal's line and any other the command prints)."""
+    items = given if isinstance(given, list) else [given]
+    pairs = [p for v in items if isinstance(v, Mapping) for p in v.items()]
+    texts = [str(v) for v in items if not isinstance(v, Mapping)] + [str(v) for _, v in pairs]
+    for text in [v for _, v in named_secrets(texts, found.marks)] + [
+            str(v) for k, v in pairs if secret_name(str(k), found.marks)]:
+        found.values[f"{PREFIX}OPEN_{len(found.values)}"] = text

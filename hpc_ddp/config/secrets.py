@@ -38,10 +38,14 @@ from typing import Any
 
 from hpc_ddp.config.secret_channels import (
     ENV_SECTIONS,
+    PREFIX,
     REFERENCE,
     TREES,
     Found,
     loose_literals,
+    named_secrets,
+    open_literals,
+    reference,
     scrub_env,
     scrub_script_args,
     scrub_setup,
@@ -50,6 +54,7 @@ from hpc_ddp.config.secret_channels import (
 from hpc_ddp.errors import UserError
 from hpc_ddp.redact import MASK, NO_MARKS, Marks, secret_name, secret_value
 from hpc_ddp.redact import mask as mask
+from hpc_ddp.redact import mask_assigned as mask_assigned
 from hpc_ddp.redact import values_to_mask as values_to_mask
 
 
@@ -85,7 +90,9 @@ def references_kept(marks: Marks = NO_MARKS) -> Iterator[None]:
 # What a task's command line holds, which every user of a node can read (ps), and the
 # job's options, which every user of the cluster can (scontrol show job).
 _IN_THE_OPEN = ("srun_args", "sbatch_extra", "container.options", "container.image",
-                "container.gpu_flags", "container.mounts", "python", "venv", "conda_env")
+                "container.gpu_flags", "container.mounts", "python", "venv", "conda_env",
+                "job_name", "partition", "account", "qos", "constraint")
+_OPEN_KEYS = tuple(f"cluster.{name}" for name in _IN_THE_OPEN)
 
 
 def _refuse_in_the_open(cfg: Any) -> None:
@@ -102,38 +109,23 @@ def _refuse_in_the_open(cfg: Any) -> None:
     for name in _IN_THE_OPEN:
         holder, _, field = name.rpartition(".")
         value = getattr(getattr(c, holder) if holder else c, field)
-        items = (value.items() if isinstance(value, Mapping) else enumerate(value)
-                 if isinstance(value, list) else [(name, value)])
-        named = _named_secret(value, marks) if isinstance(value, list) else None
-        for key, item in items:
-            text = "" if item is None else str(item)
-            if text and (secret_value(text) or REFERENCE.search(text) or named or
-                         isinstance(value, Mapping) and secret_name(str(key), marks)):
-                what = f"a secret ({named.lstrip('-')})" if named else "a secret"
-                raise UserError(f"cluster.{name}", MASK, f"would put {what} on a command "
-                                "line or among the job's options, which other users of the "
-                                "cluster can read (ps, scontrol show job).", "pass it in the "
-                                "environment: cluster.setup=['export NAME=${oc.env:NAME}'] "
-                                "or cluster.container.env (docs/security.md).")
-
-
-def _named_secret(args: list[Any], marks: Marks) -> str | None:
-    """The name of a secret a list of arguments sets by name (None: none): ``NAME=value``
-    anywhere in an item (``--export=ALL,HF_TOKEN=x``, ``--env WANDB_API_KEY=x``,
-    ``--comment password=x``), ``--flag=value`` and ``--flag value`` with a secret's name
-    (``--token x``). ``--export=ALL,HF_TOKEN`` passes a variable by name, no value: allowed."""
-    words = ["" if a is None else str(a) for a in args]
-    for i, word in enumerate(words):
-        for piece in re.split(r"[,\s]+", word):
-            parts = piece.split("=")
-            for name, val in zip(parts, parts[1:], strict=False):
-                if val and secret_name(name, marks):
-                    return name
-        nxt = words[i + 1] if i + 1 < len(words) else ""
-        if word.startswith("-") and "=" not in word and nxt and not nxt.startswith("-") and (
-                secret_name(word, marks)):
-            return word
-    return None
+        # A mapping's values are options of their own (sbatch_extra: --comment=..., each
+        # checked alone); a list is one command line (a flag, then its value).
+        items = ([(f"cluster.{name}.{k}", k, v) for k, v in value.items()]
+                 if isinstance(value, Mapping) else [(f"cluster.{name}", "", value)])
+        for where, key, item in items:
+            texts = ["" if v is None else str(v)
+                     for v in (item if isinstance(item, list) else [item])]
+            named = [n for n, _ in named_secrets(texts, marks)]
+            if key and secret_name(str(key), marks):
+                named.insert(0, str(key))
+            if named or any(secret_value(t) or REFERENCE.search(t) for t in texts):
+                what = f"a secret ({named[0].lstrip('-')})" if named else "a secret"
+                raise UserError(where, MASK, f"would put {what} on a command line or among "
+                                "the job's options, which other users of the cluster can read "
+                                "(ps, scontrol show job).", "pass it in the environment: "
+                                "cluster.setup=['export NAME=${oc.env:NAME}'] or "
+                                "cluster.container.env (docs/security.md).")
 
 
 def extract(cfg: Any) -> tuple[Any, dict[str, str]]:
@@ -190,14 +182,15 @@ def _may_hold(key: str, value: str, marks: Marks) -> bool:
     only then: a sweep's thousand points share most of theirs)."""
     bare = key.lstrip("+~")
     return (bare == "cluster.setup" or bare.startswith(("cluster.setup[", *ENV_SECTIONS))
+            or bare.startswith(_OPEN_KEYS)
             or secret_name(bare, marks) or secret_value(value)
-            or (any(ch in value for ch in "[{") and any(
+            or (any(ch in value for ch in "[{=") and any(
                 secret_name(w, marks) for w in re.findall(r"[A-Za-z_][\w-]*", value))))
 
 
 def scrub_override(override: str, found: Found) -> str:
-    """One override with its secret literals as the references :func:`extract` makes; a
-    sweep over a secret (``model.api_token=a,b``) shown masked."""
+    """One override with its secret literals as the references :func:`extract` makes; each
+    value of a sweep over a secret (``model.api_token=a,b``) as a reference of its own."""
     key, eq, value = override.partition("=")
     if not eq or not _may_hold(key, value, found.marks):
         return override
@@ -208,27 +201,88 @@ def scrub_override(override: str, found: Found) -> str:
     try:
         (parsed,) = _parser().parse_overrides([override])
         if parsed.is_sweep_override():
-            return f"{key}={MASK}" if secret_name(bare, found.marks) or secret_value(value) \
-                else override
+            return _scrub_sweep(override, parsed, found)
         given = parsed.value()
     except HydraException:  # not Hydra's grammar: compose() refuses it, its secrets masked
         scrub_setup([value], found, bare)  # NAME=value and flag values, read as shell words
         loose_literals(value, found)
         return f"{key}={MASK}" if secret_name(bare, found.marks) or secret_value(value) \
             else override
+    new = _scrubbed(bare, given, found)
+    return override if new == given else f"{key}={_render(new)}"
+
+
+def _scrubbed(bare: str, given: Any, found: Found) -> Any:
+    """The value ``given`` of the key ``bare`` with its secret literals as references."""
     section, _, name = bare.rpartition(".")
     if bare == "cluster.setup" or bare.startswith("cluster.setup["):
         new: Any = scrub_setup(given if isinstance(given, list) else [given], found, bare)
-        new = new if isinstance(given, list) else new[0]
-    elif bare in ENV_SECTIONS and isinstance(given, Mapping):
-        new = scrub_env(bare, given, found)
-    elif section in ENV_SECTIONS:
-        new = scrub_env(section, {name: given}, found)[name]
-    elif bare.partition(".")[0] in TREES:
-        new = scrub_tree(bare, given, found)
-    else:
-        new = given
-    return override if new == given else f"{key}={_render(new)}"
+        return new if isinstance(given, list) else new[0]
+    if bare in ENV_SECTIONS and isinstance(given, Mapping):
+        return scrub_env(bare, given, found)
+    if section in ENV_SECTIONS:
+        return scrub_env(section, {name: given}, found)[name]
+    if bare.partition(".")[0] in TREES:
+        return scrub_tree(bare, given, found)
+    if bare.startswith(_OPEN_KEYS):  # refused by extract(): taken only to mask it meanwhile
+        open_literals(given if isinstance(given, list | Mapping) else {name: given}, found)
+    return given
+
+
+def _scrub_sweep(override: str, parsed: Any, found: Found) -> str:
+    """A sweep with each value's secrets as references of their own (``app.api_token=a,b``
+    -> ``'${oc.env:HPC_DDP_SECRET_APP_API_TOKEN_0}','${oc.env:..._1}'``): each point then
+    carries its own reference, and one job array's shared environment all the values."""
+    # deferred: hydra
+    from hydra.core.override_parser.types import (
+        ChoiceSweep,
+        Glob,
+        QuotedString,
+        Sweep,
+        Transformer,
+    )
+
+    key, _, value = override.partition("=")
+    bare = key.lstrip("+~")
+
+    def plain(item: Any) -> Any:
+        if isinstance(item, Sweep | Glob):
+            raise TypeError("a sweep among a sweep's values")  # expand() refuses it
+        if isinstance(item, QuotedString):
+            return item.text
+        if isinstance(item, list):
+            return [plain(v) for v in item]
+        if isinstance(item, dict):
+            return {plain(k): plain(v) for k, v in item.items()}
+        return item
+
+    swept = parsed.value()
+    try:
+        items = [plain(v) for v in swept.list] if isinstance(swept, ChoiceSweep) else None
+    except TypeError:
+        items = None
+    if items is None:  # range(), interval(), glob(): numbers and option names
+        return f"{key}={MASK}" if secret_name(bare, found.marks) or secret_value(value) \
+            else override
+    texts, changed = [], False
+    for index, (item, given) in enumerate(zip(swept.list, items, strict=True)):
+        own = Found(found.marks, strict=False)
+        new = _scrubbed(bare, given, own)
+        text = Transformer.str(item) if new == given else _render(new)
+        for name, literal in own.values.items():
+            if reference(name) in text:
+                changed = True
+                stem = name if name.startswith(PREFIX) else PREFIX + name
+                text = text.replace(reference(name),
+                                    found.take(f"{stem}_{index}", literal, bare))
+            else:  # taken to be masked only
+                found.values[f"{PREFIX}OPEN_{len(found.values)}"] = literal
+        texts.append(text)
+    if not changed:
+        return override
+    listed = ",".join(texts)
+    return f"{key}=" + (f"shuffle({listed})" if swept.shuffle else
+                        listed if len(texts) > 1 else f"choice({listed})")
 
 
 def scrub_overrides(overrides: Sequence[str], marks: Marks = NO_MARKS) -> list[str]:

@@ -4,6 +4,7 @@ overrides written once; the data a run reads checked before any rank starts."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpc_ddp.errors import UserError
-from hpc_ddp.rundir import RunDir
+from hpc_ddp.rundir import RunDir, write_text
 
 if TYPE_CHECKING:  # the type only: the schema's dataclasses take ~0.1 s to build
     from hpc_ddp.config.schema import Config
@@ -80,6 +81,54 @@ def check_owned_folder(folder: Path, key: str, shown: str) -> None:
         check_folder(folder)
     except Untrusted as exc:
         raise UserError(key, shown, str(exc), "") from None
+    if key == "run_dir":  # a sweep's dir holds run dirs, not a run's own files
+        check_run_files(RunDir(folder), shown)
+
+
+# What the ranks and their supervisors append to (or replace) under logs/: each refuses a
+# symbolic link or someone else's file when it opens it (owned.open_append), but a rank that
+# refuses its own log stops alone while the others wait minutes for it at the rendezvous.
+_RANK_FILE = re.compile(r"rank\d+\.(?:log|stacks|error)")
+
+
+def check_run_files(run: RunDir, shown: str) -> None:
+    """Before any rank starts (at submission and on every task of an sbatch job, as
+    check_owned_folder): events.jsonl is no link and a regular file of this user's; logs/ is a
+    real folder, this user's and writable by no one else; no rank's log, stacks or error file
+    in it is a link or anything but a regular file. A planted one then stops the run at
+    once, naming it, on every rank alike. O(1) in the world size per task but for one listing
+    of logs/: each entry's type comes with it (d_type), no stat per rank; a regular file of
+    someone else's there (only possible while logs/ was writable by them) is refused by the
+    rank that opens it (owned.open_append)."""
+    # deferred (start-up): events, owned
+    from hpc_ddp.events import FILE
+    from hpc_ddp.owned import Untrusted, check_appendable, check_stat
+
+    try:
+        try:
+            check_appendable(os.lstat(run.root / FILE), run.root / FILE)
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(run.logs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return
+        except OSError as exc:  # ELOOP: a link (O_NOFOLLOW); ENOTDIR: a file
+            check_appendable(os.lstat(run.logs), run.logs)  # a link: refused as such
+            raise Untrusted(f"{run.logs} is not a folder ({exc.strerror}). Fix: remove "
+                            "it.") from None
+        try:
+            check_stat(os.fstat(fd), run.logs)
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if _RANK_FILE.fullmatch(entry.name) and not entry.is_file(
+                            follow_symlinks=False):
+                        check_appendable(entry.stat(follow_symlinks=False),
+                                         run.logs / entry.name)
+        finally:
+            os.close(fd)
+    except Untrusted as exc:
+        raise UserError("run_dir", shown, str(exc), "") from None
 
 
 # Folders this process found writable in the last seconds (a sweep's thousand run dirs
@@ -135,8 +184,9 @@ def write_run_config(run: RunDir, cfg: Config, overrides: Sequence[str]) -> str:
 
     run.root.mkdir(parents=True, exist_ok=True)
     text = to_yaml(cfg)
-    run.config.write_text(text)
+    # Replaced, not written in place: a link planted at either name is not written through.
+    write_text(run.config, text)
     dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    run.overrides.write_text(yaml.dump(saved_overrides(overrides, cfg), Dumper=dumper,
-                                       default_flow_style=False))
+    write_text(run.overrides, yaml.dump(saved_overrides(overrides, cfg), Dumper=dumper,
+                                        default_flow_style=False))
     return text

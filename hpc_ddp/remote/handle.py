@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -43,23 +44,46 @@ class Handle:
 
 
 def write(folder: Path, handle: Handle) -> None:
+    """``remote.json`` in ``folder`` (made 0750 when missing): a folder that is not this
+    user's, or that others can write, is refused first (its handle would not be read back)."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o750)
+    from hpc_ddp.owned import Untrusted, check_folder  # deferred (start-up): owned
+
+    try:
+        check_folder(folder)
+    except Untrusted as exc:
+        raise UserError("run_dir", str(folder), str(exc), "") from None
     tmp = folder / f".{FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(handle), indent=2) + "\n")
+    tmp.unlink(missing_ok=True)  # never written through a link left there
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o640)
+    with os.fdopen(fd, "w") as stream:
+        stream.write(json.dumps(asdict(handle), indent=2) + "\n")
     os.replace(tmp, folder / FILE)
 
 
 def read(folder: Path) -> Handle | None:
-    """The handle in ``folder``, or None when it is not one."""
+    """The handle in ``folder``, or None when it is not one. A handle is read only when the
+    folder and the file are this user's, writable by no one else and no link (as every run-dir
+    file that can run code: hpc_ddp/owned.py), and its fields are data of the shapes hpc_ddp
+    writes (:func:`hpc_ddp.remote.trust.checked`): none of them can name a program to run."""
     path = folder / FILE
-    if not path.is_file():
+    if not (path.is_file() or path.is_symlink()):
         return None
+    # deferred (start-up): owned, remote.trust
+    from hpc_ddp.owned import Untrusted, read_owned
+    from hpc_ddp.remote.trust import checked
+
     try:
-        data = json.loads(path.read_text())
-        return Handle(**{k: data[k] for k in Handle.__dataclass_fields__ if k in data})
-    except (ValueError, TypeError, KeyError) as exc:
+        data = json.loads(read_owned(path, folder))
+        record = Handle(**{k: data[k] for k in Handle.__dataclass_fields__ if k in data})
+    except Untrusted as exc:
+        problem, _, fix = str(exc).partition(" Fix: ")
+        raise UserError("run_dir", str(folder), f"its {FILE} is not to be trusted: {problem}",
+                        fix or "submit again from a folder of your own.") from None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
         raise UserError("run_dir", str(folder), f"its {FILE} cannot be read ({exc}).",
                         "submit again, or remove the folder if the run is gone.") from None
+    return checked(record, folder)
 
 
 def forwarded(module: str, argv: Sequence[str], out: TextIO) -> int | None:
@@ -88,9 +112,10 @@ def forward(module: str, argv: Sequence[str], out: TextIO = sys.stdout,
     following = any(a in ("--follow", "-f", "--watch") for a in args)
     if module == "logs" and following:
         return _follow_logs(ssh, handle, args, out)
-    line = command_line([*handle.python, "-m", f"hpc_ddp.{module}", *args])
+    line = command_line(_held(handle, module, args))
     while True:
-        code, err = ssh.stream(line, out)
+        code, err = ssh.stream(line, out, shown=_here(handle, str(argv[at])),
+                               tethered=True)
         if code != SSH_FAILED:
             sys.stderr.write(err)
             return code
@@ -128,10 +153,31 @@ def _follow_logs(ssh: Ssh, handle: Handle, args: list[str], out: TextIO) -> int:
 
     while True:
         extra = ["--since", minute] if minute else []
-        line = command_line([*handle.python, "-m", "hpc_ddp.logs", *args, *extra])
-        code, err = ssh.stream(line, out, shown=shown)
+        line = command_line(_held(handle, "logs", [*args, *extra]))
+        code, err = ssh.stream(line, out, shown=shown, tethered=True)
         if code != SSH_FAILED:
             sys.stderr.write(err)
             return code
         _lost(handle.host, out)
         reconnected = True
+
+
+def _held(handle: Handle, module: str, args: Sequence[str]) -> list[str]:
+    """``python -P -m hpc_ddp.remote.tether hpc_ddp.<module> args``: the command there ends
+    when this connection does (hpc_ddp/remote/tether.py)."""
+    return [*handle.python, "-P", "-m", "hpc_ddp.remote.tether", f"hpc_ddp.{module}", *args]
+
+
+def _here(handle: Handle, local: str) -> Callable[[str], str]:
+    """Each forwarded line with the run dir there as the handle here (``local``, as typed):
+    the resume line that ``--stop``/``--cancel`` print, and every other path to the run,
+    work on this machine."""
+    there, here = handle.remote_dir.rstrip("/"), local.rstrip("/") or local
+    pairs = [(shlex.quote(there), shlex.quote(here)), (there, here)]
+
+    def shown(text: str) -> str:
+        for old, new in pairs:
+            text = text.replace(old, new)
+        return text
+
+    return shown

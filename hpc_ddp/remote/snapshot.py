@@ -5,10 +5,12 @@ Which files: in a git work tree, those git would put in a commit now: tracked on
 are on disk (uncommitted changes included) and untracked ones that are not ignored (the file
 just created and not yet added is there; ``.gitignore``d data, checkpoints and venvs are
 not). Outside git, every file under the folder but version-control folders, caches and run
-outputs. The archive is byte-for-byte the same for the same files (sorted, no times, no
-owners), so its digest names the tree: the same tree twice copies nothing, and a run records
-the digest it ran (a requeue or a resume runs that same copy whatever the laptop holds by
-then).
+outputs. Either way, files that look like credentials (``.env``, ``.netrc``, ``.ssh/``,
+``*.pem``, ``id_ed25519`` ...) are left out unless git tracks them, and the submit says
+which (docs/security.md#the-remote-path). The archive is byte-for-byte the same for the
+same files (sorted, no times, no owners), so its digest names the tree: the same tree twice
+copies nothing, and a run records the digest it ran (a requeue or a resume runs that same
+copy whatever the laptop holds by then).
 """
 
 from __future__ import annotations
@@ -53,26 +55,62 @@ def git_root(folder: Path) -> Path | None:
     return Path(top) if done.returncode == 0 and top else None
 
 
-def project_files(root: Path) -> list[str]:
-    """The files of the project at ``root`` (relative paths, sorted); see the module doc."""
+# Files that hold credentials by their name: left out of a copy unless git tracks them (a
+# file you committed is one you meant to ship); the submit names what it left out.
+SECRET_NAMES = frozenset({".env", ".netrc", "_netrc", ".pgpass", ".pypirc", ".npmrc",
+                          ".git-credentials", ".htpasswd", "credentials", ".s3cfg",
+                          ".boto", ".dockercfg", "id_rsa", "id_dsa", "id_ecdsa",
+                          "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "kubeconfig"})
+SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".kdbx", ".gpg",
+                   ".asc", ".ppk")
+SECRET_FOLDERS = frozenset({".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker",
+                            ".config/gcloud", ".password-store"})
+
+
+def secret_looking(name: str) -> bool:
+    """Does the path ``name`` (relative) look like a credential: a key, a token file, a
+    folder of them (``.env.local``, ``.ssh/id_ed25519``, ``certs/server.key``)."""
+    parts = Path(name).parts
+    base = parts[-1]
+    folders = {"/".join(parts[i:j]) for i in range(len(parts) - 1)
+               for j in range(i + 1, len(parts))}
+    return (base in SECRET_NAMES or base.startswith(".env.") or base.endswith(SECRET_SUFFIXES)
+            or bool(folders & SECRET_FOLDERS))
+
+
+def project_files(root: Path, left_out: list[str] | None = None) -> list[str]:
+    """The files of the project at ``root`` (relative paths, sorted); see the module doc.
+    Secret-looking files (:func:`secret_looking`) that git does not track are left out and
+    appended to ``left_out``."""
     if git_root(root) is not None:
-        done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached",
-                               "--others", "--exclude-standard", "--", "."],
-                              capture_output=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise UserError("cluster.remote_code", str(root), "git could not list its files "
-                            f"({done.stderr.decode(errors='replace').strip()}).",
-                            "run git status there and fix what it says.")
-        names = {n for n in done.stdout.decode().split("\0") if n}
+        names, tracked = _git_files(root, "--others", "--exclude-standard"), _git_files(root)
+        names |= tracked
         # deleted but still tracked: not on disk, not in the copy
-        return sorted(n for n in names if ((root / n).is_file() or (root / n).is_symlink())
-                      and not _ours(root, n))
-    found: list[str] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
-        rel = Path(folder).relative_to(root)
-        found.extend(str(rel / f) if str(rel) != "." else f for f in files)
-    return sorted(n for n in found if not _ours(root, n))
+        found = [n for n in names if ((root / n).is_file() or (root / n).is_symlink())
+                 and not _ours(root, n)]
+    else:
+        tracked = set()
+        found = []
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
+            rel = Path(folder).relative_to(root)
+            found.extend(str(rel / f) if str(rel) != "." else f for f in files)
+        found = [n for n in found if not _ours(root, n)]
+    secret = sorted(n for n in found if n not in tracked and secret_looking(n))
+    if left_out is not None:
+        left_out.extend(secret)
+    return sorted(set(found) - set(secret))
+
+
+def _git_files(root: Path, *which: str) -> set[str]:
+    """``git ls-files`` of the tracked files (and ``which`` more) under ``root``."""
+    done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", *which,
+                           "--", "."], capture_output=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise UserError("cluster.remote_code", str(root), "git could not list its files "
+                        f"({done.stderr.decode(errors='replace').strip()}).",
+                        "run git status there and fix what it says.")
+    return {n for n in done.stdout.decode().split("\0") if n}
 
 
 def _ours(root: Path, name: str) -> bool:

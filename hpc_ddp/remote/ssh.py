@@ -7,7 +7,9 @@ alias of ``~/.ssh/config`` with its ProxyJump, port, identity and agent): we add
   would have asked fails at once and :func:`failure` says it in one line with the fix.
 - ``ControlMaster=auto``, ``ControlPath``, ``ControlPersist``: every command of a submit, a
   ``status --watch`` or a ``logs --follow`` goes over one connection (the first costs the
-  handshake, each later one ~0.15 s here). The socket lives in a folder of ours, mode 0700.
+  handshake, each later one ~0.15 s here). The socket lives in a folder of ours, mode 0700
+  (:func:`control_dir`), and its name holds a hash of the ``-F`` file as well as ``%C``: a
+  master opened under one ssh_config is never reused by a command of another.
   https://man.openbsd.org/ssh_config#ControlMaster
 - ``ConnectTimeout``, ``ServerAliveInterval``/``ServerAliveCountMax``: a host that does not
   answer, or a link that dies under a follow, ends the command within seconds (exit 255).
@@ -20,8 +22,10 @@ travel on the connection's standard input (hpc_ddp/remote/submit_remote.py).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,20 +42,72 @@ ALIVE_INTERVAL_S = 5
 ALIVE_COUNT = 3
 PERSIST_S = 60
 
+# A socket's path must fit sun_path: 104 bytes with its NUL on macOS and the BSDs (108 on
+# Linux). ssh binds a new master at ControlPath + "." + 16 random characters first and then
+# renames it (muxserver_listen in
+# https://github.com/openssh/openssh-portable/blob/master/mux.c); %C is a SHA-1, 40 hex
+# characters (https://man.openbsd.org/ssh_config#ControlPath). Ours: FOLDER/%C-TAG.
+SUN_PATH = 104
+TAG_CHARS = 8
+SOCKET_CHARS = len("/") + 40 + len("-") + TAG_CHARS + len(".") + 16
+# /tmp itself, not $TMPDIR: macOS's is ~50 characters, too long for a socket's folder.
+TMP = Path("/tmp")
 
-def control_dir(environ: Mapping[str, str]) -> Path:
-    """Our folder for the multiplexing sockets: short (a socket path must stay under ~100
-    bytes; ``%C`` is a 16-character hash) and this user's alone."""
-    runtime = Path(environ.get("XDG_RUNTIME_DIR") or "/nonexistent")
-    base = runtime if runtime.is_dir() else Path(tempfile.gettempdir())
-    folder = base / f"hpc_ddp-ssh-{os.getuid()}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.is_symlink() or folder.stat().st_uid != os.getuid() or (
-            folder.stat().st_mode & 0o077):
-        raise UserError("ssh", str(folder), "is not a private folder of yours (its sockets "
-                        "would let another user run commands as you).",
-                        f"remove it (rm -r {shlex.quote(str(folder))}) and try again.")
-    return folder
+
+def control_dir(environ: Mapping[str, str], tmp: Path = TMP) -> Path:
+    """Our folder for the multiplexing sockets, short enough for a socket's path and this
+    user's alone (:func:`private`): the first of $XDG_RUNTIME_DIR/hpc_ddp-ssh, /tmp/hpc_ddp-
+    ssh-UID, ~/.ssh/hpc_ddp, else a new folder under /tmp. What another user made (or linked)
+    at one of those names is passed over, never used: in sticky /tmp only its owner or root
+    could remove it."""
+    runtime, home = environ.get("XDG_RUNTIME_DIR"), environ.get("HOME")
+    tried = [*([Path(runtime) / "hpc_ddp-ssh"] if runtime else []),
+             tmp / f"hpc_ddp-ssh-{os.getuid()}",
+             *([Path(home) / ".ssh" / "hpc_ddp"] if home else [])]
+    for folder in tried:
+        if fits(folder) and private(folder, parent=folder.parent.name == ".ssh"):
+            return folder
+    return Path(tempfile.mkdtemp(prefix="hpc_ddp-ssh-", dir=tmp))  # 0700, ours, new
+
+
+def fits(folder: Path) -> bool:
+    """Whether a socket of :meth:`Ssh.socket` in ``folder`` fits sun_path, and ssh takes its
+    path as it is (it splits an -o value at whitespace and expands its % tokens)."""
+    text = str(folder)
+    return (len(os.fsencode(text)) + SOCKET_CHARS < SUN_PATH
+            and not any(c.isspace() or c in "%\"'" for c in text))
+
+
+def private(folder: Path, parent: bool = False) -> bool:
+    """``folder`` (made, mode 0700, when missing; its ``parent`` too when asked) is a folder,
+    not a link, of this user, that no one else can enter, in a folder where no one else can
+    rename it: its owner's (or root's) and writable by no one else, or sticky (/tmp)."""
+    for made in [folder.parent] * parent + [folder]:
+        with contextlib.suppress(OSError):  # there already, or cannot be: checked below
+            os.mkdir(made, 0o700)
+    try:
+        info = os.lstat(folder)  # lstat: a link is refused, never followed
+        above = os.stat(folder.parent)  # a linked ~/.ssh is fine when it is ours
+    except OSError:
+        return False
+    me = os.geteuid()
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == me and not info.st_mode & 0o077
+            and (above.st_uid in (me, 0) and not above.st_mode & 0o022
+                 or bool(above.st_mode & stat.S_ISVTX)))
+
+
+def destination_problem(destination: str) -> UserError | None:
+    """Why ``destination`` is refused before any ssh runs (None: it is not): one that starts
+    with "-" is an option to ssh (-oProxyCommand=... runs a command here); whitespace and
+    control characters have no place in a host's name either."""
+    if (destination and not destination.startswith("-") and destination.isprintable()
+            and not any(c.isspace() for c in destination)):
+        return None
+    return UserError("cluster.remote", destination if destination.isprintable()
+                     else ascii(destination), "is not an SSH destination (it is empty, starts "
+                     "with '-', or holds whitespace or control characters).",
+                     "set cluster.remote to the host as you type it after ssh: user@host or "
+                     "an alias of ~/.ssh/config.")
 
 
 @dataclass(frozen=True)
@@ -63,10 +119,26 @@ class Ssh:
     sockets: Path
     config: str | None = None
 
+    def __post_init__(self) -> None:
+        if (problem := destination_problem(self.destination)) is not None:
+            raise problem
+
+    def socket(self) -> str:
+        """The ControlPath: ``%C`` (the user, host, port and ProxyJump) and a hash of the
+        ``-F`` file's path and content, so that a master opened under one ssh_config (a lax
+        one, say) is not reused by a command under another while it persists."""
+        digest = hashlib.sha256(b"no -F")
+        if self.config:
+            path = os.path.abspath(self.config)  # as ssh reads it, from this folder
+            digest = hashlib.sha256(b"-F\0" + os.fsencode(path) + b"\0")
+            with contextlib.suppress(OSError):  # unreadable: ssh itself says so
+                digest.update(Path(path).read_bytes())
+        return f"{self.sockets}/%C-{digest.hexdigest()[:TAG_CHARS]}"
+
     def options(self) -> list[str]:
         return [*(["-F", self.config] if self.config else []),
                 "-o", "BatchMode=yes", "-o", "ControlMaster=auto",
-                "-o", f"ControlPath={self.sockets}/%C", "-o", f"ControlPersist={PERSIST_S}",
+                "-o", f"ControlPath={self.socket()}", "-o", f"ControlPersist={PERSIST_S}",
                 "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
                 "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
                 "-o", f"ServerAliveCountMax={ALIVE_COUNT}"]
@@ -85,26 +157,40 @@ class Ssh:
         return done
 
     @contextlib.contextmanager
-    def opened(self, line: str, stdin: bytes | None = None
+    def opened(self, line: str, stdin: bytes | None = None, tethered: bool = False
                ) -> Iterator[tuple[subprocess.Popen[bytes], IO[bytes]]]:
         """``line`` running there: (the process, its standard output a pipe to read; a file
         that receives its standard error, read with :func:`said` once it has ended). ``stdin``
-        is written and closed first."""
+        is written and closed first; ``tethered``: written, then kept open with a heartbeat
+        for a command there that holds it (hpc_ddp/remote/tether.py), closed at the end."""
+        # deferred (start-up): remote.tether
+        from hpc_ddp.remote.tether import Heartbeat
+
         # standard error to a file, not a pipe: a full pipe there would stop the command
         with tempfile.TemporaryFile() as err, subprocess.Popen(
-                self.argv(line), stdin=subprocess.PIPE if stdin is not None else None,
-                stdout=subprocess.PIPE, stderr=err) as proc:
+                self.argv(line), stdin=subprocess.PIPE if stdin is not None or tethered
+                else None, stdout=subprocess.PIPE, stderr=err) as proc:
+            beat = None
             if proc.stdin is not None:
                 proc.stdin.write(stdin or b"")
-                proc.stdin.close()
-            yield proc, err
+                proc.stdin.flush()
+                if tethered:
+                    beat = Heartbeat(proc)
+                else:
+                    proc.stdin.close()
+            try:
+                yield proc, err
+            finally:
+                if beat is not None:
+                    beat.stop()
 
     def stream(self, line: str, out: TextIO, stdin: bytes | None = None,
-               shown: Callable[[str], str | None] = lambda text: text) -> tuple[int, str]:
+               shown: Callable[[str], str | None] = lambda text: text,
+               tethered: bool = False) -> tuple[int, str]:
         """Run ``line`` there, its output written to ``out`` as it comes, each line as
         ``shown`` makes it (None: left out): (the exit code, its standard error; ssh's own
-        failure is exit SSH_FAILED, see :func:`failure`)."""
-        with self.opened(line, stdin) as (proc, err):
+        failure is exit SSH_FAILED, see :func:`failure`). ``tethered``: :meth:`opened`'s."""
+        with self.opened(line, stdin, tethered) as (proc, err):
             assert proc.stdout is not None
             for raw in proc.stdout:
                 text = shown(raw.decode(errors="replace"))
@@ -177,12 +263,15 @@ _FAILURES: tuple[tuple[tuple[str, ...], str, str], ...] = (
 
 
 def failure(destination: str, stderr: str) -> UserError:
-    """ssh's own failure (exit 255) in one line with the fix."""
+    """ssh's own failure (exit 255) in one line with the fix. The destination is quoted in
+    the commands the fix suggests: pasted, they run ssh, not what a name could hold."""
+    if (problem := destination_problem(destination)) is not None:
+        return problem
+    host = shlex.quote(destination)
     for needles, meaning, fix in _FAILURES:
         if any(n in stderr for n in needles):
             return UserError("cluster.remote", destination, f"cannot connect: {meaning}",
-                             fix.replace("HOST", destination))
+                             fix.replace("HOST", host))
     said = " ".join(line.strip() for line in stderr.strip().splitlines()[-2:]) or "no message"
     return UserError("cluster.remote", destination, f"ssh failed ({said}).",
-                     f"check that ssh {destination} true works from this shell without a "
-                     "prompt.")
+                     f"check that ssh {host} true works from this shell without a prompt.")

@@ -18,6 +18,7 @@ import datetime as _dt
 import json
 import os
 import shlex
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +33,6 @@ from hpc_ddp.remote.ssh import (
     command_line,
     control_dir,
     failure,
-    remote_path,
     shell_words,
 )
 from hpc_ddp.version import VERSION
@@ -64,15 +64,22 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
     cwd = Path.cwd() if cwd is None else cwd.absolute()
     previous = _resumed(overrides, cwd)
     check_overrides(_first_point(overrides) if multirun else overrides)
-    at = _target(overrides, multirun, previous)
+    at = _target(overrides, multirun, previous, script_args or [])
     host, python, root_text = at.host, at.python, at.root
     ssh = Ssh(host, control_dir(environ), at.ssh_config)
     from hpc_ddp.remote import snapshot as snap  # deferred: tarfile
 
     project = snap.project_root(cwd, at.remote_code)
-    code = None if previous else snap.pack(project, snap.project_files(project))
+    left_out: list[str] = []
+    code = None if previous else snap.pack(project, snap.project_files(project, left_out))
+    if left_out:
+        listed = ", ".join(left_out[:5]) + (f" and {len(left_out) - 5} more"
+                                            if len(left_out) > 5 else "")
+        print(f"hpc_ddp: left out of the copy, as they look like credentials: {listed} (a "
+              "job that needs one: put it on the cluster yourself, or commit it if it is "
+              "not secret).", file=out, flush=True)
     digest = previous.snapshot if previous else (code.digest if code else "")
-    home = _probe(ssh, python, f"{root_text.rstrip('/')}/code/{digest}", code, out)
+    home = _probe(ssh, python, root_text, digest, code, out)
     if root_text == "~" or root_text.startswith("~/"):  # the paths it is given: absolute
         root_text = home + root_text[1:]
     code_dir = f"{root_text.rstrip('/')}/code/{digest}"
@@ -84,7 +91,7 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
     args += [f"{'sweep.dir' if multirun else 'run_dir'}={remote_dir}", "cluster.remote=null"]
     secrets = {name: environ[name] for name in at.secrets if name in environ}
     payload = json.dumps({"args": args, "script_args": script_args, "multirun": multirun,
-                          "env": secrets}).encode()
+                          "env": secrets}).encode() + b"\n"  # one line: the input stays open
     print(f"hpc_ddp: submitting on {host} (code {digest}, run dir {remote_dir}) ...",
           file=out, flush=True)
     dry = given(overrides, "dry_run") in TRUE  # a dry run leaves no handle
@@ -95,16 +102,22 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
     fresh = not (local_dir / handles.FILE).exists()
     if not dry:  # before the submit: a wait=true that is interrupted keeps its handle
         handles.write(local_dir, record)
-    status, err = ssh.stream(command_line([*python, "-m", "hpc_ddp.submit", ARGS_STDIN],
-                                          remote_cwd), out, stdin=payload)
+    # -P: the snapshot's folder is not put first on sys.path before the submit there has
+    # checked it (hpc_ddp/submit.py args_from_stdin adds it then)
+    line = command_line([*python, "-P", "-m", "hpc_ddp.submit", ARGS_STDIN], remote_cwd)
+    try:  # tethered: killed or cut off here, the submit there ends too (remote/tether.py)
+        status, err = ssh.stream(line, out, stdin=payload, tethered=True)
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc, ssh, python, remote_dir, local_dir, shown, record, dry, out)
     if status == SSH_FAILED:
         raise failure(host, err)
     sys.stderr.write(err)
-    if status != 0 and fresh and not dry and _job_id(ssh, remote_dir) is None:
+    if status != 0 and fresh and not dry and _job_id(ssh, python, remote_dir) is None:
         (local_dir / handles.FILE).unlink(missing_ok=True)  # nothing was submitted
     if status != 0 or dry:
         return Sent(status, err)
-    handles.write(local_dir, dataclasses.replace(record, job_id=_job_id(ssh, remote_dir)))
+    job = _job_id(ssh, python, remote_dir)
+    handles.write(local_dir, dataclasses.replace(record, job_id=job))
     where = shlex.quote(str(shown))
     print(f"  local handle: {shown}\n"
           f"  status:      python -m hpc_ddp.status {where} --watch\n"
@@ -128,7 +141,8 @@ class _Target:
     secrets: tuple[str, ...] = ()
 
 
-def _target(overrides: list[str], multirun: bool, previous: handles.Handle | None) -> _Target:
+def _target(overrides: list[str], multirun: bool, previous: handles.Handle | None,
+            script_args: Sequence[str] = ()) -> _Target:
     """A new run's target from its config, composed and checked here; a resume's from its
     handle (the run's own host, interpreter and code: its config is on the cluster, where
     the resume merges these overrides into it and checks them)."""
@@ -138,11 +152,34 @@ def _target(overrides: list[str], multirun: bool, previous: handles.Handle | Non
     # deferred: the typed schemas; hpc_ddp.config.secrets
     from hpc_ddp.config.compose import compose
     from hpc_ddp.config.secrets import referenced
+    from hpc_ddp.remote import trust  # deferred (start-up): remote.trust
 
     cfg = compose(_first_point(overrides) if multirun else overrides)
-    return _Target(cfg.cluster.remote or "", remote_python(cfg.cluster.python, cfg.cluster.venv),
+    python = remote_python(cfg.cluster.python, cfg.cluster.venv)
+    trust.python_path(python[0], "cluster.python" if cfg.cluster.python else "cluster.venv")
+    if cfg.cluster.ssh_config:
+        trust.ssh_config(cfg.cluster.ssh_config)
+    return _Target(trust.destination(cfg.cluster.remote or ""), python,
                    cfg.cluster.ssh_config, cfg.cluster.remote_root or DEFAULT_ROOT,
-                   cfg.cluster.remote_code, tuple(sorted(referenced(cfg))))
+                   cfg.cluster.remote_code,
+                   tuple(sorted({*referenced(cfg), *env_names(overrides, script_args,
+                                                              cfg.config_dir)})))
+
+
+def env_names(overrides: Sequence[str], script_args: Sequence[str],
+              config_dir: str | None) -> set[str]:
+    """Every variable a ``${oc.env:NAME}`` reads in the command line (each point of a sweep,
+    a script's arguments: a secret typed there is one by now, submit.py) and in the config
+    folder: the login node's shell does not have the laptop's environment, so each is sent
+    with the arguments (on standard input), as a secret's value is."""
+    # deferred (start-up): config.secret_channels
+    from hpc_ddp.config.secret_channels import REFERENCE
+
+    texts = [*overrides, *script_args]
+    if config_dir and Path(config_dir).is_dir():
+        texts += [p.read_text(errors="replace") for p in sorted(Path(config_dir).rglob("*.yaml"))
+                  if p.is_file()]
+    return {m.group(1) for text in texts for m in REFERENCE.finditer(text)}
 
 
 def remote_python(python: str | None, venv: str | None) -> list[str]:
@@ -208,17 +245,19 @@ def _places(args: Sequence[str], previous: handles.Handle | None, root: str, sta
     return f"{root.rstrip('/')}/runs/{stamp}", Path("outputs") / stamp
 
 
-def _probe(ssh: Ssh, python: list[str], code_dir: str, code: Snapshot | None,
+def _probe(ssh: Ssh, python: list[str], root: str, digest: str, code: Snapshot | None,
            out: TextIO) -> str:
-    """One round trip: the home folder there, hpc_ddp there and its version, the snapshot
-    there or not; then the archive if it is not. Returns the home folder; raises UserError
-    with the fix."""
-    check = (f"echo \"$HOME\"; {shell_words(python)} -c 'import hpc_ddp; "
-             "print(hpc_ddp.__version__)' || echo missing; "
-             f"test -f {remote_path(code_dir)}/.complete && echo present || echo absent")
-    said = ssh.run(check, timeout=120).stdout.decode(errors="replace").splitlines()
-    home, said = (said[0], said[1:]) if said else ("", [])
-    version = said[0].strip() if said else "missing"
+    """One round trip: hpc_ddp there and its version; the remote root's chain to the
+    snapshot made and checked there (hpc_ddp/remote/place.py: ours, writable by no one else,
+    no link); then the archive if the snapshot is not there whole. Returns the home folder
+    there; raises UserError with the fix."""
+    place = [*python, "-P", "-m", "hpc_ddp.remote.place"]
+    check = (f"{shell_words(python)} -c 'import hpc_ddp; print(hpc_ddp.__version__)' "
+             f"|| echo missing; {shell_words([*place, 'check', root, digest])} || true")
+    asked = ssh.run(check, timeout=120)
+    said = asked.stdout
+    lines = said.decode(errors="replace").splitlines()
+    version = lines[0].strip() if lines else "missing"
     if version == "missing":
         raise UserError("cluster.remote", ssh.destination, f"has no hpc_ddp for "
                         f"{shlex.join(python)}.", f"install it there (pip install "
@@ -229,25 +268,27 @@ def _probe(ssh: Ssh, python: list[str], code_dir: str, code: Snapshot | None,
                         f"machine {VERSION}: the two must match.",
                         f"install hpc_ddp=={VERSION} there (or this one's "
                         "version here).")
-    if said[-1:] == ["present"] or code is None:
-        return home
-    archive = code.archive
-    parent = remote_path(code_dir.rsplit("/", 1)[0])
-    final = remote_path(code_dir)
-    # Unpacked into a temporary folder and renamed: a copy cut short is never taken for
-    # whole; two submits of the same tree at once both end with one copy.
-    line = (f"set -e; mkdir -p {parent}; t=$(mktemp -d {parent}/.incoming.XXXXXX); "
-            f"tar -x -f - -C \"$t\"; touch \"$t/.complete\"; "
-            f"mv -T \"$t\" {final} 2>/dev/null || rm -rf \"$t\"")
-    print(f"hpc_ddp: copying the code ({len(archive) // 1024} KiB) to {ssh.destination} ...",
-          file=out, flush=True)
-    done = ssh.run(line, stdin=archive, timeout=600)
-    if done.returncode != 0:
-        raise UserError("cluster.remote_root", code_dir.rsplit("/code/", 1)[0], "the code "
-                        f"could not be unpacked there ({_last(done.stderr)}).",
-                        "set cluster.remote_root= to a folder of yours on the cluster with "
-                        "room for it.")
-    return home
+    from hpc_ddp.remote.place import answer  # deferred: tarfile
+
+    found = answer(said)  # a refusal there (a folder not ours, a link) raised here
+    if "home" not in found:
+        raise UserError("cluster.remote_root", root, f"could not be checked there "
+                        f"({_last(asked.stderr)}).", "check that the folder can be made there.")
+    if found.get("present"):
+        return str(found["home"])
+    if code is None:  # a resume runs the copy its run recorded, which must be there whole
+        raise UserError("snapshot", digest, f"the run's code is no longer whole on "
+                        f"{ssh.destination} ({root}/code/{digest}).",
+                        "submit the run again from the project (a new snapshot).")
+    print(f"hpc_ddp: copying the code ({len(code.archive) // 1024} KiB) to {ssh.destination} "
+          "...", file=out, flush=True)
+    done = ssh.run(shell_words([*place, "unpack", root, digest]), stdin=code.archive,
+                   timeout=600)
+    if not answer(done.stdout).get("present"):
+        raise UserError("cluster.remote_root", root, "the code could not be unpacked there "
+                        f"({_last(done.stderr)}).", "set cluster.remote_root= to a folder of "
+                        "yours on the cluster with room for it.")
+    return str(found["home"])
 
 
 def _last(stderr: bytes) -> str:
@@ -255,9 +296,40 @@ def _last(stderr: bytes) -> str:
     return lines[-1] if lines else "no message"
 
 
-def _job_id(ssh: Ssh, remote_dir: str) -> str | None:
-    done = ssh.run(f"cat {remote_path(remote_dir)}/job.json 2>/dev/null || true", timeout=60)
+def _job_id(ssh: Ssh, python: list[str], remote_dir: str) -> str | None:
+    """The job the run dir's job.json names, read there only when the run dir and the file
+    are ours (a job.json planted in a folder someone else made says nothing was submitted)."""
+    from hpc_ddp.remote.place import answer  # deferred: tarfile
+
+    done = ssh.run(shell_words([*python, "-P", "-m", "hpc_ddp.remote.place", "job",
+                                remote_dir]), timeout=60)
     try:
-        return str(json.loads(done.stdout.decode() or "{}").get("job_id") or "") or None
-    except ValueError:
+        found = answer(done.stdout).get("job_id")
+    except UserError:
         return None
+    return str(found) if found else None
+
+
+def _interrupted(exc: KeyboardInterrupt, ssh: Ssh, python: list[str], remote_dir: str,
+                 local_dir: Path, shown: Path, record: handles.Handle, dry: bool,
+                 out: TextIO) -> Sent:
+    """Ctrl-C (or SIGTERM) while the submit ran there: whether a job went out decides what
+    is said (the submit there ended with the connection); a job that did goes on."""
+    from hpc_ddp.launch.interrupts import exit_code, name  # deferred (start-up): interrupts
+
+    try:
+        job = None if dry else _job_id(ssh, python, remote_dir)
+    except (UserError, OSError, subprocess.SubprocessError):
+        job = None
+        print(f"\nstopped ({name(exc)}); {ssh.destination} could not be asked whether the job "
+              f"went out: python -m hpc_ddp.status {shlex.quote(str(shown))}", file=out)
+        return Sent(exit_code(exc), "", local_dir)
+    if job is None:
+        (local_dir / handles.FILE).unlink(missing_ok=True)
+        print(f"\nstopped ({name(exc)}) before anything was submitted: nothing runs.",
+              file=out)
+        return Sent(exit_code(exc))
+    handles.write(local_dir, dataclasses.replace(record, job_id=job))
+    print(f"\nstopped following; job {job} goes on on {ssh.destination} (python -m "
+          f"hpc_ddp.status {shlex.quote(str(shown))} --watch; --cancel stops it).", file=out)
+    return Sent(exit_code(exc), "", local_dir)

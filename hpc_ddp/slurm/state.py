@@ -9,6 +9,13 @@ lists, with Slurm's raw text ("CANCELLED by 1000") and the exit code.
 
 submitit's own ``done()`` trusts its result files, which an earlier attempt of a requeued
 job leaves behind; following a job that requeues itself needs Slurm's word.
+
+Without accounting (``AccountingStorageType=accounting_storage/none``, Slurm's default; or a
+slurmdbd this machine cannot reach) sacct fails: that is found out once per process, said
+once in one line, and sacct is not asked again. A job's end then comes from squeue, which
+lists an ended job with its end state while the controller keeps it (``MinJobAge``, 300 s by
+default: https://slurm.schedmd.com/slurm.conf.html#OPT_MinJobAge); a job squeue no longer
+lists has ended (ENDED), and hpc_ddp/watch/ended.py reads how from the run's own records.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,7 +32,10 @@ from hpc_ddp.slurm.cost import FIELDS, Cost, Record, cost_of
 # States after which the job will not run again (REQUEUED, PENDING, RUNNING, PREEMPTED and
 # SUSPENDED are not: a requeued or preempted job comes back). https://slurm.schedmd.com/sacct.html#SECTION_JOB-STATE-CODES
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "BOOT_FAIL", "DEADLINE")
+            "BOOT_FAIL", "DEADLINE", "ENDED")
+# Ours: a job gone from squeue when no accounting can say how it ended (module doc).
+ENDED = "ENDED"
+_GONE_RAW = "ENDED (no longer in Slurm's queue; no accounting says how it ended)"
 # squeue -o: job id (an array task as 123_4, one per line with -r), state, pending reason,
 # partition(s). https://slurm.schedmd.com/squeue.html#OPT_format
 SQUEUE_FORMAT = "%i|%T|%r|%P"
@@ -79,21 +90,32 @@ def query(job_id: str, environ: Mapping[str, str] | None = None) -> JobState | N
 def query_many(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
                ) -> dict[str, JobState]:
     """The states of all these jobs (array tasks as ``123_4``) in one squeue call and at
-    most one sacct call, whatever their number; a job neither knows is left out."""
+    most one sacct call, whatever their number; a job neither knows is left out (ENDED
+    when squeue answered and accounting cannot: the module doc)."""
     env = dict(os.environ if environ is None else environ)
     ids = list(dict.fromkeys(str(i) for i in job_ids))
     if not ids:
         return {}
-    live = parse_squeue(_run(squeue_command(_asked(ids)), env))
+    listed = _ask(squeue_command(_asked(ids)), env)
+    live = parse_squeue(listed or "")
     found = {i: live[i] for i in ids if i in live}
     ended = [i for i in ids if i not in found or found[i].finished]
     if ended:
-        accounted = parse_sacct(_run(sacct_command(_asked(ended)), env))
+        accounted = parse_sacct(_accounting(sacct_command(_asked(ended)), env) or "")
         for i in ended:
             state = accounted.get(i)
             if state is not None:
                 found[i] = state
+        _gone(ids, found, listed, env)
     return found
+
+
+def _gone(ids: Sequence[str], found: dict[str, JobState], listed: str | None,
+          env: Mapping[str, str]) -> None:
+    """Without accounting, a job squeue (which answered) no longer lists has ended."""
+    if listed is not None and accounting_problem(env):
+        for i in ids:
+            found.setdefault(i, JobState(ENDED, raw=_GONE_RAW))
 
 
 def _asked(ids: Sequence[str]) -> list[str]:
@@ -103,7 +125,9 @@ def _asked(ids: Sequence[str]) -> list[str]:
 
 
 def squeue_command(asked: Sequence[str]) -> list[str]:
-    command = ["squeue", "-h", "-r", "-j", ",".join(asked), "-o", SQUEUE_FORMAT]
+    # -t all: an ended job too, with its end state, while the controller keeps it (the only
+    # word on its end where there is no accounting). https://slurm.schedmd.com/squeue.html#OPT_states
+    command = ["squeue", "-h", "-r", "-t", "all", "-j", ",".join(asked), "-o", SQUEUE_FORMAT]
     if len(asked) > 1:
         # With one job id squeue loads that job only; with several it loads the whole queue
         # unless one user is named (slurm_load_job_user): ours. Another user's job is then
@@ -183,7 +207,7 @@ def costs(job_ids: Iterable[str], environ: Mapping[str, str] | None = None
     """What these jobs cost (every start of each): one sacct call."""
     env = dict(os.environ if environ is None else environ)
     ids = list(dict.fromkeys(str(i) for i in job_ids))
-    found = parse_costs(_run(accounted_command(_asked(ids)), env)) if ids else {}
+    found = parse_costs(_accounting(accounted_command(_asked(ids)), env) or "") if ids else {}
     return {i: found[i] for i in ids if i in found}
 
 
@@ -195,13 +219,15 @@ def query_with_cost(job_ids: Iterable[str], environ: Mapping[str, str] | None = 
     ids = list(dict.fromkeys(str(i) for i in job_ids))
     if not ids:
         return {}, {}
-    live = parse_squeue(_run(squeue_command(_asked(ids)), env))
-    text = _run(accounted_command(_asked(ids)), env)
+    listed = _ask(squeue_command(_asked(ids)), env)
+    live = parse_squeue(listed or "")
+    text = _accounting(accounted_command(_asked(ids)), env) or ""
     accounted = parse_sacct(text)
     found = {i: live[i] for i in ids if i in live}
     for i in ids:
         if (i not in found or found[i].finished) and i in accounted:
             found[i] = accounted[i]
+    _gone(ids, found, listed, env)
     costs = parse_costs(text)
     return found, {i: costs[i] for i in ids if i in costs}
 
@@ -228,12 +254,57 @@ def _members(ids: str) -> list[str]:
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> str:
+    return _ask(cmd, env) or ""
+
+
+def _ask(cmd: list[str], env: dict[str, str]) -> str | None:
+    """The command's output; None when it could not answer (not found, failed, timed out)."""
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30,
                               check=False)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout.strip() if done.returncode == 0 else ""
+        return None
+    if done.returncode != 0 and "Invalid job id specified" in done.stderr:
+        return ""  # squeue's answer for one job the controller no longer holds
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+# Found out once per process and Slurm configuration (the module doc): sacct's own words
+# when it cannot answer.
+_ACCOUNTING: dict[tuple[str, str], str] = {}
+
+
+def _where(env: Mapping[str, str]) -> tuple[str, str]:
+    return env.get("SLURM_CONF", ""), env.get("PATH", "")
+
+
+def accounting_problem(environ: Mapping[str, str] | None = None) -> str:
+    """Why sacct cannot answer here ("" while it can, or before it was asked)."""
+    return _ACCOUNTING.get(_where(os.environ if environ is None else environ), "")
+
+
+def _accounting(cmd: list[str], env: dict[str, str]) -> str | None:
+    """sacct's output; None (and sacct not asked again by this process) when accounting is
+    off or out of reach, which is said once on standard error."""
+    if accounting_problem(env):
+        return None
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        problem = "sacct did not answer within 30 s"
+    except OSError as exc:
+        problem = f"sacct cannot run ({exc.strerror or exc})"
+    else:
+        if done.returncode == 0:
+            return done.stdout.strip()
+        lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        problem = lines[-1].removeprefix("sacct: error: ") if lines else f"exit {done.returncode}"
+    _ACCOUNTING[_where(env)] = problem
+    print(f"hpc_ddp: Slurm accounting cannot be read here ({problem}): a job's end is taken "
+          "from squeue while Slurm keeps the job, then from the run's own records "
+          "(docs/slurm.md#without-accounting).", file=sys.stderr, flush=True)
+    return None
 
 
 class SlurmJobView:

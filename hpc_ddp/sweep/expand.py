@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import itertools
 import math
@@ -59,12 +60,12 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
         raise UserError("multirun", f"{total} points", f"is more than {limit}.",
                         "sweep fewer values, or split the sweep.")
     marks = _marks_given(parsed)
+    # Each swept value as the tables show it, once (not once a point).
+    shown = {(k, v): _shown(k, v, marks) for axis in axes for k, v, swept in axis if swept}
     points = []
     for index, combo in enumerate(itertools.product(*axes)):
-        # Swept values come back from Hydra written as in an override (strings quoted).
         points.append(Point(index, tuple(f"{k}={v}" for k, v, _ in combo),
-                            tuple((k, _shown(k, v.strip("'\""), marks))
-                                  for k, v, swept in combo if swept)))
+                            tuple((k, shown[k, v]) for k, v, swept in combo if swept)))
     return points
 
 
@@ -77,7 +78,20 @@ def _marks_given(parsed: list[Any]) -> Marks:
 
 
 def _shown(key: str, value: str, marks: Marks) -> str:
-    return MASK if secret_name(key, marks) or secret_value(value) else value
+    """A swept value for tables (the manifest, TensorBoard's hparams, an error's "sweep
+    point" label): **** where it holds a secret, by the key's name, its shape, or as the run
+    would take one out of it (``cluster.setup=['export HF_TOKEN=x']``)."""
+    # deferred (start-up): config.secrets, config.secret_channels
+    from hpc_ddp.config.secret_channels import Found
+    from hpc_ddp.config.secrets import scrub_override
+
+    if secret_name(key, marks) or secret_value(value):
+        return MASK
+    found = Found(marks, strict=False)
+    with contextlib.suppress(UserError):
+        scrub_override(f"{key}={value}", found)
+    # Swept values come back from Hydra written as in an override (strings quoted).
+    return MASK if found.values else value.strip("'\"")
 
 
 def range_count(start: Any, stop: Any, step: Any) -> int:
@@ -116,6 +130,10 @@ def _swept_values(item: Any, key: str, overrides: Sequence[str], limit: int) -> 
     if item.value_type == ValueType.INTERVAL_SWEEP:
         raise UserError(key, typed, "interval() is a continuous range, which a grid sweep "
                         "cannot enumerate.", "list the values, or use range(start,stop,step).")
+    if _nested_sweep(getattr(swept, "list", ())):  # Hydra would fail to write it back
+        raise UserError(key, typed, "puts a sweep (range(), interval(), glob()) among the "
+                        "values of a sweep.", f"sweep one range per key ({key}=range(0,10)), "
+                        f"or list the values ({key}=0,1,2).")
     if item.value_type == ValueType.GLOB_CHOICE_SWEEP:
         # deferred (start-up): config.compose
         from hpc_ddp.config.compose import search_folders, user_config_dir
@@ -127,6 +145,19 @@ def _swept_values(item: Any, key: str, overrides: Sequence[str], limit: int) -> 
         glob: Glob = item.value()
         return list(glob.filter(options))
     return [str(v) for v in item.sweep_string_iterator()]
+
+
+def _nested_sweep(values: Any) -> bool:
+    """Whether a sweep's values hold a sweep or glob(), at any depth (``range(0,3),[range(
+    0,3)]``)."""
+    # deferred: hydra
+    from hydra.core.override_parser.types import Glob, Sweep
+
+    if isinstance(values, Sweep | Glob):
+        return True
+    if isinstance(values, dict):
+        return any(_nested_sweep(v) for v in values.values())
+    return isinstance(values, list | tuple) and any(_nested_sweep(v) for v in values)
 
 
 def chunks(count: int, size: int) -> list[range]:

@@ -122,6 +122,7 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     from hpc_ddp import events
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
+    from hpc_ddp.watch.ended import current_summary, from_records  # watch.ended
     from hpc_ddp.watch.runcost import run_cost
 
     progress = read_json(run_dir / "progress.json") or {}
@@ -131,7 +132,7 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     if not job:
         found = JobState("NOT SUBMITTED")
     elif job.get("kind") == "slurm" and states is not None:
-        found = states.get(str(job["job_id"])) or JobState("UNKNOWN")
+        found = from_records(run_dir, job, states.get(str(job["job_id"])) or JobState("UNKNOWN"))
     else:
         found = Run(run_dir, job).job_state()
     if found.state == "PENDING":
@@ -163,20 +164,6 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "step_ms": progress.get("step_ms"), "slowest_rank": progress.get("slowest_rank"),
             "slowest_behind": progress.get("slowest_behind"),
             "cost": run_cost(run_dir, job, found.state, costs or {}), "recovery": recovery}
-
-
-def current_summary(run_dir: Path, job: dict[str, Any] | None) -> dict[str, Any]:
-    """summary.json, unless an earlier submission wrote it (a resumed run that trains now):
-    older than job.json's latest submission, the rule follow.last_stop has for stops."""
-    path = run_dir / "summary.json"
-    summary = read_json(path)
-    try:
-        written = path.stat().st_mtime
-    except OSError:
-        return {}
-    if not isinstance(summary, dict) or written < float((job or {}).get("submitted") or 0.0):
-        return {}
-    return summary
 
 
 def best(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -378,3 +380,262 @@ def test_a_laptop_follows_through_a_cut_stops_resumes_collects_sweeps_and_cancel
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     rows = final_rows(victim.job_id, slurm_env, timeout_s=120)
     assert rows and rows[0][1].startswith("CANCELLED"), rows
+
+
+# -- a second user on the same machines (docs/security.md#the-remote-path) ------------------
+
+OTHER_USER = "hpcddp_other"
+
+
+def _other_user() -> str:
+    """A second local user (made once): what she plants, she plants as herself."""
+    if subprocess.run(["id", OTHER_USER], capture_output=True, check=False).returncode != 0:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", OTHER_USER],
+                       check=True, capture_output=True)
+    return OTHER_USER
+
+
+def _as_other(script: str) -> None:
+    subprocess.run(["runuser", "-u", _other_user(), "--", "sh", "-c", script], check=True,
+                   capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def shared_places() -> Iterator[tuple[Path, Path]]:
+    """(a cluster folder, a laptop folder), each with a group-scratch-like ``shared`` folder
+    in it (mode 1777): folders the second user can reach, unlike pytest's own (0700)."""
+    base = Path(tempfile.mkdtemp(prefix="hpc_ddp_shared_", dir="/tmp"))
+    try:
+        places = []
+        for side in ("cluster", "laptop"):
+            (base / side / "shared").mkdir(parents=True)
+            (base / side).chmod(0o755)
+            (base / side / "shared").chmod(0o1777)
+            places.append(base / side)
+        base.chmod(0o755)
+        yield places[0], places[1]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_what_a_second_user_plants_on_the_remote_path_never_runs(
+        login: LoginNode, slurm_env: dict[str, str], shared_places: tuple[Path, Path]) -> None:
+    """A planted snapshot (her code/<digest>, her code/, a link), a shared remote root, a
+    planted handle on the laptop (her ssh_config's ProxyCommand, her interpreter) and a
+    secret in an sbatch option: each refused in one line, exit 2, her marker never made;
+    the victim's own run, from a folder of his own, completes."""
+    from hpc_ddp.remote import snapshot
+
+    cluster, laptop_side = shared_places
+    shared = cluster / "shared"
+    project = _project(laptop_side / "project")
+    digest = snapshot.pack(project, snapshot.project_files(project)).digest
+    marker = shared / "PWNED"
+    payload = f"open({str(marker)!r}, 'a').write('ran as you\\n')\n"
+    where = ["cluster=slurm", "nodes=1", "script=train.py", "cluster.remote=login",
+             f"cluster.ssh_config={login.ssh_config}", f"cluster.python={sys.executable}",
+             "dry_run=true"]
+
+    def refused(root: Path, fragment: str, *extra: str) -> None:
+        done = laptop(cluster, "submit", [*where, f"cluster.remote_root={root}", *extra],
+                      project)
+        said = done.stdout + done.stderr
+        assert done.returncode == 2, said
+        assert "Traceback" not in said and fragment in done.stderr, said
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert not marker.exists(), marker.read_text()
+
+    # 1. The shared folder itself as the root: writable by others.
+    refused(shared, "writable by others")
+    # 2. Her root, with her snapshot of the victim's (public, so predictable) tree in it.
+    _as_other(f"mkdir -p {shared}/alice/code/{digest}/hpc_ddp && "
+              f"printf %s {shlex.quote(payload)} > {shared}/alice/code/{digest}/hpc_ddp/"
+              f"__init__.py && cp {shared}/alice/code/{digest}/hpc_ddp/__init__.py "
+              f"{shared}/alice/code/{digest}/train.py && "
+              f"echo '{{\"digest\": \"{digest}\", \"uid\": 0}}' > "
+              f"{shared}/alice/code/{digest}/.complete")
+    refused(shared / "alice", "not yours")
+    # 3. The victim's own root, but a code/ that is hers (as it would be had the root once
+    # been writable to her): she could swap his copy for hers between two submits.
+    mine = shared / "victim"
+    mine.mkdir(mode=0o755)
+    (mine / "code").mkdir()
+    os.chown(mine / "code", *_ids())
+    refused(mine, "not yours")
+    # 4. A link where the snapshot should be, to her copy.
+    (mine / "code").rmdir()
+    (mine / "code").mkdir(mode=0o755)
+    (mine / "code" / digest).symlink_to(shared / "alice" / "code" / digest)
+    refused(mine, "symbolic link")
+    (mine / "code" / digest).unlink()
+
+    # A handle she wrote in a project folder shared on the laptop, naming her ssh_config
+    # (its ProxyCommand makes the marker) or her interpreter; each command refuses it.
+    hers = laptop_side / "shared" / "outputs" / "h1"
+    config = laptop_side / "shared" / "her_ssh_config"
+    _as_other(f"mkdir -p {hers} && chmod 755 {hers} && "
+              f"printf 'Host *\\n  ProxyCommand touch {marker}\\n' > {config}")
+    for fields in ({"ssh_config": str(config)}, {"python": ["sh", "-c", f"touch {marker}"]}):
+        record = {"host": "login", "remote_dir": str(mine / "runs" / "x"), "snapshot": digest,
+                  "python": [sys.executable], "ssh_config": str(login.ssh_config),
+                  "job_id": None, "sweep": False, "root": str(mine), "secrets": [], **fields}
+        _as_other(f"printf %s {shlex.quote(json.dumps(record))} > {hers}/remote.json")
+        for module, args in (("status", [str(hers)]), ("logs", [str(hers), "--tail", "3"]),
+                             ("collect", [str(hers)]),
+                             ("submit", [f"run_dir={hers}", "resume=true"])):
+            done = laptop(cluster, module, args, laptop_side)
+            assert done.returncode == 2, (module, done.stdout, done.stderr)
+            assert "remote.json" in done.stderr and "Traceback" not in done.stderr, (
+                module, done.stderr)
+        opened = f"import hpc_ddp; hpc_ddp.open_run({str(hers)!r})"
+        command, env = on_laptop(cluster, ["-c", opened])
+        api = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
+                             check=False)
+        assert api.returncode != 0 and "remote.json" in api.stderr, api.stderr
+        assert not marker.exists()
+
+    # 5. A secret in an sbatch option (scontrol show job shows it to every user): refused
+    # here, before anything is copied; nothing of it anywhere on the cluster.
+    refused(mine, "sbatch_extra", "+cluster.sbatch_extra.comment=password=hunter2")
+    assert not (mine / "runs").exists() or not any((mine / "runs").iterdir())
+
+    # The victim's own run, in a root of his own (made by the submit, 0700), is unaffected.
+    own = shared / "victim_own"
+    done = laptop(cluster, "submit", [*where[:-1], f"cluster.remote_root={own}",
+                                      "run_dir=runs/mine", "wait=true"], project)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = handles.read(project / "runs" / "mine")
+    assert record is not None and record.job_id and record.snapshot == digest
+    assert_completed(record.job_id, slurm_env, done.stdout)
+    assert own.stat().st_mode & 0o777 == 0o700
+    assert json.loads((own / "code" / digest / ".complete").read_text())["uid"] == 0
+    # A run dir she made, with a job.json of hers: the submit there is refused, and no
+    # handle is left on the laptop (her job.json does not say that anything was submitted).
+    premade = shared / "premade"
+    _as_other(f"mkdir -m 755 {premade} && echo '{{\"job_id\": \"1\"}}' > "
+              f"{premade}/job.json")
+    into = laptop(cluster, "submit", [*where[:-1], f"cluster.remote_root={own}",
+                                      f"run_dir={premade}"], project)
+    assert into.returncode == 2 and "not yours" in into.stderr, into.stdout + into.stderr
+    assert not list((project / "outputs").rglob("remote.json")), into.stdout
+    assert not marker.exists()
+
+
+def _ids() -> tuple[int, int]:
+    entry = pwd.getpwnam(_other_user())
+    return entry.pw_uid, entry.pw_gid
+
+
+ECHO_SCRIPT = """\
+import os
+import sys
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+token_ok = sys.argv[1:] == ["--hf-token", "tok-" + "8391"]
+print(f"args ok {token_ok} laptop value {os.environ.get('FROM_LAPTOP')}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_every_documented_way_of_passing_a_value_works_over_ssh(
+        login: LoginNode, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A ``${oc.env:NAME}`` of the laptop's (not a secret) and a literal secret in a script's
+    arguments reach the job over SSH as they do on the login node."""
+    remote = tmp_path / "cluster_storage"
+    remote.mkdir()
+    project = _project(tmp_path / "project")
+    (project / "echo.py").write_text(ECHO_SCRIPT)
+    command, env = on_laptop(remote, [
+        "-m", "hpc_ddp.submit", "cluster=slurm", "nodes=1", "script=echo.py",
+        "cluster.remote=login", f"cluster.ssh_config={login.ssh_config}",
+        f"cluster.remote_root={remote}", f"cluster.python={sys.executable}",
+        "+nccl.extra_env.FROM_LAPTOP=${oc.env:LAPTOP_VALUE}", "run_dir=runs/echo",
+        "wait=true", "--", "--hf-token", "tok-8391"])
+    env["LAPTOP_VALUE"] = "blue-42"
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = handles.read(project / "runs" / "echo")
+    assert record is not None and record.job_id
+    assert_completed(record.job_id, slurm_env, done.stdout)
+    log = (Path(record.remote_dir) / "logs" / "rank0.log").read_text()
+    assert "args ok True laptop value blue-42" in log, log
+    # the secret went on standard input: not in the run's saved overrides or config
+    for name in ("overrides.yaml", "config.yaml"):
+        assert "tok-8391" not in (Path(record.remote_dir) / name).read_text()
+
+
+def _ours_on_login(pattern: str) -> list[str]:
+    """Processes of ours whose command line matches (the login node's are this machine's:
+    its namespaces are for the network and the host name only)."""
+    found = subprocess.run(["pgrep", "-af", pattern], capture_output=True, text=True)
+    return [ln for ln in found.stdout.splitlines() if "pgrep" not in ln]
+
+
+def _until(check: Callable[[], bool], timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"{what} after {timeout:.0f} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def test_nothing_of_ours_lingers_on_the_login_node_after_the_laptop_is_gone(
+        login: LoginNode, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """A laptop's ``submit ... wait=true`` killed (SIGKILL), and a ``logs --follow`` whose
+    link drops: each command there ends by itself; the job goes on; the laptop's shared
+    connection ends within its ControlPersist."""
+    from hpc_ddp.remote.ssh import PERSIST_S
+    from hpc_ddp.remote.tether import SILENCE_S
+
+    remote = tmp_path / "cluster_storage"
+    remote.mkdir()
+    project = _seqproject(tmp_path / "laptop" / "seqproject")
+    sockets = tempfile.mkdtemp(prefix="s", dir="/tmp")
+    where = ["cluster.remote=login", f"cluster.ssh_config={login.ssh_config}",
+             f"cluster.remote_root={remote}", f"cluster.python={sys.executable}"]
+    command, env = on_laptop(remote, ["-m", "hpc_ddp.submit", "--config-dir", "conf", *LOOP,
+                                      "nodes=1", *where, "app.steps=100000",
+                                      "run_dir=runs/long", "wait=true"], sockets)
+    waiting = subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    there = remote / "runs" / "runs" / "long"
+    try:
+        _until(lambda: (there / "logs" / "rank0.log").is_file(), 120, "no rank started")
+        assert _ours_on_login("hpc_ddp.submit --args-stdin")
+        waiting.kill()  # the laptop's command, SIGKILL: nothing of it says goodbye
+        waiting.wait(timeout=30)
+        ended = _until(lambda: not _ours_on_login("hpc_ddp.submit --args-stdin"), 30,
+                       "the submit on the login node still runs")
+        job = json.loads((there / "job.json").read_text())["job_id"]
+        state = subprocess.run(["squeue", "-h", "-j", str(job), "-o", "%T"], env=slurm_env,
+                               capture_output=True, text=True, check=False).stdout.strip()
+        assert state == "RUNNING", state  # the job goes on
+
+        # A follow whose link drops for good: the laptop retries, the command there ends.
+        command, env = on_laptop(remote, ["-m", "hpc_ddp.logs", str(project / "runs" / "long"),
+                                          "--follow"], sockets)
+        follow = subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            _until(lambda: bool(_ours_on_login("hpc_ddp.remote.tether hpc_ddp.logs")), 60,
+                   "no follow there")
+            login.link(False)
+            silent = _until(lambda: not _ours_on_login("hpc_ddp.remote.tether hpc_ddp.logs"),
+                            SILENCE_S + 20, "the follow there still runs with its link down")
+        finally:
+            login.link(True)
+            follow.kill()
+            follow.wait(timeout=30)
+        subprocess.run(["scancel", str(job)], env=slurm_env, check=True)
+        final_rows(str(job), slurm_env, timeout_s=120)
+        # The laptop's shared connection: no command of ours keeps it any more.
+        closed = _until(lambda: not _ours_on_login(sockets), PERSIST_S + 30,
+                        "the laptop's ssh master still runs")
+    finally:
+        login.link(True)
+        waiting.kill()
+    print(f"login node: the killed laptop's submit ended after {ended:.1f} s, the cut "
+          f"follow's after {silent:.1f} s; the laptop's ssh master after {closed:.1f} s more")

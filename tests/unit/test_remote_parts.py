@@ -193,7 +193,9 @@ def test_a_status_through_a_handle_runs_where_the_run_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = tmp_path / "bin" / "ssh"
     fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nfor last; do :; done\necho \"ran: $last\"\nexit 3\n")
+    said = tmp_path / "line"
+    fake.write_text(f"#!/bin/sh\nfor last; do :; done\necho \"$last\" > {said}\n"
+                    "echo \"ran: $last\"\nexit 3\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
     run = tmp_path / "handle"
@@ -202,8 +204,12 @@ def test_a_status_through_a_handle_runs_where_the_run_is(
     code = handle.forward("status", ["--interval", "2", str(run), "--json"], out,
                           {"XDG_RUNTIME_DIR": str(tmp_path)})
     assert code == 3  # the remote command's own exit code
-    assert out.getvalue() == ("ran: /v/bin/python -m hpc_ddp.status --interval 2 "
-                              "'~/hpc_ddp/runs/x' --json\n")
+    # held there: it ends with this connection (remote/tether.py)
+    assert said.read_text() == ("/v/bin/python -P -m hpc_ddp.remote.tether hpc_ddp.status "
+                                "--interval 2 '~/hpc_ddp/runs/x' --json\n")
+    # what it prints names the run by its handle here (a resume line pasted here works)
+    assert out.getvalue() == ("ran: /v/bin/python -P -m hpc_ddp.remote.tether hpc_ddp.status "
+                              f"--interval 2 {run} --json\n")
     assert handle.forward("status", [str(tmp_path)], out, {}) is None  # not a handle
 
 

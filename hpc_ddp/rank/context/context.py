@@ -41,7 +41,7 @@ from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import heartbeat, stopping, trackers, window_sync
 from hpc_ddp.rank.services.loop_checkpoints import LoopCheckpoints
 from hpc_ddp.rank.services.metrics import MetricsWriter
-from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.rundir import RunDir, read_json, write_json, write_text
 
 if TYPE_CHECKING:  # the type only: a script's context never joins through join/
     from hpc_ddp.rank.join.joined import Rank
@@ -180,7 +180,7 @@ class Context(ShardedModels, GlobalOrder):
             if self._sync.agreed != stopping.NONE:
                 self._stop_step = self._last_step
                 if self.stop_file is not None and self.is_master:
-                    self.stop_file.write_text(str(self._sync.agreed))
+                    write_text(self.stop_file, str(self._sync.agreed))  # never via a link
                 log.warning("stop agreed by every rank (%s) at call %d of should_stop()",
                             "SIGTERM" if self._sync.agreed == stopping.TERM else
                             "requeue signal", self._calls)

@@ -18,17 +18,18 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.owned import Untrusted
 from hpc_ddp.rank.contract import CONTAINER_ENV, PROGRAM_CONFIG_ENV, STORE_KEY_ENV
 from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous, tracebacks
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.services import rng, stacks
-from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.rundir import RunDir, read_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,14 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
     """
     env = detect(environ, cfg.cluster.tasks_per_node)
     host = socket.gethostname()
-    ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
-                  marks=secrets.marks_of(cfg), env=env, environ=environ)
-    if group:  # the training process (not a supervisor): its stacks on request
-        stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
-            cfg.cluster.signal))
+    try:
+        ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
+                      marks=secrets.marks_of(cfg), env=env, environ=environ)
+        if group:  # the training process (not a supervisor): its stacks on request
+            stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
+                cfg.cluster.signal))
+    except (UserError, Untrusted) as exc:
+        _refuse(run_dir, env, environ, exc)
     run_dir.rank_error(env.rank).unlink(missing_ok=True)
     try:
         changes = nccl.apply(cfg.nccl, environ)
@@ -251,6 +255,23 @@ def _prepare_torch(cfg: Config, environ: MutableMapping[str, str]) -> None:
     rng.deterministic_kernels(cfg.trainer.deterministic)
 
 
+def _refuse(run_dir: RunDir, env: DistEnv, environ: MutableMapping[str, str],
+            exc: UserError | Untrusted) -> NoReturn:
+    """A rank log or stacks file planted as a link or someone else's (owned.open_append)
+    stops this rank before the rendezvous. Rank 0 publishes why where the others look for its
+    address (a requeue that no submission checked first: inputs/run_dir.check_run_files), so
+    they stop within seconds with its reason, not after trainer.rendezvous_timeout_s."""
+    error = exc if isinstance(exc, UserError) else UserError("run_dir", str(run_dir.root),
+                                                               str(exc), "")
+    if env.is_master and _agent_store(environ) is None:
+        try:
+            rendezvous.publish_refusal(rendezvous.endpoint_file(run_dir.rendezvous, env),
+                                       error.message)
+        except OSError:  # the others then wait for rank 0 as before
+            pass
+    raise error from None
+
+
 def _agent_store(environ: MutableMapping[str, str]) -> str | None:
     """Whose store the ranks join, if not one of their own (rendezvous.connect)."""
     if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -344,8 +365,8 @@ def record_error(run_dir: RunDir, rank: int, host: str, message: str,
         text = ranklog.masked("".join(traceback.format_exception(exc)))
         head = tracebacks.FULL_TRACEBACK_PEER if peer else tracebacks.FULL_TRACEBACK
         blocks.append(f"{head}\n{text}")
-    try:
-        run_dir.rank_error(rank).write_text("\n\n".join(blocks))
+    try:  # replaced, not written in place: a link planted at the name is not followed
+        write_text(run_dir.rank_error(rank), "\n\n".join(blocks))
     except OSError:
         pass
 

@@ -26,9 +26,10 @@ import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from hpc_ddp.owned import open_append
 from hpc_ddp.rank.contract import CAPTURED_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.ranklines import ATTEMPT, attempt_text, line, open_for_append
+from hpc_ddp.ranklines import ATTEMPT, attempt_text, line
 from hpc_ddp.redact import NO_MARKS, Marks
 
 # Blocked while the tee starts: a stop signal in that moment waits for this process (it is
@@ -120,7 +121,7 @@ def _close(pid: int) -> None:
 
 
 def _append(path: Path, text: str) -> None:
-    fd = open_for_append(path)
+    fd = open_append(path)  # no link, no one else's file (owned.py)
     try:
         os.write(fd, text.encode())
     finally:

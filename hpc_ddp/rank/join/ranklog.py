@@ -11,9 +11,10 @@ from pathlib import Path
 
 from hpc_ddp.config.secrets import mask, values_to_mask
 from hpc_ddp.errors import UserError
+from hpc_ddp.owned import Untrusted, open_append
 from hpc_ddp.rank.join import output
 from hpc_ddp.rank.join.distenv import DistEnv
-from hpc_ddp.ranklines import open_for_append, prefix
+from hpc_ddp.ranklines import prefix
 from hpc_ddp.redact import NO_MARKS, Marks
 
 
@@ -22,17 +23,18 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
     """Log to ``path``; ``echo`` also to stderr (rank 0, so Slurm's output shows progress).
     With ``env``, this process's stdout and stderr go into ``path`` too (output.capture:
     the program's output, an ATTEMPT line first). Secrets are masked (``marks``: the
-    config's secrets.secret / secrets.public)."""
-    if path.is_symlink():  # every open of it refuses a link too (ranklines.open_for_append)
-        raise UserError("run_dir", str(path.parent.parent), f"{path} is a symbolic link: no "
-                        "rank log is written through one (it could point anywhere).",
-                        f"remove {path}, and check who could make it.")
+    config's secrets.secret / secrets.public). UserError, before anything is written, where
+    ``path`` is a symbolic link or someone else's file (owned.open_append)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # the file the handler below writes to (its descriptor: nothing can swap it since)
+        log_file = os.fdopen(open_append(path), "a")
+    except Untrusted as exc:
+        raise UserError("run_dir", str(path.parent.parent), str(exc), "") from None
     if env is not None and output.capture(path, env, host,
                                           os.environ if environ is None else environ, marks):
         # submitit prints its lines to stdout itself (its handler): they reach the log
         # through the capture once, not a second time through the root logger.
         logging.getLogger("submitit").propagate = False
-    path.parent.mkdir(parents=True, exist_ok=True)
     fmt = LineFormatter(f"%(asctime)s.%(msecs)03d {prefix(rank, host)} %(levelname)s "
                         "%(message)s", "%Y-%m-%d %H:%M:%S")
     root = logging.getLogger()
@@ -40,8 +42,7 @@ def setup(path: Path, rank: int, host: str, echo: bool, marks: Marks = NO_MARKS,
         root.removeHandler(handler)
     hidden = _Masked(values_to_mask(os.environ, marks=marks))
     _MASKED[:] = hidden.values  # for the error file, events and the exception (masked())
-    # The log file opened without following a link (ranklines.open_for_append).
-    file_handler = logging.StreamHandler(os.fdopen(open_for_append(path), "a"))
+    file_handler = logging.StreamHandler(log_file)
     file_handler.setFormatter(fmt)
     file_handler.addFilter(hidden)
     root.addHandler(file_handler)

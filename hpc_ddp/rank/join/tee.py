@@ -30,7 +30,8 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 
-from hpc_ddp.ranklines import ERR, OUT, is_own, line, open_for_append, prefix
+from hpc_ddp.owned import open_append
+from hpc_ddp.ranklines import ERR, OUT, is_own, line, prefix
 from hpc_ddp.redact import Marks, mask, values_to_mask
 
 # torch (c10d socket.cpp, 2.14) warns on every rank whose host name its resolver cannot find
@@ -142,7 +143,7 @@ def main(argv: Sequence[str]) -> int:
     path, rank, host, out_fd, err_fd = argv[:5]
     given = json.loads(argv[5]) if len(argv) > 5 else {}
     marks = Marks.of(given.get("secret") or (), given.get("public") or ())
-    log_fd = open_for_append(path)
+    log_fd = open_append(path)  # no link, no one else's file (owned.py)
     tee = Tee(log_fd, int(rank), host, values_to_mask(os.environ, marks=marks),
               {OUT: 1, ERR: 2})
     run(tee, {OUT: int(out_fd), ERR: int(err_fd)})

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from hpc_ddp.owned import open_append
+
 KEY = "hpc_ddp/dump_stacks"
 REQUEST = "dump"  # the value of a request for the stacks
 DONE = "done"  # the value a supervisor sets to end its own wait
@@ -43,9 +45,11 @@ def request_key(rank: int) -> str:
 
 
 def enable(path: Path, signum: int) -> None:
-    """Dump every thread's stack into ``path`` (appended) when ``signum`` arrives."""
+    """Dump every thread's stack into ``path`` (appended) when ``signum`` arrives.
+    owned.Untrusted where ``path`` is a symbolic link or not this user's file: every dump
+    would go wherever it points (owned.open_append)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(path, "a")  # noqa: SIM115 - must stay open for the process's life
+    handle = os.fdopen(open_append(path), "a")  # must stay open for the process's life
     faulthandler.register(signum, file=handle, all_threads=True, chain=False)
     while _open:  # a process that joins again (a notebook, a benchmark): the old file is done
         _open.pop().close()
