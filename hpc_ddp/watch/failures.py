@@ -99,7 +99,29 @@ def read(run: RunDir, ranks: list[int]) -> list[Failure]:
         trace = rest.split(FULL_PREFIX, 1)[0] if rest.startswith(TRACEBACK) else ""
         full = rest.startswith(FULL_PREFIX.strip()) or FULL_PREFIX in rest
         found.append(Failure(rank, host, message, when, trace, full, FULL_TRACEBACK_PEER in rest))
-    return sorted(found, key=lambda f: (f.when, f.rank))
+    return _one_per_rank(sorted(found, key=lambda f: (f.when, f.rank)))
+
+
+def _one_per_rank(found: list[Failure]) -> list[Failure]:
+    """Each failure under the rank it is about: a rank that reports another's ("rank 0 on
+    node1: rank 1 on node2: KeyError ...", its run stopped by that failure) adds nothing
+    where that rank has its own error file, and stands for it where it has none (a rank
+    that hung or died silently)."""
+    own = {f.rank for f in found if not _HEAD.match(f.message)}
+    kept: list[Failure] = []
+    about: set[int] = set()
+    for failure in found:
+        head = _HEAD.match(failure.message)
+        if head is None:
+            kept.append(failure)
+            continue
+        subject = int(head[1])
+        if subject in own or subject in about:
+            continue
+        about.add(subject)
+        kept.append(Failure(subject, head[2], failure.message[head.end():], failure.when,
+                            failure.traceback, failure.sorted_out, True))
+    return kept
 
 
 def grouped(failures: list[Failure]) -> list[Group]:
@@ -116,12 +138,17 @@ def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
     from hpc_ddp.rank.join.ranklog import tail  # deferred (start-up): rank.join.ranklog
 
     groups = grouped(read(run, ranks))
+    root = recorded_root(run)
+    if root is not None:  # the supervisors' decision, as events.jsonl and status say it
+        groups.sort(key=lambda g: root[0] not in g.ranks)
     world = world_size(run)
     lines: list[str] = []
     if len(groups) > 1 or (groups and len(groups[0].ranks) > 1):
         first = groups[0].first
-        lines.append(f"first to fail: rank {first.rank} on {first.host} (at "
-                     f"{time.strftime('%H:%M:%S', time.localtime(first.when))})")
+        who, host, when = root if root is not None and root[0] in groups[0].ranks else (
+            first.rank, first.host, first.when)
+        lines.append(f"first to fail: rank {who} on {host} (at "
+                     f"{time.strftime('%H:%M:%S', time.localtime(when))})")
     for group in groups:
         lines.append(group.head(world))
         shown = next((f.rank for f in group.failures if run.rank_log(f.rank).exists()), None)
@@ -143,6 +170,19 @@ def report(run: RunDir, ranks: list[int], log_lines: int = 15) -> list[str]:
 # there is one, then the whole chain under a FULL_TRACEBACK header (either form).
 TRACEBACK = "Traceback (most recent call last):"
 FULL_PREFIX = "\n\nFull traceback ("
+
+
+def recorded_root(run: RunDir) -> tuple[int, str, float] | None:
+    """The first failing rank of the run's last recorded failure (events.jsonl, written by
+    the rank that decided: the supervisors' root cause), its host and when it failed."""
+    from hpc_ddp import events  # deferred (start-up): events
+
+    last = next((e for e in reversed(events.read(run.root)) if e.get("kind") == "failure"),
+                None)
+    if last is None or not isinstance(last.get("rank"), int):
+        return None
+    return (int(last["rank"]), str(last.get("host") or "?"),
+            float(last.get("failed_at") or last.get("time") or 0.0))
 
 
 def world_size(run: RunDir) -> int | None:

@@ -41,6 +41,21 @@ class Mlp(nn.Module):
         return self.net(x)
 
 
+class NanOnRank1(nn.Module):
+    """A network whose forward fails on rank 1 at its third step (a user's own error)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, num_classes))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if os.environ.get("RANK") == "1" and self.calls == 3:
+            raise FloatingPointError("the loss went nan in NanOnRank1.forward")
+        return self.net(x)
+
+
 class Shards(IterableDataset):  # type: ignore[type-arg]
     """An iterable data set that shards itself by rank, with a length per rank."""
 

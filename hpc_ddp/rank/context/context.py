@@ -295,7 +295,7 @@ class Context(ShardedModels, GlobalOrder):
         self._heartbeat.beat(step)
         if self._recovering:
             self._recovering = False
-            events.append(self.run.root, {"kind": "recovered", "attempt": self.env.restart,
+            events.append(self.run.root, {"kind": events.RECOVERED, "attempt": self.env.restart,
                                           "generation": self.env.generation,
                                           "from_step": self.resumed_from_step, "step": step})
 

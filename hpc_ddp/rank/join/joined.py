@@ -346,27 +346,41 @@ def _record_rank(run_dir: RunDir, env: DistEnv, host: str, gpu: dict[str, Any],
 
 
 def record_error(run_dir: RunDir, rank: int, host: str, message: str,
-                 exc: BaseException | None) -> None:
+                 exc: BaseException | None, at: float | None = None) -> None:
     """Log this rank's failure (the message, and the program's traceback once) and write its
     error file: the message, the program's traceback (the failure report shows it), then the
     whole chain with hpc_ddp's frames (for a bug of ours); every part with the run's secrets
-    masked (ranklog.masked)."""
+    masked (ranklog.masked). A supervisor's (its training process's report in the chain:
+    tracebacks.ChildFailed) holds the process's frames and its time. The file's time is when
+    the rank failed (``at``): the report's first to fail reads it."""
+    child = tracebacks.child_failed(exc)
     # A failure diagnosed as another rank's (outcome.fail: no mark of its own, a cause):
     # its frames are where it noticed, not where it went wrong.
-    peer = exc is not None and exc.__cause__ is not None and tracebacks.LOCAL_MARK not in message
-    program = ranklog.masked(tracebacks.program_traceback(exc)) if exc is not None and (
-        not peer) else ""
-    shown = ranklog.masked(message.replace(f"{tracebacks.LOCAL_MARK} ", ""))
-    log.error("rank %d on %s failed: %s%s", rank, host, shown,
-              f"\n{program}" if program else "")
-    blocks = [f"rank {rank} on {host}: {ranklog.masked(message)}",
-              *([program] if program else [])]
-    if exc is not None:
+    peer = (child is None and exc is not None and exc.__cause__ is not None
+            and tracebacks.LOCAL_MARK not in message)
+    if child is not None:
+        program, at = child.trace, at or child.at
+    else:
+        program = ranklog.masked(tracebacks.program_traceback(exc)) if exc is not None and (
+            not peer) else ""
+    shown = ranklog.masked(message.replace(f"{tracebacks.LOCAL_MARK} ", "")
+                           .replace(tracebacks.LOCAL_MARK, "").strip())
+    about = f"rank {rank} on {host}: "
+    shown = shown.removeprefix(about)
+    if child is None:  # a supervisor's child logged its own lines already
+        log.error("rank %d on %s failed: %s%s", rank, host, shown,
+                  f"\n{program}" if program else "")
+    blocks = [about + shown, *([program] if program else [])]
+    if child is not None and child.full:
+        blocks.append(f"{tracebacks.FULL_TRACEBACK_CHILD}\n{child.full}")
+    elif exc is not None:
         text = ranklog.masked("".join(traceback.format_exception(exc)))
         head = tracebacks.FULL_TRACEBACK_PEER if peer else tracebacks.FULL_TRACEBACK
         blocks.append(f"{head}\n{text}")
     try:  # replaced, not written in place: a link planted at the name is not followed
         write_text(run_dir.rank_error(rank), "\n\n".join(blocks))
+        if at is not None:
+            os.utime(run_dir.rank_error(rank), (at, at))
     except OSError:
         pass
 

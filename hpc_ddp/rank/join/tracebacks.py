@@ -21,6 +21,29 @@ RECORDED = "_hpc_ddp_recorded"
 # died: the rank's last log lines say more than its frames).
 FULL_TRACEBACK = "Full traceback (hpc_ddp's frames too):"
 FULL_TRACEBACK_PEER = "Full traceback (hpc_ddp's frames too; the failure is another rank's):"
+# ... and for a supervised rank, its training process's own chain (the supervisor's frames
+# say nothing of the failure).
+FULL_TRACEBACK_CHILD = "Full traceback (of the training process, hpc_ddp's frames too):"
+
+
+class ChildFailed(Exception):
+    """A supervisor's record of its training process's failure, as the process reported it
+    (rank/supervise/outcome.py): when (``at``), the program's traceback and the whole chain.
+    The cause of the error a supervisor raises, so that the rank's error file holds the
+    program's frames, not the supervisor's (joined.record_error)."""
+
+    def __init__(self, cause: str, at: float, trace: str, full: str) -> None:
+        super().__init__(cause)
+        self.at, self.trace, self.full = at, trace, full
+
+
+def child_failed(error: BaseException | None) -> ChildFailed | None:
+    """The ChildFailed in ``error``'s chain, if any."""
+    while error is not None:
+        if isinstance(error, ChildFailed):
+            return error
+        error = error.__cause__
+    return None
 
 
 def program_traceback(error: BaseException) -> str:

@@ -327,7 +327,7 @@ def load_for_resume(run: RunDir, is_master: bool, attempt: int,
 def fallback_event(skipped: list[tuple[Path, str]], used: int | None,
                    attempt: int) -> dict[str, Any]:
     """The events.jsonl line for a resume that skipped unusable checkpoints."""
-    return {"kind": "checkpoint_fallback", "attempt": attempt,
+    return {"kind": events.CHECKPOINT_FALLBACK, "attempt": attempt,
             "cause": "; ".join(f"{p.name}: {why}" for p, why in skipped), "used_step": used}
 
 

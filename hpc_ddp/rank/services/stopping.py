@@ -136,7 +136,27 @@ def cause_of(code: int, time_left: float | None, signal_delay_s: int,
     if code == TERM:
         return ("SIGTERM (preemption grace time or scancel)" if on_slurm else
                 "SIGTERM (Ctrl-C on the submitting command, a cancel, or kill)")
-    # --signal=SIG@T may arrive up to 60 s earlier than T (sbatch(1)).
-    if time_left is not None and time_left <= signal_delay_s + 90:
+    if at_time_limit(time_left, signal_delay_s):
         return "time limit"
     return "preemption or a signal sent by hand"
+
+
+def at_time_limit(time_left: float | None, signal_delay_s: int) -> bool:
+    """Whether the requeue signal came for the time limit: with ``time_left`` (squeue's
+    %L) about ``signal_delay_s``. Far more left is a preemption (preempt_send_user_signal)
+    or a signal sent by hand; unknown (None) is not the time limit."""
+    # --signal=SIG@T may arrive up to 60 s earlier than T (sbatch(1)).
+    return time_left is not None and time_left <= signal_delay_s + 90
+
+
+def requeue_signal_said(name: str, time_left: float | None, signal_delay_s: int) -> str:
+    """The requeue signal ``name`` in words, by :func:`cause_of`'s rule (a script that did
+    not handle it is told why it came): "SIGUSR2, the requeue signal (sent 120s before the
+    time limit)", or at a preemption with the time that was left said."""
+    if at_time_limit(time_left, signal_delay_s):
+        return f"{name}, the requeue signal (sent {signal_delay_s}s before the time limit)"
+    from hpc_ddp.slurm.cost import hours  # deferred (start-up): slurm.cost
+
+    left = f" with {hours(time_left)} of its time limit left" if time_left else ""
+    return (f"{name}, the requeue signal, sent at a preemption (or by hand){left}, not for "
+            "the time limit")

@@ -72,6 +72,13 @@ class End:
     # Every rank's process is stopped, this rank's too (a hang found by rank 0's watch: the
     # hung process is alive and must go as well).
     stop_all: bool = False
+    # The training process's own report of its failure (outcome._tell_supervisor): the
+    # program's frames, and the whole chain; "" when it said nothing (a crash).
+    trace: str = ""
+    full: str = ""
+    # The failure reads as a consequence of another rank's (a lost peer, a collective that
+    # failed with it): never the root cause while a rank failed by itself.
+    symptom: bool = False
 
     def as_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -131,10 +138,11 @@ def decide(ends: dict[int, End | None], generation: int, budget: int,
     generation's recorded first failure (a hang's is no rank's end). Pure.
 
     The root cause is the earliest failure (a dead rank's supervisor sees the death before
-    its peers' processes fail on the lost connection); a process stopped by its supervisor
-    after that is not a cause."""
+    its peers' processes fail on the lost connection) of a rank that failed by itself, before
+    any symptom (a peer lost: its supervisor may see it first); a process stopped by its
+    supervisor after that is not a cause."""
     failures = sorted((e for e in [*ends.values(), recorded] if e is not None and e.verdict
-                       in (RESTARTABLE, FINAL)), key=lambda e: e.at)
+                       in (RESTARTABLE, FINAL)), key=lambda e: (e.symptom, e.at))
     missing = tuple(sorted(r for r, e in ends.items() if e is None))
     root = failures[0] if failures else None
     if missing:
@@ -162,18 +170,33 @@ class Generation:
         # Every rank's end, once rank 0's supervisor has read them (for the summary).
         self.ends: dict[int, End | None] = {}
 
-    def child_cause(self) -> str | None:
+    def child_cause(self) -> dict[str, Any] | None:
         """What this rank's child said of its failure before it exited (outcome.fail, on
-        its store: this generation's prefix), if it did."""
+        its store: this generation's prefix), if it did: its cause, when it failed (``at``),
+        the program's traceback (``trace``) and the whole chain (``full``)."""
         name = rendezvous.prefixed(self.child_prefix, cause_key(self.rank.env.rank))
         try:
-            return bytes(self.store.get(name)).decode() if self.store.check([name]) else None
+            raw = bytes(self.store.get(name)).decode() if self.store.check([name]) else None
         except Exception:
             return None
+        if raw is None:
+            return None
+        try:
+            said = json.loads(raw)
+        except ValueError:
+            said = None
+        return said if isinstance(said, dict) and "cause" in said else {"cause": raw}
 
-    def end_of(self, verdict: str, code: int, cause: str = "") -> End:
-        """This rank's End, stamped now."""
-        return End(verdict, time.time(), code, cause, self.rank.env.rank, self.rank.host)
+    def end_of(self, verdict: str, code: int, cause: str = "",
+               said: Mapping[str, Any] | None = None) -> End:
+        """This rank's End, stamped now, or when its child said it failed (``said``: its
+        child_cause), with the child's traceback."""
+        if said is None:
+            return End(verdict, time.time(), code, cause, self.rank.env.rank, self.rank.host)
+        return End(verdict, float(said.get("at") or time.time()), code,
+                   str(said.get("cause") or cause), self.rank.env.rank, self.rank.host,
+                   trace=str(said.get("trace") or ""), full=str(said.get("full") or ""),
+                   symptom=bool(said.get("symptom")))
 
     # -- the failure watch -----------------------------------------------------------------
     def watch(self, stop_child: Callable[[], None]) -> None:

@@ -108,13 +108,16 @@ class HangWatch:
                 seen, moved_at = beats, now
                 continue
             allowed = limit(self.timeout_s, longest)
-            if any(b.split(b" ", 1)[0] == str(heartbeat.STARTING).encode() for b in beats):
+            first = any(b.split(b" ", 1)[0] == str(heartbeat.STARTING).encode()
+                        for b in beats)
+            if first:
                 allowed *= FIRST_STEP_FACTOR  # compiling, warming up, the first batch
             if now - moved_at >= allowed:
-                self._report(own, world, now - moved_at, allowed)
+                self._report(own, world, now - moved_at, allowed, first)
                 return
 
-    def _report(self, own: Any, world: int, still_s: float, allowed: float) -> None:
+    def _report(self, own: Any, world: int, still_s: float, allowed: float,
+                first: bool = False) -> None:
         """Dump every rank's stacks, name the ones outside torch, and fail the generation."""
         places: dict[int, str | None] = {}
         if self.stack_signal is not None:
@@ -126,8 +129,10 @@ class HangWatch:
         said = "; ".join(f"rank {r} on {hosts.get(r, '?')} was in {places[r]}"
                          for r in named[:8] if places.get(r))
         more = f" (and {len(named) - 8} more)" if len(named) > 8 else ""
-        how = "trainer.hang_timeout_s" if self.timeout_s is not None else (
+        how = f"trainer.hang_timeout_s={self.timeout_s:g}" if self.timeout_s is not None else (
             "derived from the pauses seen; set trainer.hang_timeout_s to choose it")
+        if first:
+            how += f", x{FIRST_STEP_FACTOR:g} before every rank's first step"
         cause = (f"hang: no rank's training moved for {still_s:.0f}s (limit {allowed:.0f}s, "
                  f"{how}){': ' + said + more if said else ''}")
         log.error("%s", cause)

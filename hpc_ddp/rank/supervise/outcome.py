@@ -8,16 +8,18 @@ rank that stopped answering) and requeued when a new attempt may get past it.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
+import traceback
 from collections.abc import MutableMapping
 from typing import Any, NoReturn
 
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.contract import DRIVEN_ENV, RESTART_EXIT_CODE
-from hpc_ddp.rank.join import checkin, device, nccl, ranklog
+from hpc_ddp.rank.join import checkin, device, nccl, ranklog, tracebacks
 from hpc_ddp.rank.join.joined import Rank, RunStopped, record_error
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
@@ -132,7 +134,7 @@ def _fallback(env: Any) -> int:
 def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
          environ: MutableMapping[str, str], exc: BaseException | None = None,
          report: bool = True, generation: int | None = None,
-         deferred: bool = False) -> NoReturn:
+         deferred: bool = False, root: generations.End | None = None) -> NoReturn:
     """Record the failure and requeue (within max_restarts) when ``retry``: once per failure,
     by the first rank that reports it (a claim on the store; with the store gone, the
     fallback reporter). ``report`` false: this rank only raises (its error file says why).
@@ -159,13 +161,20 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
         raise RuntimeError(message) from exc
     # The rank the failure is about (a peer's own error, a rank that stopped answering),
     # else this one: status names the same rank as the submit command's report.
-    about = _ABOUT.match(message.replace(f"{diagnose.LOCAL_MARK} ", ""))
+    # The supervisors' root cause when they decided (``root``: every record names the same
+    # rank as the submit command's report), else the rank the message is about (a peer's own
+    # error, a rank that stopped answering), else this one.
+    bare = message.replace(f"{diagnose.LOCAL_MARK} ", "").replace(diagnose.LOCAL_MARK, "")
+    about = _ABOUT.match(bare.strip())
+    cause = bare.strip()[about.end():] if about else bare.strip()
+    failed = tracebacks.child_failed(exc)
     record: dict[str, Any] = {
         "attempt": rank.env.restart, "generation": generation,
-        "rank": int(about[1]) if about else rank.env.rank,
-        "host": about[2] if about else rank.host, **events.cause_fields(
-            run_dir.root, message.replace(diagnose.LOCAL_MARK, ""), rank.env.restart,
-            rank.env.rank, generation),
+        "rank": root.rank if root else int(about[1]) if about else rank.env.rank,
+        "host": root.host if root else about[2] if about else rank.host, **events.cause_fields(
+            run_dir.root, root.cause if root else cause, rank.env.restart,
+            root.rank if root else rank.env.rank, generation),
+        **({"failed_at": root.at} if root else {"failed_at": failed.at} if failed else {}),
         "job": job, "step": checkpoint.latest_step(run_dir.checkpoints),
         "reached": reached_step(run_dir), **({"deferred": True} if deferred else {})}
     traces = flight_dumps(run_dir)
@@ -192,13 +201,20 @@ def _tell_supervisor(message: str, retry: bool, rank: Rank, run_dir: RunDir,
     place gets past is not this rank's last word), then the exit code that says whether a new
     start may get past it."""
     text = message.replace(diagnose.LOCAL_MARK, "").strip()
+    at = time.time()
+    trace = ranklog.masked(tracebacks.program_traceback(exc)) if exc is not None and (
+        diagnose.LOCAL_MARK in message) else ""
+    full = ranklog.masked("".join(traceback.format_exception(exc))) if exc is not None else ""
     if retry:
-        log.error("rank %d on %s failed: %s", rank.env.rank, rank.host, text)
+        log.error("rank %d on %s failed: %s%s", rank.env.rank, rank.host, text,
+                  f"\n{trace}" if trace else "")
     else:
-        record_error(run_dir, rank.env.rank, rank.host, message, exc)
-    try:
+        record_error(run_dir, rank.env.rank, rank.host, message, exc, at=at)
+    try:  # what its supervisor's report says: the cause, when, and the program's frames
         if rank.store is not None:
-            rank.store.set(cause_key(rank.env.rank), text)
+            rank.store.set(cause_key(rank.env.rank), json.dumps(
+                {"cause": text, "at": at, "trace": trace, "full": full,
+                 "symptom": diagnose.LOCAL_MARK not in message}))
     except Exception:  # the store is gone with rank 0's supervisor: the tail says it
         pass
     raise SystemExit(RESTART_EXIT_CODE if retry else 1) from exc
@@ -283,11 +299,15 @@ def after_generations(decision: Decision, generation: int, budget: int, cfg: Con
         return
     root = decision.root
     said = f"rank {root.rank} on {root.host}: {root.cause}" if root is not None else ""
+    # This rank's own process failed: its report (frames, time) is this rank's error
+    own = mine is not None and mine.verdict in (generations.FINAL,
+                                                generations.RESTARTABLE) and bool(mine.cause)
+    child = tracebacks.ChildFailed(mine.cause, mine.at, mine.trace, mine.full) \
+        if own and mine is not None else None
     if decision.what == generations.FAIL:
-        own = mine is not None and mine.verdict in (generations.FINAL,
-                                                    generations.RESTARTABLE) and mine.cause
         fail(f"{diagnose.LOCAL_MARK} {mine.cause}" if own and mine else said, False, cfg,
-             rank, run_dir, environ, report=rank.env.is_master, generation=generation)
+             rank, run_dir, environ, child, report=rank.env.is_master, generation=generation,
+             root=root)
     lost = decision.what == generations.LOST
     if lost:
         missing = ", ".join(str(r) for r in decision.missing)
@@ -296,8 +316,10 @@ def after_generations(decision: Decision, generation: int, budget: int, cfg: Con
     elif budget:
         said += f" (the {budget} restart(s) in place of cluster.restarts_in_place are spent)"
     # A lost node under the job's driver: it starts the step again on the nodes left.
-    fail(said, True, cfg, rank, run_dir, environ, report=rank.env.is_master or lost,
-         generation=generation, deferred=lost and DRIVEN_ENV in environ)
+    is_root = child is not None and root is not None and root.rank == rank.env.rank
+    fail(said, True, cfg, rank, run_dir, environ, child if is_root else None,
+         report=rank.env.is_master or lost, generation=generation,
+         deferred=lost and DRIVEN_ENV in environ, root=root)
 
 
 def summary_line(summary: dict[str, Any]) -> str:

@@ -92,7 +92,7 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
     if code == 0:
         return gen.end_of(generations.OK, code)
     if code == RESTART_EXIT_CODE:
-        return gen.end_of(generations.RESTARTABLE, code, gen.child_cause() or child.tail())
+        return gen.end_of(generations.RESTARTABLE, code, child.tail(), gen.child_cause())
     if code < 0:
         name = signal.Signals(-code).name
         if -code in ABRUPT:
@@ -102,7 +102,7 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
                 f"{last_lines(child.tail())}"))
         # SIGTERM (preempted, cancelled: Slurm's to act on) or the requeue signal's echo.
         return gen.end_of(generations.STOPPED, code)
-    return gen.end_of(generations.FINAL, code, gen.child_cause() or child.tail())
+    return gen.end_of(generations.FINAL, code, child.tail(), gen.child_cause())
 
 
 def hang_watch(gen: Generation, cfg: Config, run: RunDir, signum: int | None) -> HangWatch:

@@ -27,6 +27,7 @@ Signals: on Slurm, slurmstepd signals every process of the step (the script too)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shlex
 import signal
@@ -178,8 +179,9 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
                                               else "") + last_lines(tail)))
     # Its own error, unless what it printed last is a lost peer or a failed collective.
     lost_peer = diagnose.reads_as_comm_failure(tail)
-    return gen.end_of(generations.RESTARTABLE if lost_peer else generations.FINAL, code,
-                      f"the script exited with code {code}{last_lines(tail)}")
+    return dataclasses.replace(gen.end_of(
+        generations.RESTARTABLE if lost_peer else generations.FINAL, code,
+        f"the script exited with code {code}{last_lines(tail)}"), symptom=lost_peer)
 
 
 def _outcome(ended: Supervised, stop: StopRequest, cfg: Config, rank: Rank, run: RunDir,
