@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
+from hpc_ddp.launch.control import JOB_FILE as JOB_FILE  # job.json: its readers name it here
+from hpc_ddp.launch.control import JobControl, control
 from hpc_ddp.launch.target import LaunchTarget
 from hpc_ddp.launch.target import target as launch_target
-from hpc_ddp.procs import pid_alive
 from hpc_ddp.rundir import RunDir, created_with, read_json, write_json
 
 if TYPE_CHECKING:
     from hpc_ddp.slurm.reasons import Pending
     from hpc_ddp.slurm.state import JobState
 
-JOB_FILE = "job.json"
 
 
 class RunFailed(RuntimeError):
@@ -239,7 +239,9 @@ class Run:
         self.kind: str = str(job["kind"])
         self.job_id: str = str(job["job_id"])
         self._record = dict(job)
-        self._handle = handle  # submitit's job object when submitted from this process
+        # How its kind is watched and ended (launch/control.py); submitit's job object
+        # when submitted from this process.
+        self.job: JobControl = control(self.run_dir, self._record, handle)
 
     @classmethod
     def from_dir(cls, run_dir: Path | str) -> Run:
@@ -277,18 +279,7 @@ class Run:
     def job_state(self) -> JobState:
         """The state now: ``.state`` (one word), ``.raw`` (Slurm's text), ``.exit_code``,
         ``.reason`` (Slurm's pending reason); one squeue call (sacct once it has ended)."""
-        from hpc_ddp.slurm.state import JobState  # deferred (start-up): slurm.state
-        from hpc_ddp.watch.ended import slurm_state  # watch.ended: events
-
-        if self.kind == "slurm":  # without accounting, an ENDED job told by its records
-            return slurm_state(self.run_dir, self._record, self.job_id)
-        if not self.done():
-            return JobState("RUNNING")
-        from hpc_ddp.watch.follow import failed_ranks  # deferred (start-up): follow
-
-        if self.summary() is not None and not failed_ranks(self.files):
-            return JobState("COMPLETED")
-        return JobState("CANCELLED" if self._record.get("cancelled") else "FAILED")
+        return self.job.state()
 
     def pending_reason(self) -> Pending | None:
         """Why a PENDING Slurm job waits, in words, and whether it can ever start
@@ -297,20 +288,10 @@ class Run:
         from hpc_ddp.slurm.fit import lazy_partitions
         from hpc_ddp.slurm.reasons import pending_of
 
-        return pending_of(self.job_state(), self.run_dir, lazy_partitions()) \
-            if self.kind == "slurm" else None
+        return pending_of(self.job_state(), self.run_dir, lazy_partitions())
 
     def done(self) -> bool:
-        if self.kind == "slurm":
-            return self.job_state().finished
-        if self._handle is not None:
-            return bool(self._handle.done())
-        return not self._controller_alive()
-
-    def _controller_alive(self) -> bool:
-        """The local job's controller runs (the same process: its pid may have been reused)."""
-        return pid_alive(int(self._record.get("controller_pid", 0)),
-                         self._record.get("controller_start"))
+        return self.job.done()
 
     def cancel(self, check: bool = False, grace_s: float = 60.0) -> bool:
         """Cancel the run if it has not ended; True when something was cancelled.
@@ -318,34 +299,7 @@ class Run:
         Slurm: scancel (the ranks get SIGTERM, checkpoint and stop). Local: the same SIGTERM,
         then this waits up to ``grace_s`` for the checkpoint before it kills what is left.
         """
-        if self.done():
-            return False
-        if self.kind == "slurm":
-            from hpc_ddp.slurm.state import SlurmJobView  # deferred (start-up): slurm.state
-
-            SlurmJobView(self.job_id).cancel(check=check)
-            return True
-        if not self._controller_alive():
-            return False
-        self._mark_cancelled()
-        self.stop_local(grace_s)
-        return True
-
-    def stop_local(self, grace_s: float) -> None:
-        pid, started = int(self._record["controller_pid"]), self._record.get("controller_start")
-        if self.kind == "step":
-            from hpc_ddp.launch import step  # deferred (start-up): launch.step
-
-            step.stop(self.files, pid, started, grace_s, float(self._record["submitted"]))
-            return
-        from hpc_ddp.launch.local import stop  # deferred: hostlist
-
-        stop(pid, started, grace_s)
-
-    def _mark_cancelled(self) -> None:
-        self._record["cancelled"] = time.time()
-        job = read_json(self.run_dir / JOB_FILE) or {}
-        write_json(self.run_dir / JOB_FILE, {**job, "cancelled": self._record["cancelled"]})
+        return self.job.cancel(check=check, grace_s=grace_s)
 
     def wait(self, timeout: float | None = None, progress: bool = True,
              out: TextIO | None = None) -> dict[str, Any]:
@@ -360,8 +314,8 @@ class Run:
         sink = (out or sys.stdout) if progress else io.StringIO()
         view = RunView(self)
         started = time.monotonic()
-        code = follow(view, self.files, sink, poll_s=2.0 if self.kind == "slurm" else 0.5,
-                      timeout_s=timeout, cancel_on_failure=self.kind != "slurm")
+        code = follow(view, self.files, sink, poll_s=self.job.poll_s, timeout_s=timeout,
+                      cancel_on_failure=self.job.follower_ends_failures)
         if code == 0:
             return self.summary() or {}
         if view.pending is not None and view.pending.never:

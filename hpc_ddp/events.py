@@ -17,6 +17,26 @@ from hpc_ddp.rundir import write_text
 
 FILE = "events.jsonl"
 
+# The kinds of event (each line's "kind"), by who writes them. The supervisors
+# (rank/supervise/outcome.py): a rank's failure, an agreed stop, a requeue the ranks asked
+# for, a restart of every rank in place.
+FAILURE = "failure"
+STOP = "stop"
+REQUEUE = "requeue"
+RESTART_IN_PLACE = "restart_in_place"
+# The first step after a restart that followed a failure (rank/context/context.py): what
+# the failure cost.
+RECOVERED = "recovered"
+# A resume that skipped unusable checkpoints (rank/services/checkpoint.py).
+CHECKPOINT_FALLBACK = "checkpoint_fallback"
+# The node-loss driver (slurm/driver.py): nodes lost, left out of a requeued job, a step
+# started again on fewer nodes (it also writes RESTART_IN_PLACE and REQUEUE).
+NODE_LOST = "node_lost"
+NODES_EXCLUDED = "nodes_excluded"
+SHRINK = "shrink"
+KINDS = frozenset({FAILURE, STOP, REQUEUE, RESTART_IN_PLACE, RECOVERED, CHECKPOINT_FALLBACK,
+                   NODE_LOST, NODES_EXCLUDED, SHRINK})
+
 
 def append(run_root: Path, event: dict[str, Any]) -> None:
     """One line, written with O_APPEND in a single write: lines from ranks never interleave.
@@ -67,7 +87,7 @@ def read(run_root: Path) -> list[dict[str, Any]]:
 
 def requeues_by_us(events: list[dict[str, Any]]) -> int:
     """Requeues hpc_ddp asked for (time limits, failures) over the run's whole life."""
-    return sum(1 for e in events if e.get("kind") == "requeue")
+    return sum(1 for e in events if e.get("kind") == REQUEUE)
 
 
 def restarts_spent(events: list[dict[str, Any]], job: str | None) -> int:
@@ -78,7 +98,7 @@ def restarts_spent(events: list[dict[str, Any]], job: str | None) -> int:
     requeues (preemption, node failure) are not hpc_ddp's and never count."""
     spent, last_step = 0, None
     for e in events:
-        if e.get("kind") != "requeue" or (job is not None and e.get("job") != job):
+        if e.get("kind") != REQUEUE or (job is not None and e.get("job") != job):
             continue
         step = e.get("step")
         progressed = step is not None and (last_step is None or step > last_step)
@@ -94,7 +114,7 @@ def last_reason(events: list[dict[str, Any]], attempt: int,
     ones are echoes: ranks killed by the requeue report lost peers too)."""
     mine = [e for e in events if e.get("attempt") == attempt
             and (job is None or e.get("job") in (None, job))]
-    for kinds in (("requeue",), ("stop", "failure")):
+    for kinds in ((REQUEUE,), (STOP, FAILURE)):
         found = [e for e in mine if e.get("kind") in kinds]
         if found:
             return found[0].get("cause")
@@ -105,8 +125,8 @@ def after_failure(events: list[dict[str, Any]]) -> bool:
     """This start follows a failure not yet recovered from (its first step is recorded as
     "recovered": what the failure cost). A start after a stop (a time limit) is not one."""
     for e in reversed(events):
-        if e.get("kind") in ("failure", "stop", "recovered"):
-            return e.get("kind") == "failure"
+        if e.get("kind") in (FAILURE, STOP, RECOVERED):
+            return e.get("kind") == FAILURE
     return False
 
 
@@ -118,14 +138,14 @@ def recovery(events: list[dict[str, Any]]) -> dict[str, Any]:
     the failure was recorded, less the step it resumed from)."""
     failures = []
     for i, e in enumerate(events):
-        if e.get("kind") != "failure":
+        if e.get("kind") != FAILURE:
             continue
         at = e.get("failed_at", e.get("time"))
         later = events[i + 1:]
-        upto = next((j for j, x in enumerate(later) if x.get("kind") == "failure"), len(later))
-        back = next((x for x in later[:upto] if x.get("kind") == "recovered"), None)
+        upto = next((j for j, x in enumerate(later) if x.get("kind") == FAILURE), len(later))
+        back = next((x for x in later[:upto] if x.get("kind") == RECOVERED), None)
         how = next((x.get("kind") for x in later[:upto]
-                    if x.get("kind") in ("restart_in_place", "requeue")), None)
+                    if x.get("kind") in (RESTART_IN_PLACE, REQUEUE)), None)
         reached, resumed = e.get("reached"), None if back is None else back.get("from_step")
         failures.append({
             "cause": str(e.get("cause", "")).splitlines()[0][:300] if e.get("cause") else "",
@@ -135,9 +155,9 @@ def recovery(events: list[dict[str, Any]]) -> dict[str, Any]:
             else round(float(back["time"]) - float(at), 3),
             "steps_lost": None if reached is None or resumed is None
             else max(0, int(reached) - int(resumed))})
-    excluded = sorted({n for e in events if e.get("kind") in ("node_lost", "nodes_excluded")
+    excluded = sorted({n for e in events if e.get("kind") in (NODE_LOST, NODES_EXCLUDED)
                        for n in e.get("nodes", [])})
-    return {"restarts_in_place": sum(1 for e in events if e.get("kind") == "restart_in_place"),
+    return {"restarts_in_place": sum(1 for e in events if e.get("kind") == RESTART_IN_PLACE),
             "requeues": requeues_by_us(events), "excluded_nodes": excluded,
             "failures": failures, "shrinks": shrinks(events, failures)}
 
@@ -148,7 +168,7 @@ def shrinks(events: list[dict[str, Any]], failures: list[dict[str, Any]]) -> lis
     it cost (the steps lost, the seconds from the failure to the first step after)."""
     found = []
     for e in events:
-        if e.get("kind") != "shrink":
+        if e.get("kind") != SHRINK:
             continue
         cause: dict[str, Any] = next((f for f in reversed(failures)
                       if f.get("time") is not None and f["time"] <= e.get("time", 0)), {})

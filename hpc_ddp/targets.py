@@ -41,9 +41,9 @@ def locate(path: str, key: str) -> Any:
         hint = ""
         if near:  # the corrected module, then the rest as typed (its colon kept)
             module = near[:len(module_path) + len(near) - len(whole)]
-            hint = f"did you mean {module}{path[len(module_path):]}? "
+            hint = f"did you mean {module}{path[len(module_path):]}?"
         raise TargetError(key, path, f"cannot be imported ({_first_line(exc)}).",
-                          f"{hint}{_IMPORTABLE_FIX}.") from None
+                          _fix(hint)) from None
     except Exception as exc:  # the module raised while importing
         raise TargetError(key, path, f"importing {module_path} raised "
                           f"{type(exc).__name__}: {_first_line(exc)}.",
@@ -51,16 +51,54 @@ def locate(path: str, key: str) -> Any:
     done = module_path
     # The hint in the form typed: pkg.mod:main (an entry's colon) or pkg.mod.Name.
     sep = ":" if colon else "."
-    for name in filter(None, rest.split(".")):
+    names_typed = list(filter(None, rest.split(".")))
+    for at, name in enumerate(names_typed):
         if not hasattr(obj, name):
-            names = [n for n in dir(obj) if not n.startswith("_")]
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean {done}{sep}{close[0]}? " if close else ""
-            raise TargetError(key, path, f"{done} has no attribute {name}.",
-                              f"{hint}{_IMPORTABLE_FIX}.")
+            raise TargetError(key, path, f"{done} has no {_member(obj)} {name}.",
+                              _fix(_closest_member(obj, name, done, sep,
+                                                   names_typed[at + 1:])))
         obj = getattr(obj, name)
         done, sep = f"{done}{sep}{name}", "."
     return obj
+
+
+def _fix(hint: str) -> str:
+    """The Fix of a name that cannot be found: the suggestion, then the usual advice as a
+    sentence of its own."""
+    if not hint:
+        return f"{_IMPORTABLE_FIX}."
+    return f"{hint} {_IMPORTABLE_FIX[0].upper()}{_IMPORTABLE_FIX[1:]}."
+
+
+def _member(obj: Any) -> str:
+    return "module or attribute" if hasattr(obj, "__path__") else "attribute"
+
+
+def _closest_member(obj: Any, name: str, done: str, sep: str, after: list[str]) -> str:
+    """"did you mean pkg.nets.Net?" for pkg.nte.Net: the closest attribute of ``obj`` or,
+    in a package, the closest of its modules (a module not imported yet is no attribute),
+    with the rest as typed; "" when nothing is close."""
+    names = [n for n in dir(obj) if not n.startswith("_")]
+    if hasattr(obj, "__path__"):
+        names += [m.name for m in pkgutil.iter_modules(obj.__path__)]
+    close = difflib.get_close_matches(name, sorted(set(names)), n=3)
+    if not close:
+        return ""
+    tail = "".join(f".{n}" for n in after)
+    # The one of the closest under which the rest is found (mypkg.nets.Net, not mypkg.net).
+    found = next((c for c in close if _resolves(f"{done}.{c}{tail}")), close[0])
+    return f"did you mean {done}{sep}{found}{tail}?"
+
+
+def _resolves(path: str) -> bool:
+    try:
+        module, rest = _split_module(path, "")
+        obj = importlib.import_module(module)
+        for name in filter(None, rest.split(".")):
+            obj = getattr(obj, name)
+    except Exception:  # anything that does not import or is not there
+        return False
+    return True
 
 
 def _split_module(path: str, key: str) -> tuple[str, str]:

@@ -7,7 +7,10 @@ It knows nothing of hpc_ddp. It reads the torchrun variables (through init_proce
 and LOCAL_RANK), shards with DistributedSampler, reshuffles with set_epoch, and saves on
 rank 0. One addition that any script can make without importing hpc_ddp: on SIGUSR2 (the
 warning before the time limit) it saves a checkpoint and exits with code 75, which asks
-hpc_ddp to requeue the job; with --checkpoint it resumes from the file it saved.
+hpc_ddp to requeue the job; with --checkpoint it resumes from the file it saved. Under
+hpc_ddp that file is in the run dir ($HPC_DDP_RUN_DIR: ckpt.pt unless --checkpoint names
+another; a relative name is taken there), so a new run starts afresh and only a resume of the
+same run dir resumes; under torchrun it is --checkpoint as given, or none.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--checkpoint", default=None, help="file to save to and resume from")
     args = parser.parse_args()
+    run_dir = os.environ.get("HPC_DDP_RUN_DIR")  # set by hpc_ddp for a script= run
+    if run_dir:
+        args.checkpoint = os.path.join(run_dir, args.checkpoint or "ckpt.pt")
     signal.signal(signal.SIGUSR2, on_signal)
 
     cuda = torch.cuda.is_available()

@@ -123,7 +123,7 @@ def one_run(root: Path, label: str, extra: Sequence[str], node_loss: bool) -> di
         from hpc_ddp import events  # deferred (start-up): events
 
         back = [e["time"] for e in events.read(run_dir)
-                if e.get("kind") == "recovered" and e.get("time", 0) > down_at]
+                if e.get("kind") == events.RECOVERED and e.get("time", 0) > down_at]
         seconds = round(back[0] - down_at, 3) if back else None
     return {"label": label, "job": job, "seconds": seconds,
             "steps_lost": failure.get("steps_lost"), "by": failure.get("recovered_by"),

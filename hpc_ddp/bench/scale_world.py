@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp import events
 from hpc_ddp.bench.recording import RecordingStore, recording
 from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.join.distenv import DistEnv
@@ -90,8 +91,8 @@ class World:
 
     def reset(self) -> None:
         """The run's history as the world's last attempt left it (each scenario starts so)."""
-        (self.run.root / "events.jsonl").write_text(
-            json.dumps({"kind": "stop", "attempt": 0, "job": JOB, "step": STEP}) + "\n")
+        (self.run.root / events.FILE).write_text(
+            json.dumps({"kind": events.STOP, "attempt": 0, "job": JOB, "step": STEP}) + "\n")
 
     def host(self, rank: int) -> str:
         return f"node{rank // self.per_node:05d}"

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.config.given import text
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.sweep.timing import SPLIT_ENV
 
@@ -178,8 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: this benchmark needs a Slurm cluster (sbatch not found); run it where "
               "sbatch works, or bring up the test cluster (docs/testcluster.md)", file=sys.stderr)
         return 2
-    partition = next((o.split("=", 1)[1] for o in args.overrides
-                      if o.startswith("cluster.partition=")), None)
+    partition = text(args.overrides, "cluster.partition")
     times: dict[str, list[float]] = {name: [] for name in legs}
     splits: dict[str, dict[str, Any]] = {}
     tmp = Path(tempfile.mkdtemp(prefix="hpc_ddp_bench_sweep_"))

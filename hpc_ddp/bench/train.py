@@ -42,6 +42,7 @@ from hpc_ddp.bench.train_plan import (
     Variant,
     with_overrides,
 )
+from hpc_ddp.config.given import text
 from hpc_ddp.doctor import job
 from hpc_ddp.doctor.job import add_job_arguments, check_timeout
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
@@ -212,9 +213,9 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     from hpc_ddp.rank.main.task import RankProgram
 
     args = parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    user = [o for o in args.overrides if not o.startswith("run_dir=")]
-    roots = [o.partition("=")[2] for o in args.overrides if o.startswith("run_dir=")]
-    root = Path(roots[-1]) if roots else job.default_run_dir(Path.cwd(), "bench-train")
+    user = [o for o in args.overrides if o.partition("=")[0].lstrip("+~") != "run_dir"]
+    given = text(args.overrides, "run_dir")
+    root = Path(given) if given else job.default_run_dir(Path.cwd(), "bench-train")
     results: list[dict[str, Any]] = []
     try:
         options = options_from(args)

@@ -19,6 +19,7 @@ from typing import Any
 
 from hpc_ddp.config import parts, yaml_guard
 from hpc_ddp.config.folders import CONF_ENV, conf_dir
+from hpc_ddp.config.given import text, typed
 from hpc_ddp.config.messages import reject_unknown_keys, user_error
 from hpc_ddp.config.overrides import check_override, check_overrides, quoted
 from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, compose_schema, register_schemas
@@ -49,10 +50,8 @@ def user_config_dir(overrides: Sequence[str], config_dir: Path | str | None = No
     else ``$HPC_DDP_CONFIG_DIR``; absolute, checked to be a folder (UserError otherwise)."""
     environ = os.environ if environ is None else environ
     key, given = "config_dir", config_dir
-    for item in overrides:
-        name, _, value = item.lstrip("+").partition("=")
-        if name == "config_dir":
-            given = value.strip("'\"") or None
+    if typed(overrides, "config_dir"):  # null given: no folder, not $HPC_DDP_CONFIG_DIR's
+        given = text(overrides, "config_dir") or ""
     if given is None and environ.get(CONFIG_DIR_ENV):
         key, given = CONFIG_DIR_ENV, environ[CONFIG_DIR_ENV]
     if given is None or str(given) in ("", "null"):

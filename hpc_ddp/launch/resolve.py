@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpc_ddp.config.given import flag, text
 from hpc_ddp.config.schema import ClusterConfig, Config, ContainerConfig
 from hpc_ddp.errors import UserError
 from hpc_ddp.inputs.command_line import absolute_script
@@ -152,12 +153,9 @@ def _container_for(cluster: ClusterConfig, kind: str, cwd: Path) -> ContainerCon
 
 def merge_resume_overrides(overrides: Sequence[str]) -> list[str]:
     """With resume=true, the run's saved overrides come first and the new ones win."""
-    if not any(o.lstrip("+~").startswith("resume") for o in overrides):
-        return list(overrides)  # nothing to merge; the grammar (~0.5 ms an override) unasked
-    values = _parsed_values(overrides)
-    if not _as_bool(values.get("resume", False)):
+    if not flag(overrides, "resume"):  # as the typed config reads it (resume=on, =yes too)
         return list(overrides)
-    run_dir = str(values.get("run_dir") or "")
+    run_dir = text(overrides, "run_dir") or ""
     if not run_dir:
         raise UserError("resume", "true", "needs the run to continue.",
                         "pass run_dir=<the run's folder> as well.")
@@ -182,31 +180,6 @@ def saved_overrides(root: Path, shown: str) -> list[str]:
     for item in previous:
         yaml_guard.check_nesting(item, str(root / OVERRIDES_FILE))
     return previous
-
-
-def _as_bool(value: object) -> bool:
-    """The boolean the typed config will see (OmegaConf also reads on/yes/1 as true)."""
-    # deferred: omegaconf
-    from omegaconf import BooleanNode
-    from omegaconf.errors import ValidationError
-
-    try:
-        return bool(BooleanNode(value)._value())
-    except ValidationError:
-        return False  # compose() reports the bad value
-
-
-def _parsed_values(overrides: Sequence[str]) -> dict[str, object]:
-    """key -> value as Hydra parses it (so resume=on and resume=True mean the same)."""
-    # deferred: hydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except OverrideParseException:
-        return {}  # compose() reports the bad override with its own message
-    return {o.key_or_group: o.value() for o in parsed if not o.is_sweep_override()}
 
 
 # Where a GPU driver shows itself without loading anything: NVIDIA's (the device files and

@@ -15,7 +15,7 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +60,11 @@ def check_shell_safety(cfg: Config) -> None:
         raise UserError("run_dir", cfg.run_dir, "contains a newline or tab.", "rename the folder.")
 
 
-def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, Any]:
+def executor_parameters(cfg: Config, run_root: Path | None = None,
+                        points: Sequence[str] = ()) -> dict[str, Any]:
     """submitit SlurmExecutor parameters for ``cfg`` (pure; ``run_root``: the folder the
-    container mounts as the run dir, launch/container.py)."""
+    container mounts as the run dir, launch/container.py; ``points``: a sweep's job array's
+    run dirs under it, in task order)."""
     c: ClusterConfig = cfg.cluster
     task = container.command(cfg, run_root, sys.executable)
     params: dict[str, Any] = {
@@ -94,7 +96,7 @@ def executor_parameters(cfg: Config, run_root: Path | None = None) -> dict[str, 
         # among them (slurm/driver.py, docs/fault-tolerance.md#a-node-lost).
         params["nodes"] = cfg.nodes + c.spare_nodes
         params["additional_parameters"]["no_kill"] = True
-        params["setup"].append(driver_line(cfg, task.argv(), run_root))
+        params["setup"].append(driver_line(cfg, task.argv(), run_root, points))
     for name in SLURM_NAMED:
         if getattr(c, name):
             params[name] = getattr(c, name)
@@ -118,17 +120,20 @@ def driven(cfg: Config) -> bool:
     return supervised(cfg) and cfg.cluster.container.kind == "none"
 
 
-def driver_line(cfg: Config, python: list[str], run_root: Path | None) -> str:
+def driver_line(cfg: Config, python: list[str], run_root: Path | None,
+                points: Sequence[str] = ()) -> str:
     """The batch script's ``srun`` as a shell function that runs the driver, which runs the
     real srun (a subprocess: the function is the shell's own). Where the driver cannot
     start on the batch host (an environment that does not activate there), the real srun
-    runs as before, and each task says what is wrong with its node."""
+    runs as before, and each task says what is wrong with its node. In a sweep's array
+    (``points``) each task's driver acts on its own point's events.jsonl, as its ranks do."""
     c = cfg.cluster
     tasks = c.tasks_per_node or 1  # derived before submission (launch/resolve.py)
     argv = [*python, "-m", "hpc_ddp.slurm.driver", f"--nodes={cfg.nodes}",
             f"--tasks-per-node={tasks}", f"--budget={c.restarts_in_place}",
             *([f"--min-nodes={c.min_nodes}"] if c.min_nodes is not None else []),
-            *([f"--run-dir={run_root}"] if run_root is not None else [])]
+            *([f"--run-dir={run_root}"] if run_root is not None else []),
+            *([f"--points={','.join(points)}"] if points else [])]
     probe = shlex.join([*python, "-c", "import hpc_ddp.slurm.driver"])
     plain = f"--nodes={cfg.nodes} --ntasks={cfg.nodes * tasks}"  # not the spares
     return (f"srun() {{ if {probe} >/dev/null 2>&1; then {shlex.join(argv)} -- \"$@\"; "
@@ -180,14 +185,15 @@ def _executor_class() -> Any:
     return Executor
 
 
-def make_executor(cfg: Config, run: RunDir) -> Any:
-    """submitit's SlurmExecutor for ``cfg``; builds on a machine without Slurm too."""
+def make_executor(cfg: Config, run: RunDir, points: Sequence[str] = ()) -> Any:
+    """submitit's SlurmExecutor for ``cfg``; builds on a machine without Slurm too.
+    ``points``: a sweep's job array (``run`` its folder): its tasks' run dirs in order."""
     python = container.node_python(cfg, sys.executable)
     # Each task loads its pickle only once it passed the ownership checks (rank/main/submitted.py).
     executor = _executor_class()(folder=str(run.submitit / "%j"),
                                  max_num_timeout=cfg.cluster.max_restarts,
                                  python=f"{shlex.quote(python)} -m {submitted.MODULE}")
-    executor.update_parameters(**executor_parameters(cfg, run.root))
+    executor.update_parameters(**executor_parameters(cfg, run.root, points))
     return executor
 
 

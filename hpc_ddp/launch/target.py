@@ -4,9 +4,10 @@ behind one typed seam.
 A target is a module with the three functions of :class:`LaunchTarget`; ``cluster.kind``
 names it. A new target (another scheduler, a cloud batch service) is a module that provides
 them, added to :data:`TARGETS` (docs/architecture.md, "Seams"). Each ``submit`` returns at
-once with a handle that has a ``job_id`` and submitit's Job methods the followers use
-(``done()``, ``cancel()``, ``state``); a handle of a process on this machine also carries
-``pid`` and ``started`` (launch/local.py, launch/step.py).
+once with a handle that has a ``job_id`` and submitit's Job methods (``done()``,
+``cancel()``, ``state``); a handle of a process on this machine also carries ``pid`` and
+``started`` (launch/local.py, launch/step.py). How a submitted job is then watched and ended
+(its state, done, cancel, the poll rate) is the kind's job control, launch/control.py.
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from typing import Any
 
 from hpc_ddp.api import Plan, Run, program_overrides
 from hpc_ddp.api import submit as submit_here
+from hpc_ddp.config.given import text
 from hpc_ddp.errors import UserError
 from hpc_ddp.remote import handle as handles
-from hpc_ddp.remote.intent import given as intent_given
 from hpc_ddp.remote.intent import wanted
 from hpc_ddp.remote.run import RemoteRun
 
@@ -49,7 +49,7 @@ def submit(overrides: Sequence[str] | str | Plan = (), cwd: Path | None = None, 
                         sys.stdout, cwd=cwd)
     if sent.status != 0 or sent.folder is None:
         said = [line for line in sent.said.strip().splitlines() if line.startswith("error: ")]
-        raise UserError("cluster.remote", intent_given(given, "cluster.remote") or "",
+        raise UserError("cluster.remote", text(given, "cluster.remote") or "",
                         "the submit there refused: " + (said[-1].removeprefix("error: ")
                                                         if said else f"exit {sent.status}."),
                         "" if said else "see its lines above.")

@@ -25,15 +25,13 @@ from typing import Any, TextIO
 
 from hpc_ddp.api import RunFailed, scalars_in
 from hpc_ddp.errors import UserError
+from hpc_ddp.launch.control import NOT_SUBMITTED, ended
 from hpc_ddp.remote import handle as handles
 from hpc_ddp.remote.results import Collected, collect
 from hpc_ddp.rundir import read_json
-from hpc_ddp.slurm.state import TERMINAL
 
-# Slurm's end states and the status command's own for a run never submitted (a preempted
-# or requeued job is not an end: it comes back).
-ENDED = frozenset({*TERMINAL, "NOT SUBMITTED"})
 RETRY_S = 5.0
+POLL_S = 5.0  # one SSH round trip and a status there a look
 
 
 class RemoteRun:
@@ -84,7 +82,9 @@ class RemoteRun:
         return _one(states)
 
     def done(self) -> bool:
-        return self.state in ENDED
+        """The job has ended (as :meth:`hpc_ddp.api.Run.done`: one that can never start has
+        not, and :meth:`wait` does not wait for it)."""
+        return ended(self.state)
 
     def stop(self, out: TextIO | None = None) -> str:
         """``status --stop`` there: a checkpoint at a step the ranks agree on; its lines
@@ -95,18 +95,19 @@ class RemoteRun:
 
     def cancel(self) -> bool:
         """``status --cancel`` there; True when something was cancelled."""
-        ended = self.done()
+        had_ended = self.done()
         self._ask("status", "--cancel")
-        return not ended
+        return not had_ended
 
     def log_tail(self, lines: int = 20, rank: int = 0) -> str:
         return self._ask("logs", "--rank", str(rank), "--tail", str(lines))
 
     def wait(self, timeout: float | None = None, progress: bool = True,
-             out: TextIO | None = None, poll_s: float = 5.0) -> dict[str, Any]:
+             out: TextIO | None = None, poll_s: float = POLL_S) -> dict[str, Any]:
         """Block until the run ends, a line per change of state or step; then collect its
         results here and return the summary (RunFailed with rank 0's last lines if it did
-        not complete). ``timeout`` raises TimeoutError; the run goes on."""
+        not complete, with the pending reason and its fix at once if it can never start,
+        as a local Run's wait). ``timeout`` raises TimeoutError; the run goes on."""
         sink = out or sys.stdout
         started, shown = time.monotonic(), ""
         while True:
@@ -123,12 +124,17 @@ class RemoteRun:
                 print(line, file=sink, flush=True)
                 shown = line
             state = _one([str(r.get("state")) for r in rows])
-            if state in ENDED:
+            if all(ended(str(r.get("state")), bool(r.get("never"))) for r in rows):
                 break
             if timeout is not None and time.monotonic() - started >= timeout:
                 raise TimeoutError(f"{self!r} still running after {timeout:.0f}s")
             time.sleep(poll_s)
-        self.collect()
+        never = [r for r in rows if r.get("never") and not ended(str(r.get("state")))]
+        if not never or len(never) < len(rows):  # a job queued for good has nothing to collect
+            self.collect()
+        if never:  # it stays queued until cancelled (status --cancel), as a local Run says
+            raise RunFailed("; ".join(f"job {r.get('job_id') or self.job_id} on "
+                                      f"{self.handle.host} {r.get('pending')}" for r in never))
         if state != "COMPLETED":
             raise RunFailed(f"job {self.job_id} on {self.handle.host}: {state}\n"
                             + self.log_tail(20))
@@ -153,9 +159,9 @@ class RemoteRun:
 
 def _one(states: list[str]) -> str:
     if not states:
-        return "NOT SUBMITTED"
-    if any(s not in ENDED for s in states):
-        return next(s for s in states if s not in ENDED)
+        return NOT_SUBMITTED
+    if any(not ended(s) for s in states):
+        return next(s for s in states if not ended(s))
     return next((s for s in states if s != "COMPLETED"), "COMPLETED")
 
 

@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from hpc_ddp.config.given import flag, text
 from hpc_ddp.errors import UserError
 from hpc_ddp.remote import handle as handles
-from hpc_ddp.remote.intent import TRUE, given
 from hpc_ddp.remote.ssh import (
     SSH_FAILED,
     Ssh,
@@ -94,7 +94,7 @@ def submit(overrides: list[str], script_args: list[str] | None, multirun: bool,
                           "env": secrets}).encode() + b"\n"  # one line: the input stays open
     print(f"hpc_ddp: submitting on {host} (code {digest}, run dir {remote_dir}) ...",
           file=out, flush=True)
-    dry = given(overrides, "dry_run") in TRUE  # a dry run leaves no handle
+    dry = flag(overrides, "dry_run")  # a dry run leaves no handle
     record = handles.Handle(host, remote_dir, digest, python, at.ssh_config,
                             previous.job_id if previous else None, multirun, root_text,
                             list(at.secrets))
@@ -193,15 +193,17 @@ def remote_python(python: str | None, venv: str | None) -> list[str]:
 
 
 def _resumed(overrides: Sequence[str], cwd: Path) -> handles.Handle | None:
-    run_dir = given(overrides, "run_dir")
-    if run_dir and given(overrides, "resume") in TRUE:
+    run_dir = text(overrides, "run_dir") if flag(overrides, "resume") else None
+    if run_dir:
         return handles.read(cwd / Path(run_dir).expanduser())
     return None
 
 
 def _first_point(overrides: Sequence[str]) -> list[str]:
     """A sweep's first point, for what every point shares (cluster.remote and its kin)."""
-    return [o.split(",")[0] if "=" in o and "," in o else o for o in overrides]
+    from hpc_ddp.sweep.expand import first_point  # deferred: the typed schemas
+
+    return first_point(overrides)
 
 
 def _under(code_dir: str, project: Path, cwd: Path) -> str:
@@ -235,7 +237,7 @@ def _places(args: Sequence[str], previous: handles.Handle | None, root: str, sta
             multirun: bool) -> tuple[str, Path]:
     """(the run dir there, the handle here)."""
     key = "sweep.dir" if multirun else "run_dir"
-    asked = given(args, key)
+    asked = text(args, key)
     if previous is not None and asked:
         return previous.remote_dir, Path(asked)
     if asked and not Path(asked).is_absolute():

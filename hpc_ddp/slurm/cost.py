@@ -52,9 +52,13 @@ class Cost:
     # Allocated nodes x running time: GPU-hours where accounting does not track GPUs
     # (AccountingStorageTRES without gres/gpu), with the GPUs per node the run asked for.
     node_hours: float = 0.0
+    # When the first start was submitted (Unix seconds; sacct's Submit): a resumed run's wall
+    # time spans its jobs from this to the last one's end. Not recorded (as_dict).
+    submitted: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()
+                if k != "submitted"}
 
 
 def when(text: str) -> float | None:
@@ -95,7 +99,8 @@ def cost_of(records: Iterable[Record], now: float | None = None) -> Cost:
     ongoing = any(r.end is None for r in found)
     last = now if ongoing or not ends else max(ends)
     wall = max(0.0, last - min(submits)) if submits else 0.0
-    return Cost(wall, queue, running, cpu, gpu, len(found), node)
+    return Cost(wall, queue, running, cpu, gpu, len(found), node,
+                min(submits) if submits else None)
 
 
 def total(costs: Iterable[Cost]) -> Cost:

@@ -94,9 +94,10 @@ def deferred_failure(seen: Sequence[dict[str, Any]], job: str) -> bool:
     for e in reversed(seen):
         if e.get("job") not in (None, job):
             continue
-        if e.get("kind") in ("requeue", "restart_in_place", "recovered", "node_lost"):
+        if e.get("kind") in (events.REQUEUE, events.RESTART_IN_PLACE, events.RECOVERED,
+                             events.NODE_LOST):
             return False
-        if e.get("kind") == "failure":
+        if e.get("kind") == events.FAILURE:
             return bool(e.get("deferred"))
     return False
 
@@ -173,11 +174,29 @@ def _note(run_root: Path | None, event: dict[str, Any]) -> None:
         events.append(run_root, event)
 
 
+def run_root_of(run_dir: str | None, points: str | None,
+                environ: Mapping[str, str]) -> Path | None:
+    """The run dir whose events.jsonl this job's step reads and writes: ``run_dir``, or in a
+    sweep's job array (``run_dir`` the sweep's folder, ``points`` its tasks' run dirs in
+    task order) the point of this array task, where its ranks write theirs."""
+    if not run_dir:
+        return None
+    if not points:
+        return Path(run_dir)
+    task = environ.get("SLURM_ARRAY_TASK_ID", "")
+    names = points.split(",")
+    if not task.isdigit() or int(task) >= len(names):
+        log.error("array task %r has no point among the %d of --points: its events are not "
+                  "written", task, len(names))
+        return None
+    return Path(run_dir) / names[int(task)]
+
+
 def drive(args: argparse.Namespace, srun_args: list[str], environ: Mapping[str, str]) -> int:
     job = environ["SLURM_JOB_ID"]
     allocated = hostlist.expand(environ["SLURM_JOB_NODELIST"])
     batch_host = environ.get("SLURMD_NODENAME") or allocated[0]
-    run_root = Path(args.run_dir) if args.run_dir else None
+    run_root = run_root_of(args.run_dir, args.points, environ)
     lost: list[str] = []
     relaunches = 0
     nodes = step_nodes(allocated, lost, batch_host, args.nodes, args.min_nodes)
@@ -200,11 +219,11 @@ def drive(args: argparse.Namespace, srun_args: list[str], environ: Mapping[str, 
         why = (f"node(s) {','.join(decided.lost)} lost" if decided.lost
                else "a supervisor stopped answering")
         if decided.lost:
-            _note(run_root, {"kind": "node_lost", **record, "nodes": list(decided.lost)})
+            _note(run_root, {"kind": events.NODE_LOST, **record, "nodes": list(decided.lost)})
         if decided.what == "relaunch":
             relaunches += 1
             if len(decided.nodes) != len(nodes):  # a shrink (or, never today, a growth)
-                _note(run_root, {"kind": "shrink", **record, "lost": list(decided.lost),
+                _note(run_root, {"kind": events.SHRINK, **record, "lost": list(decided.lost),
                                  "nodes_before": len(nodes), "nodes_after": len(decided.nodes),
                                  "world_before": len(nodes) * args.tasks_per_node,
                                  "world_after": len(decided.nodes) * args.tasks_per_node})
@@ -214,18 +233,18 @@ def drive(args: argparse.Namespace, srun_args: list[str], environ: Mapping[str, 
             nodes = list(decided.nodes)
             log.warning("%s: the step starts again on %s (restart %d of at most %d in this "
                         "job)", why, ",".join(nodes), relaunches, args.budget)
-            _note(run_root, {"kind": "restart_in_place", **record, "cause": why,
+            _note(run_root, {"kind": events.RESTART_IN_PLACE, **record, "cause": why,
                              "on": nodes})
             continue
         if lost:
-            _note(run_root, {"kind": "nodes_excluded", **record, "nodes": lost})
+            _note(run_root, {"kind": events.NODES_EXCLUDED, **record, "nodes": lost})
         log.warning("%s and no spare node or restart is left: requeueing job %s%s", why, job,
                     f" without {','.join(lost)}" if lost else "")
         problem = requeue_without(job, lost, environ)
         if problem:
             log.error("could not requeue job %s: %s", job, problem)
             return code
-        _note(run_root, {"kind": "requeue", **record, "cause": why})
+        _note(run_root, {"kind": events.REQUEUE, **record, "cause": why})
         return code
 
 
@@ -243,8 +262,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, required=True)
     parser.add_argument("--min-nodes", type=int, default=None,
                         help="shrink to no fewer nodes than this when no spare is left")
-    parser.add_argument("--run-dir", default=None, help="where events.jsonl is (none for a "
-                        "sweep's array: its points' events are not written)")
+    parser.add_argument("--run-dir", default=None, help="where events.jsonl is; with --points "
+                        "a sweep's folder")
+    parser.add_argument("--points", default=None, help="a sweep's job array: the run dirs of "
+                        "its tasks in task order, under --run-dir, comma-separated")
     parser.add_argument("srun_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s hpc_ddp driver: %(message)s")

@@ -71,7 +71,9 @@ def arrays(plans: list[api.Plan], folder: Path,
             indices = [members[k] for k in part]
             for i in indices:
                 slurm.check_shell_safety(plans[i].cfg)
-            executor = slurm.make_executor(plans[members[0]].cfg, RunDir(folder))
+            # Each task's node-loss driver acts on its own point's events (slurm/driver.py).
+            points = [str(plans[i].run_dir.root.relative_to(folder)) for i in indices]
+            executor = slurm.make_executor(plans[members[0]].cfg, RunDir(folder), points)
             executor.update_parameters(array_parallelism=parallel or len(indices))
             yield indices, executor
 

@@ -17,6 +17,9 @@ from hpc_ddp.config.messages import group_options, user_error
 from hpc_ddp.errors import UserError
 from hpc_ddp.redact import MASK, Marks, secret_name, secret_value
 
+# One override's values: (key, value, whether swept); a fixed override has one.
+Axis = list[tuple[str, str, bool]]
+
 
 @dataclass(frozen=True)
 class Point:
@@ -33,26 +36,7 @@ class Point:
 
 def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
     """The cartesian product of the swept values, in the order the keys were given."""
-    # deferred: hydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as exc:
-
-        raise user_error(exc, overrides) from None
-    axes: list[list[tuple[str, str, bool]]] = []
-    for item in parsed:
-        key = item.get_key_element()
-        if item.is_sweep_override():
-            values = _swept_values(item, key, overrides, limit)
-            if not values:
-                raise UserError(key, (item.input_line or "").partition("=")[2],
-                                "sweeps over no value.", "give at least one value.")
-            axes.append([(key, v, True) for v in values])
-        else:  # kept exactly as typed (its quoting included)
-            axes.append([(key, (item.input_line or "").partition("=")[2], False)])
+    parsed, axes = _axes(overrides, limit)
     total = 1
     for axis in axes:
         total *= len(axis)
@@ -67,6 +51,39 @@ def expand(overrides: Sequence[str], limit: int = 100_000) -> list[Point]:
         points.append(Point(index, tuple(f"{k}={v}" for k, v, _ in combo),
                             tuple((k, shown[k, v]) for k, v, swept in combo if swept)))
     return points
+
+
+def first_point(overrides: Sequence[str], limit: int = 100_000) -> list[str]:
+    """The overrides of a sweep's first point (what every point shares, checked once before
+    anything is sent: a remote sweep's cluster.remote and its kin), split by Hydra's grammar
+    as :func:`expand` splits them (``cluster.setup=[a,b]`` is one value, not a sweep)."""
+    _, axes = _axes(overrides, limit)
+    return [f"{axis[0][0]}={axis[0][1]}" for axis in axes]
+
+
+def _axes(overrides: Sequence[str], limit: int) -> tuple[list[Any], list[Axis]]:
+    """Hydra's parse of ``overrides``, and per override its values: (key, value, swept)."""
+    # deferred: hydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as exc:
+
+        raise user_error(exc, overrides) from None
+    axes: list[Axis] = []
+    for item in parsed:
+        key = item.get_key_element()
+        if item.is_sweep_override():
+            values = _swept_values(item, key, overrides, limit)
+            if not values:
+                raise UserError(key, (item.input_line or "").partition("=")[2],
+                                "sweeps over no value.", "give at least one value.")
+            axes.append([(key, v, True) for v in values])
+        else:  # kept exactly as typed (its quoting included)
+            axes.append([(key, (item.input_line or "").partition("=")[2], False)])
+    return parsed, axes
 
 
 def _marks_given(parsed: list[Any]) -> Marks:

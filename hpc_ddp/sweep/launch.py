@@ -23,6 +23,7 @@ from typing import Any, TextIO
 from hpc_ddp import api
 from hpc_ddp.config import secrets
 from hpc_ddp.config.compose import compose, compose_many, to_yaml
+from hpc_ddp.config.given import text, typed
 from hpc_ddp.config.secret_points import per_point
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import interrupts
@@ -37,13 +38,11 @@ PREFLIGHT = "preflight"
 
 
 def sweep_dir_for(overrides: Sequence[str], cwd: Path) -> Path:
-    for item in overrides:
-        key, _, value = item.partition("=")
-        if key == "run_dir":
-            raise UserError("run_dir", value, "is set per point in a sweep.",
-                            f"use sweep.dir={value} for the sweep's folder.")
-        if key == "sweep.dir" and value:
-            return Path(value.strip("'\"")).absolute()
+    if (value := typed(overrides, "run_dir")) is not None:
+        raise UserError("run_dir", value, "is set per point in a sweep.",
+                        f"use sweep.dir={value} for the sweep's folder.")
+    if folder := text(overrides, "sweep.dir"):
+        return Path(folder).absolute()
     stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     return (cwd / "multirun" / stamp).absolute()
 

@@ -97,6 +97,7 @@ class Trainer:
         self.clock = throughput.RankClock(device)
         self._own_mean_s: float | None = None
         self.stragglers = throughput.Stragglers()  # rank 0 names them
+        self.noise = throughput.OwnNoise()  # this rank's own time, window to window
         self._logged_step = 0
         self._flops: float | None = None
 
@@ -336,8 +337,7 @@ class Trainer:
         w = self.window
         own = self.clock.take() if log_now else 0.0
         steps = max(self.global_step - self._logged_step, 1)
-        slow_above = (self._own_mean_s * (1 + throughput.BEHIND) * steps
-                      if log_now and self._own_mean_s else None)
+        slow_above = self.noise.slow_above(own, steps, self._own_mean_s) if log_now else None
         self.ctx.launch_collective(
             step=self.global_step, check_stop=check_stop,
             window=(w["loss_sum"], w["count"], w["samples"]) if log_now else None,

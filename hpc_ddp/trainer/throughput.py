@@ -7,9 +7,10 @@ makes the fast ranks wait for the slowest. What differs is the part of a step a 
 on its own before that wait: waiting for its next batch, and its forward pass (a GPU's time
 by CUDA events, read once complete: nothing here synchronises). Each rank adds its own time
 to the periodic all-reduce the loop already makes (rank/services/window_sync.py: no
-collective of its own, nothing per step), together with whether it was more than
-``BEHIND`` slower than the previous window's mean, and its rank number if so: when one rank
-alone is behind, the sums name it.
+collective of its own, nothing per step), together with whether it was behind the previous
+window's mean by more than ``BEHIND`` and more than ``MARGIN`` times its own noise (how much
+its own time per step moves from one window to the next: :class:`OwnNoise`), and its rank
+number if so: when one rank alone is behind, the sums name it.
 
 MFU: the FLOPs of one forward pass of a batch (torch.utils.flop_counter, on the module
 itself, without gradients: no collective, no state touched) times three (forward and
@@ -18,9 +19,12 @@ backward, https://arxiv.org/abs/2204.02311 appendix B), against the device's pea
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +33,13 @@ from hpc_ddp.trainer.loop_timing import mark
 
 # A rank this much slower than the others' mean own time per step is named.
 BEHIND = 0.10
+# ... and this many times its own window-to-window noise: ranks that share cores swing by
+# 20-40 % between windows (issue 46: "slowest: rank 0 +37%" where nothing was slow), a
+# straggler stays behind by about the same amount.
+MARGIN = 3.0
+# The latest windows whose changes are the noise (their median: a rank that turned slow
+# has one jump among them, not a noisy series).
+NOISE_WINDOWS = 8
 # Dense peak FLOP/s of the devices we know, (16-bit, 32-bit/TF32), by a part of their name.
 # https://www.nvidia.com/en-us/data-center/h200/ , /h100/ , /a100/ ; V100: its datasheet.
 PEAKS = {"H200": (989e12, 494.7e12), "H100": (989e12, 494.7e12), "A100": (312e12, 156e12),
@@ -83,6 +94,35 @@ class RankClock:
 
     def _mark(self) -> Any:
         return mark(self.cuda)
+
+
+class OwnNoise:
+    """This rank's own time per step, window after window, and how much it moves from one
+    window to the next: a lag within that noise names no one."""
+
+    def __init__(self) -> None:
+        self._times: deque[float] = deque(maxlen=NOISE_WINDOWS + 1)
+
+    def spread(self) -> float | None:
+        """The median change of the own time per step between consecutive windows, relative
+        to the median own time (about the standard deviation of a noisy series); None
+        before three windows."""
+        times = list(self._times)
+        level = statistics.median(times) if times else 0.0
+        if len(times) < 3 or level <= 0:
+            return None
+        return statistics.median(abs(b - a) for a, b in pairwise(times)) / level
+
+    def slow_above(self, own_s: float, steps: int, mean_s: float | None) -> float | None:
+        """The own time in this window (of ``steps`` steps) above which this rank counts as
+        behind the ranks' mean per step of the window before (``mean_s``); None while the
+        noise is not measured yet. The window's own time joins the noise after."""
+        noise = self.spread()
+        if own_s > 0 and steps > 0:
+            self._times.append(own_s / steps)
+        if not mean_s or noise is None:
+            return None
+        return mean_s * (1 + max(BEHIND, MARGIN * noise)) * steps
 
 
 @dataclass(frozen=True)

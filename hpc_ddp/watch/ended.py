@@ -34,12 +34,12 @@ def from_records(run_dir: Path, job: dict[str, Any] | None, found: JobState) -> 
     said = "from the run's records; Slurm keeps none"
     errors = [p for p in (run_dir / "logs").glob("rank*.error") if _newer(p, since)]
     happened = [e for e in events.read(run_dir) if float(e.get("time") or 0.0) >= since]
-    if errors or any(e.get("kind") == "failure" for e in happened):
+    if errors or any(e.get("kind") == events.FAILURE for e in happened):
         return JobState("FAILED", raw=f"FAILED ({said})")
     if current_summary(run_dir, job):
         return JobState("COMPLETED", raw=f"COMPLETED ({said})")
     kinds = [e.get("kind") for e in happened]
-    if kinds and kinds[-1] == "stop":
+    if kinds and kinds[-1] == events.STOP:
         return JobState("CANCELLED", raw=f"CANCELLED ({said}: stopped, not requeued)")
     return found
 

@@ -177,7 +177,7 @@ def recorded_root(run: RunDir) -> tuple[int, str, float] | None:
     the rank that decided: the supervisors' root cause), its host and when it failed."""
     from hpc_ddp import events  # deferred (start-up): events
 
-    last = next((e for e in reversed(events.read(run.root)) if e.get("kind") == "failure"),
+    last = next((e for e in reversed(events.read(run.root)) if e.get("kind") == events.FAILURE),
                 None)
     if last is None or not isinstance(last.get("rank"), int):
         return None

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from hpc_ddp.launch.control import failed_ranks
 from hpc_ddp.rank.join.ranklog import tail
 from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 from hpc_ddp.ranklines import for_terminal
@@ -23,12 +24,6 @@ POLL_S = 0.5
 # Seconds the other ranks get to report on their own after one rank reported a failure
 # (longer than rank 0's extra rendezvous wait, so it can name the ranks that never came).
 FAILURE_GRACE_S = 15.0
-
-
-def failed_ranks(run: RunDir) -> list[int]:
-    if not run.logs.is_dir():
-        return []
-    return sorted(int(p.stem[4:]) for p in run.logs.glob("rank*.error") if p.stem[4:].isdigit())
 
 
 def follow(job: Any, run: RunDir, out: TextIO = sys.stdout, poll_s: float = POLL_S,
@@ -168,7 +163,7 @@ def last_stop(run: RunDir) -> dict[str, Any] | None:
     from hpc_ddp import events  # deferred (start-up): events
 
     found = events.read(run.root)
-    if not found or found[-1].get("kind") != "stop":
+    if not found or found[-1].get("kind") != events.STOP:
         return None
     try:  # a stop of an earlier submission (job.json is rewritten by each) is not this one's
         submitted = (run.root / "job.json").stat().st_mtime
@@ -285,20 +280,15 @@ class RunView:
         return self._last.exit_code if self._last is not None else ""
 
     def done(self) -> bool:
-        if self.run.kind != "slurm":
-            return bool(self.run.done())
         from hpc_ddp.slurm.reasons import pending_of  # deferred: the typed schemas
 
-        self._last = self.run.job_state()
+        self._last = self.run.job.state()  # one look, as the job's kind looks (control.py)
         self.pending = pending_of(self._last, self.run.run_dir, self._facts, self._requests)
         return bool(self._last.finished)
 
     def cancel(self, check: bool = False) -> None:
         """After a rank failed (follow's grace is over): end the others now, as failed."""
-        if self.run.kind == "slurm":
-            self.run.cancel(check=check)
-        else:
-            self.run.stop_local(grace_s=0.0)
+        self.run.job.end_now(check=check)
 
 
 def stage_text(stage: dict[str, Any]) -> str:

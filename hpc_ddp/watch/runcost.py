@@ -38,10 +38,21 @@ def slurm_cost(job: dict[str, Any] | None, costs: dict[str, Cost],
     if not found:
         return None
     summed = total(found)
-    wall = sum(c.wall_s for c in found)  # one job after the other, not side by side
     gpu = summed.gpu_hours or summed.node_hours * gpus_per_node
-    return Cost(wall, summed.queue_s, summed.running_s, summed.cpu_hours, gpu, summed.starts,
-                summed.node_hours)
+    return Cost(span(found), summed.queue_s, summed.running_s, summed.cpu_hours, gpu,
+                summed.starts, summed.node_hours)
+
+
+def span(found: list[Cost]) -> float:
+    """The wall time of a run's jobs, one after the other (a resume is a new job): from the
+    first one's submission to the last one's end (or now), the time between them included,
+    as sacct's Submit and End of those jobs give it (issue 46: the jobs' own wall times
+    added up said 28 s of a run sacct spans over 34 s). Their sum where accounting gave a
+    job no submission time."""
+    if any(c.submitted is None for c in found):
+        return sum(c.wall_s for c in found)
+    ends = [(c.submitted or 0.0) + c.wall_s for c in found]
+    return max(ends) - min(c.submitted or 0.0 for c in found)
 
 
 def _with_gpus(run: RunDir, cost: Cost | None, job: dict[str, Any],
@@ -84,16 +95,18 @@ def local_cost(run: RunDir, job: dict[str, Any] | None, ended: float | None) -> 
     cpu_s = sum(float(u.get("cpu_s") or 0.0) for u in usage)
     exits = sorted(float(u.get("time") or 0.0) for u in usage)
     starts = [float(e.get("submitted") or first) for e in history]
-    running = 0.0
+    running = end = 0.0
     for i, began in enumerate(starts):  # an attempt ends at its ranks' last exit before the next
         until = starts[i + 1] if i + 1 < len(starts) else float("inf")
         mine = [t for t in exits if began <= t < until]
         last = i == len(starts) - 1
         end = mine[-1] if mine else ((ended or time.time()) if last else began)
         running += max(0.0, end - began)
-    if ended is not None and exits:  # the last rank's exit, not when a file was touched
-        wall = max(0.0, exits[-1] - first)
-    return Cost(wall, 0.0, running, cpu_s / 3600, 0.0, len(history))
+    if ended is not None:
+        # The last attempt's end: its last rank's exit, not when a file was touched; never
+        # an earlier attempt's (a resume whose ranks were killed before recording theirs).
+        wall = max(0.0, end - first)
+    return Cost(wall, 0.0, running, cpu_s / 3600, 0.0, len(history), submitted=first)
 
 
 def _usage(run: RunDir) -> list[dict[str, Any]]:

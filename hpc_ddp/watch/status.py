@@ -6,6 +6,7 @@
     python -m hpc_ddp.status outputs/try1 --cancel                   # cancel a run or a sweep
     python -m hpc_ddp.status outputs/try1 --stop     # stop at an agreed step, checkpointed
     python -m hpc_ddp.status outputs/try1 --json
+    python -m hpc_ddp.status 1234          # a job of jobs/train.sbatch, pending or not
     python -m hpc_ddp.status outputs/try1 --watch --interval 30     # refresh every 30 s
 
 Per job: its state in one word (Slurm's pending reason beside a pending job, in words below
@@ -29,6 +30,7 @@ from typing import Any, TextIO
 
 from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.launch.control import NOT_SUBMITTED, ended, queried
 from hpc_ddp.rundir import RunDir, read_json, resume_command
 from hpc_ddp.watch.recovery_lines import failure_lines, restarts_cell
 
@@ -41,17 +43,20 @@ OTHER_KINDS = (("doctor.json", "hpc_ddp_doctor", "a doctor run (python -m hpc_dd
                 "a benchmark run (python -m hpc_ddp.bench train)"))
 
 
-def runs_of(path: Path) -> tuple[list[tuple[str, Path]], dict[str, Any] | None]:
-    """(label, run dir) of every run under ``path`` (one for a run, all points of a sweep).
+def runs_of(path: Path, typed: str | None = None
+            ) -> tuple[list[tuple[str, Path]], dict[str, Any] | None]:
+    """(label, run dir) of every run under ``path`` (one for a run, all points of a sweep);
+    a run dir not made yet, or a job id (``typed``), of a job sbatch started: its run dir.
 
     Raises UserError for anything else, saying what it is when it can be told."""
-    # deferred (start-up): sweep.launch
+    # deferred (start-up): slurm.queued, sweep.launch
+    from hpc_ddp.slurm.queued import run_dir_for
     from hpc_ddp.sweep.launch import read_manifest
 
     shown = str(path)
-    if not path.exists():
-        raise UserError("path", shown, "does not exist.",
-                        "pass a run dir (submit prints it) or a sweep dir (sweep.dir).")
+    if not path.exists():  # a pending job of jobs/train.sbatch: its run dir comes at its start
+        where = run_dir_for(path, typed or shown)
+        return runs_of(where) if where.is_dir() else ([(where.name, where)], None)
     if not path.is_dir():
         raise UserError("path", shown, "is a file, not a folder.",
                         f"pass a run dir or a sweep dir (this file's folder is {path.parent}).")
@@ -104,13 +109,13 @@ class Lookups:
 def rows_of(runs: list[tuple[str, Path]], looks: Lookups | None = None) -> list[dict[str, Any]]:
     """One row per run; the Slurm jobs of all of them asked in one squeue and at most one
     sacct call (a whole sweep, whatever its size)."""
-    # deferred (start-up): runcost, slurm.state
+    # deferred (start-up): runcost, slurm.queued, slurm.state
+    from hpc_ddp.slurm.queued import KNOWN
     from hpc_ddp.slurm.state import query_with_cost
     from hpc_ddp.watch.runcost import job_ids
 
-    jobs = {run_dir: read_json(run_dir / JOB_FILE) for _, run_dir in runs}
-    states, costs = query_with_cost(i for j in jobs.values() if j and j.get("kind") == "slurm"
-                                    for i in job_ids(j))
+    jobs = {run_dir: read_json(run_dir / JOB_FILE) or KNOWN.get(run_dir) for _, run_dir in runs}
+    states, costs = query_with_cost(i for j in jobs.values() if queried(j) for i in job_ids(j))
     looks = looks or Lookups()
     return [row(label, run_dir, jobs[run_dir], states, looks, costs) for label, run_dir in runs]
 
@@ -122,7 +127,7 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     from hpc_ddp import events
     from hpc_ddp.slurm.reasons import pending_of
     from hpc_ddp.slurm.state import JobState
-    from hpc_ddp.watch.ended import current_summary, from_records  # watch.ended
+    from hpc_ddp.watch.ended import current_summary  # watch.ended
     from hpc_ddp.watch.runcost import run_cost
 
     progress = read_json(run_dir / "progress.json") or {}
@@ -130,11 +135,9 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
     summary = current_summary(run_dir, job)
     pending = None
     if not job:
-        found = JobState("NOT SUBMITTED")
-    elif job.get("kind") == "slurm" and states is not None:
-        found = from_records(run_dir, job, states.get(str(job["job_id"])) or JobState("UNKNOWN"))
-    else:
-        found = Run(run_dir, job).job_state()
+        found = JobState(NOT_SUBMITTED)
+    else:  # the refresh's one query where the kind is asked so (launch/control.py)
+        found = Run(run_dir, job).job.state(states)
     if found.state == "PENDING":
         looks = looks or Lookups()
         pending = pending_of(found, run_dir, looks.facts, looks.requests)
@@ -235,10 +238,7 @@ def notes(rows: list[dict[str, Any]], is_sweep: bool) -> list[str]:
 
 def finished(rows: list[dict[str, Any]]) -> bool:
     """Every job has ended, or can never start (watching it would never end)."""
-    # deferred (start-up): slurm.state
-    from hpc_ddp.slurm.state import TERMINAL
-
-    return all(r["state"] in (*TERMINAL, "NOT SUBMITTED") or r.get("never") for r in rows)
+    return all(ended(str(r["state"]), bool(r.get("never"))) for r in rows)
 
 
 def plot(runs: list[tuple[str, Path]], out_png: Path) -> None:
@@ -276,7 +276,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return code  # a remote run's local handle: run where the run is (docs/remote.md)
     parser = argparse.ArgumentParser(prog="python -m hpc_ddp.status", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("path", type=Path, help="a run dir or a sweep dir")
+    parser.add_argument("path", type=Path, help="a run dir, a sweep dir, or a job id")
     parser.add_argument("--watch", action="store_true", help="refresh until every job ends")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between refreshes")
     parser.add_argument("--plot", type=Path, help="write a PNG comparing the runs' curves")
@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     args = parser.parse_args(argv)
     try:
         check_args(args)
-        runs, manifest = runs_of(args.path.absolute())
+        runs, manifest = runs_of(args.path.absolute(), str(args.path))
         return _show(args, runs, manifest, out)
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
@@ -355,8 +355,10 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
             print(f"{unstarted} of {len(rows)} points had never started: nothing ran there, "
                   "nothing is lost", file=out)
         return 0
+    from hpc_ddp.slurm.queued import KNOWN  # deferred (start-up): slurm.queued
+
     for label, run_dir in runs:
-        job = read_json(run_dir / JOB_FILE)
+        job = read_json(run_dir / JOB_FILE) or KNOWN.get(run_dir)
         if not job:
             continue
         run = Run(run_dir, job)
@@ -364,10 +366,11 @@ def _cancel(runs: list[tuple[str, Path]], manifest: dict[str, Any] | None, out: 
         if not run.cancel():
             print(f"{label} (job {job['job_id']}) had ended already; nothing to cancel",
                   file=out)
-        elif never_started(run_dir, before.state):
+        elif never_started(run_dir, before.state):  # an sbatch job's run dir: not made yet
+            again = resume_command(run_dir) if run_dir.exists() else "sbatch it again"
             print(f"cancelled {label} (job {job['job_id']}) before it ever started: nothing "
                   f"trained, nothing to resume. To run it after all (from step 0"
-                  f"{_fix_of(run_dir, before)}): {resume_command(run_dir)}", file=out)
+                  f"{_fix_of(run_dir, before)}): {again}", file=out)
         else:
             print(f"cancelled {label} (job {job['job_id']}); continue it with: "
                   f"{resume_command(run_dir)}", file=out)

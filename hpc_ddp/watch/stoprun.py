@@ -36,8 +36,9 @@ def stop(runs: list[tuple[str, Path]], out: TextIO) -> int:
               "stop...", file=out, flush=True)
         run.cancel(grace_s=GRACE_S)
         deadline = time.monotonic() + GRACE_S
-        while run.kind == "slurm" and not run.done() and time.monotonic() < deadline:
-            time.sleep(2.0)  # scancel returned at once: the job ends once its ranks have
+        # A cancel that returned at once (scancel): the job ends once its ranks checkpointed.
+        while not run.job.cancel_waits and not run.done() and time.monotonic() < deadline:
+            time.sleep(run.job.poll_s)
         print(f"{label}: {stopped_how(run.files, killed=False)} Continue with: "
               f"{resume_command(run_dir)}", file=out, flush=True)
     return 0

@@ -120,6 +120,8 @@ def test_a_laptop_submits_follows_and_reads_the_logs_over_ssh(
     said = first.stdout + first.stderr
     assert first.returncode == 0, said
     assert "copying the code" in said
+    # the lines that follow a submission are the laptop's, with its handle's path only
+    assert "Run.from_dir" not in said and "follow:" not in said, said
     record = handles.read(project / "runs" / "first")
     assert record is not None and record.job_id and record.host == "login"
     assert record.remote_dir == f"{remote}/runs/runs/first"
@@ -299,6 +301,9 @@ def test_a_laptop_follows_through_a_cut_stops_resumes_collects_sweeps_and_cancel
     # Stop: a checkpoint at a step the ranks agree on, and the line that continues it.
     stop = laptop(remote, "status", [str(handle), "--stop"], project, timeout=200)
     assert stop.returncode == 0 and "Continue with:" in stop.stdout, stop.stdout + stop.stderr
+    # the resume line names the handle here (pasted here, it works), not the run dir there
+    resume_line = stop.stdout[stop.stdout.index("Continue with:"):].splitlines()[0]
+    assert f"run_dir={handle}" in resume_line and str(remote) not in resume_line, resume_line
     stopped = _saved_step(there)
     assert stopped > 0, stop.stdout
 
@@ -629,8 +634,23 @@ def test_nothing_of_ours_lingers_on_the_login_node_after_the_laptop_is_gone(
             login.link(True)
             follow.kill()
             follow.wait(timeout=30)
-        subprocess.run(["scancel", str(job)], env=slurm_env, check=True)
-        final_rows(str(job), slurm_env, timeout_s=120)
+        # A SIGTERM (a closed terminal) once the job is out: said so, the job goes on.
+        command, env = on_laptop(remote, ["-m", "hpc_ddp.submit", "--config-dir", "conf", *LOOP,
+                                          "nodes=1", *where, "app.steps=100000",
+                                          "run_dir=runs/termed", "wait=true"], sockets)
+        termed = subprocess.Popen(command, cwd=project, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        other = remote / "runs" / "runs" / "termed"
+        _until(lambda: (other / "logs" / "rank0.log").is_file(), 120, "no rank started")
+        termed.terminate()
+        out, _ = termed.communicate(timeout=60)
+        second = json.loads((other / "job.json").read_text())["job_id"]
+        assert f"job {second} goes on" in out and "before anything was submitted" not in out, out
+        _until(lambda: not _ours_on_login("hpc_ddp.submit --args-stdin"), 30,
+               "the submit on the login node still runs")
+        for ended_job in (job, second):
+            subprocess.run(["scancel", str(ended_job)], env=slurm_env, check=True)
+            final_rows(str(ended_job), slurm_env, timeout_s=120)
         # The laptop's shared connection: no command of ours keeps it any more.
         closed = _until(lambda: not _ours_on_login(sockets), PERSIST_S + 30,
                         "the laptop's ssh master still runs")
@@ -639,3 +659,45 @@ def test_nothing_of_ours_lingers_on_the_login_node_after_the_laptop_is_gone(
         waiting.kill()
     print(f"login node: the killed laptop's submit ended after {ended:.1f} s, the cut "
           f"follow's after {silent:.1f} s; the laptop's ssh master after {closed:.1f} s more")
+
+
+def test_a_remote_wait_ends_at_once_at_a_job_that_can_never_start(
+        login: LoginNode, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The API's remote form on a job Slurm accepts and never starts (its dependency failed:
+    nothing before sbatch can tell): ``wait()`` ends at its first looks with the reason and
+    the fix, as a local Run's does (issue 46), not at its timeout."""
+    name = "hpc_ddp_i46_never"
+    failed = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", "-o", "/dev/null",
+                             "--wrap", "exit 1"], env=slurm_env, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    remote = tmp_path / "cluster_storage"
+    remote.mkdir()
+    project = _project(tmp_path / "laptop" / "project")
+    try:
+        final_rows(failed, slurm_env, timeout_s=60)
+        overrides = ["cluster=slurm", "nodes=1", "script=train.py", "cluster.remote=login",
+                     f"cluster.ssh_config={login.ssh_config}", f"cluster.remote_root={remote}",
+                     f"cluster.python={sys.executable}", f"cluster.job_name={name}",
+                     f"+cluster.sbatch_extra.dependency=afterok:{failed}", "run_dir=runs/never"]
+        notebook = (
+            "import time, hpc_ddp\n"
+            f"run = hpc_ddp.submit({overrides!r})\n"
+            "started = time.monotonic()\n"
+            "try:\n"
+            "    run.wait(progress=False, timeout=240, poll_s=2)\n"
+            "except hpc_ddp.RunFailed as exc:\n"
+            "    print(f'{time.monotonic() - started:.0f} s: {exc}')\n")
+        command, env = on_laptop(remote, ["-c", notebook])
+        api = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
+                             timeout=300, check=False)
+        said = api.stdout.strip().splitlines()
+        assert api.returncode == 0 and said, api.stdout + api.stderr
+        seconds, _, reason = said[-1].partition(" s: ")
+        job = handles.read(project / "runs" / "never")
+        assert job is not None and job.job_id
+        assert reason.startswith(f"job {job.job_id} on login can never start "
+                                 "(DependencyNeverSatisfied): a job it depends on"), said
+        assert "cancel this one" in reason, reason
+        assert int(seconds) < 120, said  # the scheduler's pass or two, not the timeout
+    finally:
+        subprocess.run(["scancel", "-n", name], env=slurm_env, check=False)

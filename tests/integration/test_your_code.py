@@ -48,6 +48,28 @@ def test_example_project_through_targets_and_its_config_folder(hpc_ddp: Run,
     assert summary_of(run_dir)["global_step"] == 50
 
 
+def test_example_projects_readme_commands_do_what_they_say(hpc_ddp: Run,
+                                                            tmp_path: Path) -> None:
+    """Issue 46, the README's lines as written (locally, small): its loop follows
+    trainer.max_steps when app.steps is not given, and its script checkpoints into the run
+    dir, so a second run starts afresh and leaves the project folder as it was."""
+    before = sorted(p.name for p in PROJECT.iterdir())
+    entry = hpc_ddp("submit", ["--config-dir", "conf", "entry=seqproj.loop:main",
+                               "trainer.max_steps=20", f"run_dir={tmp_path / 'entry'}"],
+                    cwd=PROJECT)
+    assert entry.returncode == 0, entry.stdout + entry.stderr
+    assert summary_of(tmp_path / "entry")["global_step"] == 20  # not app.steps' old 200
+    for attempt in ("first", "second"):
+        run_dir = tmp_path / attempt
+        done = hpc_ddp("submit", ["script=train_ddp.py", f"run_dir={run_dir}", "--",
+                                  "--epochs", "1"], cwd=PROJECT)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert torch.load(run_dir / "ckpt.pt")["epoch"] == 1
+        out = "".join(p.read_text() for p in (run_dir / "submitit").glob("*_0_log.out"))
+        assert "epoch 0 loss" in out and "resumed at epoch" not in out, out
+    assert sorted(p.name for p in PROJECT.iterdir()) == before  # no ckpt.pt written there
+
+
 def test_check_data_on_the_projects_data_and_an_iterable_one() -> None:
     import sys
 

@@ -200,3 +200,22 @@ def test_stop_and_cancel_refuse_a_job_file_another_user_planted(
         assert not calls.exists() or "scancel" not in calls.read_text()
     finally:
         sleeper.kill()
+
+
+def test_a_pending_sbatch_jobs_run_dir_is_found_from_its_arguments(tmp_path: Path) -> None:
+    """Issue 46: `sbatch jobs/train.sbatch run_dir=...` makes its run dir when the job starts;
+    until then squeue's folder (%Z) and command (%o) name it, as the script reads them."""
+    from hpc_ddp.slurm import queued
+
+    lines = "\n".join([
+        f"41|PENDING|{tmp_path}|/x/jobs/train.sbatch trainer.max_steps=5 run_dir=runs/a",
+        f"42|PENDING|{tmp_path}|/x/jobs/train.sbatch run_dir=a run_dir='/abs/b' -- run_dir=c",
+        f"43_2|RUNNING|{tmp_path}|/x/jobs/train.sbatch model=resnet18",
+        "junk line"])
+    found = {q.job_id: q for q in queued.parse(lines)}
+    assert set(found) == {"41", "42", "43_2"}
+    assert found["41"].run_dir == tmp_path / "runs" / "a" and found["41"].state == "PENDING"
+    assert found["42"].run_dir == Path("/abs/b")  # the last before a script's --, unquoted
+    assert found["43_2"].run_dir == tmp_path / "outputs" / "job-43_2"
+    assert found["41"].record() == {"kind": "slurm", "job_id": "41", "started_by": "sbatch"}
+    assert queued.is_job_id("123") and queued.is_job_id("12_3") and not queued.is_job_id("a1")

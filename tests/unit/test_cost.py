@@ -73,6 +73,39 @@ def test_a_resumed_runs_jobs_add_up_and_a_sweep_totals() -> None:
     assert "2 points" in said and "0.089 GPU-hours (0.044 a point)" in said
 
 
+def test_a_resumed_slurm_runs_wall_time_spans_its_jobs_as_sacct_does() -> None:
+    """Issue 46: a run submitted at 0 (job 11, ended at 10) and resumed at 16 (job 12, ended
+    at 34): sacct's first Submit to last End is 34 s; the jobs' wall times added up, 28 s."""
+    sacct = "\n".join([
+        f"11|COMPLETED|0:0|None|{_t(0)}|{_t(1)}|{_t(10)}|9|2|cpu=2,node=1|1",
+        f"12|COMPLETED|0:0|None|{_t(16)}|{_t(17)}|{_t(34)}|17|2|cpu=2,node=1|1"])
+    job = {"kind": "slurm", "job_id": "12", "history": [{"job_id": "11"}, {"job_id": "12"}]}
+    cost = runcost.slurm_cost(job, parse_costs(sacct, now=T0 + 100))
+    assert cost is not None and cost.wall_s == pytest.approx(34)
+    assert cost.queue_s == pytest.approx(2) and cost.running_s == 26
+    assert runcost.line(cost).startswith("wall 34s (queued 2s, running 26s)")
+    # The resume still running: up to now.
+    running = "\n".join([sacct.splitlines()[0],
+                          f"12|RUNNING|0:0|None|{_t(16)}|{_t(17)}|Unknown|23|2|cpu=2|1"])
+    cost = runcost.slurm_cost(job, parse_costs(running, now=T0 + 40))
+    assert cost is not None and cost.wall_s == pytest.approx(40)
+    assert "submitted" not in cost.as_dict()  # summary.json's fields as before
+
+
+def test_a_local_resume_killed_before_its_ranks_recorded_their_exit(tmp_path: Path) -> None:
+    """The first attempt's ranks recorded their exit at 10; the resume (submitted at 100)
+    was killed before its ranks could, and ended at 130: its wall time is 130 s, not 10."""
+    run = RunDir(tmp_path)
+    run.ranks.mkdir()
+    t0 = 1_800_000_000.0
+    run.rank_usage(0).write_text(json.dumps({"attempts": {"a.0": {"cpu_s": 5.0,
+                                                                   "time": t0 + 10}}}))
+    history = [{"job_id": "1", "submitted": t0}, {"job_id": "2", "submitted": t0 + 100}]
+    cost = runcost.local_cost(run, {**history[-1], "history": history}, ended=t0 + 130)
+    assert cost is not None and cost.wall_s == pytest.approx(130)
+    assert cost.running_s == pytest.approx(10 + 30)
+
+
 def test_a_local_run_counts_its_ranks_cpu_time(tmp_path: Path) -> None:
     run = RunDir(tmp_path)
     run.ranks.mkdir()

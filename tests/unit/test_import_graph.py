@@ -15,7 +15,8 @@ from tests.conftest import REPO
 LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.redact", "hpc_ddp.errors", "hpc_ddp.hostlist", "hpc_ddp.procs", "hpc_ddp.rundir",
      "hpc_ddp.events", "hpc_ddp.owned", "hpc_ddp.ranklines", "hpc_ddp.version"),
-    ("hpc_ddp.config",),
+    # A sweep's expansion is the config's grammar: a remote sweep checks its first point.
+    ("hpc_ddp.config", "hpc_ddp.sweep.expand"),
     ("hpc_ddp.targets",),
     # The rank side: what runs on every rank.
     ("hpc_ddp.rank.contract",),
@@ -31,7 +32,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.inputs",),
     ("hpc_ddp.train",),
     # The submit side: what runs where `submit` is typed.
-    ("hpc_ddp.launch",),
+    # A Slurm job's end told from the run's records: the job control (launch/control.py)
+    # asks it as status does.
+    ("hpc_ddp.launch", "hpc_ddp.watch.ended"),
     # After submission (watch/): a run's cost and failures, followed; status, logs, stop.
     ("hpc_ddp.watch", "hpc_ddp.watch.runcost", "hpc_ddp.watch.recovery_lines"),
     ("hpc_ddp.watch.follow", "hpc_ddp.watch.failures"),

@@ -1,10 +1,13 @@
 """Small parts of the fast path: the allocator switch, the NHWC gradient at a flatten, the
-bare srun the startup figure compares with, the startup figure's skip without Slurm."""
+bare srun the startup figure compares with, the startup figure's skip without Slurm, no
+compiler loaded by the deterministic switch before the rendezvous."""
 
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,26 @@ def test_startup_is_skipped_without_slurm(tmp_path: Path) -> None:
     out = io.StringIO()
     result = measure_startup(compose(["cluster=local"]), [], tmp_path, out)
     assert "skipped" in result and "skipped" in result["line"]
+
+
+def test_deterministic_kernels_load_no_compiler_before_the_rendezvous() -> None:
+    """Issue 46: a rank's env: and rendezvous: lines were 4.9-13.4 s apart under load; the
+    part that was ours, torch.use_deterministic_algorithms importing torch._inductor.config
+    (and dynamo with it), is gone from there. The switch is the same: torch's flags, and
+    inductor's own flag once inductor is imported."""
+    code = textwrap.dedent("""
+        import sys
+        from hpc_ddp.rank.services import rng
+        rng.deterministic_kernels(True)
+        import torch
+        assert "torch._dynamo" not in sys.modules and "torch._inductor" not in sys.modules
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        import torch._inductor.config as inductor
+        assert inductor.deterministic
+        rng.deterministic_kernels(False)  # inductor loaded now: torch's own call
+        assert not inductor.deterministic and not torch.are_deterministic_algorithms_enabled()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr

@@ -17,6 +17,7 @@ from hpc_ddp.rank.services.stopping import (
     StopRequest,
     cause_of,
     parse_duration,
+    requeue_signal_said,
 )
 
 
@@ -32,6 +33,22 @@ def test_cause_of() -> None:
     assert cause_of(REQUEUE, 3000, 120) == "preemption or a signal sent by hand"
     assert cause_of(REQUEUE, None, 120).startswith("preemption")
     assert cause_of(TERM, 10, 120).startswith("SIGTERM")
+
+
+@pytest.mark.parametrize("left, said", [
+    # Issue 46: a script preempted with 59 of its 60 minutes left was told "sent 120s
+    # before the time limit". The built-in trainer's rule (cause_of) decides for it too.
+    (3540.0, "SIGUSR2, the requeue signal (sent at a preemption or by hand, 59m00s before "
+             "the time limit)"),
+    (None, "SIGUSR2, the requeue signal (sent at a preemption or by hand, not for the time "
+           "limit)"),
+    (100.0, "SIGUSR2, the requeue signal (sent 120s before the time limit)"),
+    (200.0, "SIGUSR2, the requeue signal (sent 120s before the time limit)"),  # 60 s early
+])
+def test_an_unhandled_requeue_signal_says_why_it_came(left: float | None, said: str) -> None:
+    assert requeue_signal_said("SIGUSR2", left, 120) == said
+    time_limit = cause_of(REQUEUE, left, 120) == "time limit"
+    assert ("preemption" not in said) == time_limit
 
 
 def test_handlers_only_set_the_flag() -> None:

@@ -44,11 +44,16 @@ def test_completing_is_running() -> None:
     ("tests.usercode.entriez:report", "did you mean tests.usercode.entries:report?"),
     ("testz.usercode.entries.report", "did you mean tests.usercode.entries.report?"),
     ("tests.usercode.entries:reprot", "did you mean tests.usercode.entries:report?"),
+    # A mistyped module inside a package (`_target_`'s dotted form): the package imports,
+    # the module is found among its modules, not its attributes.
+    ("tests.usercode.prts.Mlp", "did you mean tests.usercode.parts.Mlp?"),
+    ("tests.usercode.entriez.report", "did you mean tests.usercode.entries.report?"),
 ])
 def test_a_typo_gets_the_closest_name(typed: str, hint: str) -> None:
     with pytest.raises(UserError) as raised:
         locate(typed, "entry")
-    assert hint in raised.value.message
+    # The Fix reads as sentences: the suggestion, then the advice with a capital.
+    assert f"Fix: {hint} Check the spelling; " in raised.value.message, raised.value.message
 
 
 def test_a_resumed_local_runs_cost_counts_every_attempt(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ def main(ctx: Any) -> dict[str, float]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=app.get("lr", 3e-3))
     sampler = DistributedSampler(splits["train"], ctx.world_size, ctx.rank, seed=0)
     loader = DataLoader(splits["train"], batch_size=app.get("batch_size", 64), sampler=sampler)
-    steps = app.get("steps", 200)
+    # app.steps when given, else the run's trainer.max_steps (conf/config.yaml: 200), so that
+    # trainer.max_steps=20 means 20 steps here as it does for the built-in trainer.
+    steps = int(app.get("steps") or ctx.cfg.trainer.max_steps or 200)
     ctx.total_steps = steps
     step, epoch, done_in_epoch = 0, 0, 0
 

@@ -9,7 +9,9 @@ sends or receives another's, whatever the world size.
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 from typing import Any
 
 
@@ -72,6 +74,16 @@ def deterministic_kernels(on: bool) -> None:
     https://pytorch.org/docs/stable/notes/randomness.html"""
     import torch  # deferred: torch
 
-    torch.use_deterministic_algorithms(on, warn_only=True)
+    if "torch._inductor.config" in sys.modules:
+        torch.use_deterministic_algorithms(on, warn_only=True)
+    else:
+        # torch.use_deterministic_algorithms imports torch._inductor.config only to set its
+        # `deterministic` flag, and with it dynamo and inductor: 1.3 s of every rank's start
+        # on an idle machine, 3.5-6 s under load (issue 46: the gap between a rank's env: and
+        # rendezvous: lines), for a model that may never be compiled. The same switch without
+        # that import; inductor reads its flag from this variable when it is imported
+        # (torch/_inductor/config.py: deterministic = TORCHINDUCTOR_DETERMINISTIC == "1").
+        os.environ["TORCHINDUCTOR_DETERMINISTIC"] = "1" if on else "0"
+        torch._C._set_deterministic_algorithms(on, warn_only=True)
     if hasattr(torch.backends.mkldnn, "deterministic"):  # torch >= 2.6
         torch.backends.mkldnn.deterministic = on  # type: ignore[assignment]

@@ -152,11 +152,10 @@ def at_time_limit(time_left: float | None, signal_delay_s: int) -> bool:
 def requeue_signal_said(name: str, time_left: float | None, signal_delay_s: int) -> str:
     """The requeue signal ``name`` in words, by :func:`cause_of`'s rule (a script that did
     not handle it is told why it came): "SIGUSR2, the requeue signal (sent 120s before the
-    time limit)", or at a preemption with the time that was left said."""
+    time limit)", or "(sent at a preemption or by hand, 59m55s before the time limit)"."""
     if at_time_limit(time_left, signal_delay_s):
         return f"{name}, the requeue signal (sent {signal_delay_s}s before the time limit)"
     from hpc_ddp.slurm.cost import hours  # deferred (start-up): slurm.cost
 
-    left = f" with {hours(time_left)} of its time limit left" if time_left else ""
-    return (f"{name}, the requeue signal, sent at a preemption (or by hand){left}, not for "
-            "the time limit")
+    when = f"{hours(time_left)} before" if time_left else "not for"
+    return f"{name}, the requeue signal (sent at a preemption or by hand, {when} the time limit)"

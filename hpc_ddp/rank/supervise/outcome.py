@@ -72,17 +72,17 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
               "signals": [name for name, _ in stop.received]}
     resume_hint = resume_command(run_dir.root)
     if job is None:
-        events.append(run_dir.root, {"kind": "stop", **record})
+        events.append(run_dir.root, {"kind": events.STOP, **record})
         raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved. "
                          f"Continue with: {resume_hint}", requested=True)
     if code == stopping.TERM:
         # Preemption: Slurm itself requeues the job (PreemptMode=REQUEUE); a scancel ends it.
-        events.append(run_dir.root, {"kind": "stop", **record})
+        events.append(run_dir.root, {"kind": events.STOP, **record})
         log.warning("stopped at %s on SIGTERM; checkpoint saved", at)
         raise SystemExit(0)
     used = events.restarts_spent(events.read(run_dir.root), job)
     if used >= cfg.cluster.max_restarts:
-        events.append(run_dir.root, {"kind": "stop", **record})
+        events.append(run_dir.root, {"kind": events.STOP, **record})
         raise RunStopped(f"stopped at {at} ({cause}) and not requeued: "
                          f"cluster.max_restarts={cfg.cluster.max_restarts} requeues without "
                          "progress are used. "
@@ -90,12 +90,12 @@ def after_stop(code: int, step: int | None, stop: StopRequest, cfg: Config, rank
                          "(raise cluster.max_restarts or cluster.time_min for fewer stops).")
     problem = requeue.requeue(job, environ)
     if problem:
-        events.append(run_dir.root, {"kind": "stop", **record})
+        events.append(run_dir.root, {"kind": events.STOP, **record})
         raise RunStopped(f"stopped at {at} ({cause}); the checkpoint is saved "
                          f"but `scontrol requeue {job}` failed: {problem}. Continue with: "
                          f"{resume_hint}")
-    events.append(run_dir.root, {"kind": "stop", **record})
-    events.append(run_dir.root, {"kind": "requeue", **record})
+    events.append(run_dir.root, {"kind": events.STOP, **record})
+    events.append(run_dir.root, {"kind": events.REQUEUE, **record})
     log.warning("stopped at %s (%s): checkpoint saved, job %s requeued", at, cause, job)
     raise SystemExit(0)
 
@@ -167,13 +167,15 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
     bare = message.replace(f"{diagnose.LOCAL_MARK} ", "").replace(diagnose.LOCAL_MARK, "")
     about = _ABOUT.match(bare.strip())
     cause = bare.strip()[about.end():] if about else bare.strip()
+    if root is not None and not (about and int(about[1]) == root.rank):
+        cause = root.cause  # this rank's message is its own, not the root's
     failed = tracebacks.child_failed(exc)
     record: dict[str, Any] = {
         "attempt": rank.env.restart, "generation": generation,
         "rank": root.rank if root else int(about[1]) if about else rank.env.rank,
         "host": root.host if root else about[2] if about else rank.host, **events.cause_fields(
-            run_dir.root, root.cause if root else cause, rank.env.restart,
-            root.rank if root else rank.env.rank, generation),
+            run_dir.root, cause, rank.env.restart, root.rank if root else rank.env.rank,
+            generation),
         **({"failed_at": root.at} if root else {"failed_at": failed.at} if failed else {}),
         "job": job, "step": checkpoint.latest_step(run_dir.checkpoints),
         "reached": reached_step(run_dir), **({"deferred": True} if deferred else {})}
@@ -182,14 +184,14 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
         record["nccl_traces"] = traces
         message += (" NCCL flight recorder dumps (the last collectives of each rank): "
                     + ", ".join(traces[:8]))
-    events.append(run_dir.root, {"kind": "failure", **record})
+    events.append(run_dir.root, {"kind": events.FAILURE, **record})
     if not retry or job is None or deferred:
         raise RuntimeError(message) from exc  # a new attempt would fail the same way
-    already = any(e.get("kind") == "requeue" and e.get("attempt") == rank.env.restart
+    already = any(e.get("kind") == events.REQUEUE and e.get("attempt") == rank.env.restart
                   and e.get("job") in (None, job) for e in seen)
     if not already and events.restarts_spent(seen, job) < cfg.cluster.max_restarts and (
             not requeue.requeue(job, environ)):
-        events.append(run_dir.root, {"kind": "requeue", **record})
+        events.append(run_dir.root, {"kind": events.REQUEUE, **record})
         message += f" Job {job} requeued from its last checkpoint."
     raise RuntimeError(message) from exc
 
@@ -224,7 +226,7 @@ def _reported_already(seen: list[dict[str, Any]], job: str | None, attempt: int,
                       generation: int = 0) -> bool:
     """A failure of this attempt (and generation) of Slurm job ``job`` is on record
     (events.jsonl)."""
-    return job is not None and any(e.get("kind") == "failure" and e.get("job") == job
+    return job is not None and any(e.get("kind") == events.FAILURE and e.get("job") == job
                                    and e.get("attempt") == attempt
                                    and e.get("generation", 0) == generation for e in seen)
 
@@ -260,9 +262,9 @@ def record_restart(decision: Decision, generation: int, rank: Rank, run_dir: Run
               "job": requeue.slurm_job(environ),
               "step": checkpoint.latest_step(run_dir.checkpoints),
               "reached": reached_step(run_dir), "nccl_traces": flight_dumps(run_dir)}
-    events.append(run_dir.root, {"kind": "failure", **record, "generation": generation - 1,
+    events.append(run_dir.root, {"kind": events.FAILURE, **record, "generation": generation - 1,
                                  "failed_at": root.at})
-    events.append(run_dir.root, {"kind": "restart_in_place", **record,
+    events.append(run_dir.root, {"kind": events.RESTART_IN_PLACE, **record,
                                  "generation": generation, "failed_at": root.at})
 
 

@@ -69,6 +69,7 @@ from hpc_ddp.rank.supervise.supervisor import (
     run_generations,
 )
 from hpc_ddp.rundir import RunDir, read_json
+from hpc_ddp.slurm import requeue
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,8 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         began = time.perf_counter()
         budget = cfg.cluster.restarts_in_place
         ended = run_generations(rank, child_command,
-                                lambda code, child, gen: classify(cfg, code, child, gen),
+                                lambda code, child, gen: classify(cfg, code, child, gen,
+                                                                  environ),
                                 stop, budget, started=started,
                                 on_restart=lambda d, g: record_restart(d, g, rank, run, environ),
                                 job_nodes=generations.slurm_nodes(rank, environ))
@@ -155,8 +157,10 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
     return None
 
 
-def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
-    """How the script ended on this rank (the table in the module docstring)."""
+def classify(cfg: Config, code: int, child: Child, gen: Generation,
+             environ: MutableMapping[str, str] | None = None) -> End:
+    """How the script ended on this rank (the table in the module docstring); ``environ``:
+    the job's, to tell the time limit's requeue signal from a preemption's."""
     if gen.stopped_by_us:
         return gen.end_of(generations.STOPPED, code)
     if code in (0, REQUEUE_EXIT_CODE):
@@ -167,10 +171,12 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation) -> End:
         if -code == signal.SIGTERM:  # preempted, cancelled, the time limit: Slurm's
             return gen.end_of(generations.STOPPED, code)
         if -code == stopping.signal_number(cfg.cluster.signal):
+            job = requeue.slurm_job(environ) if environ is not None else None
+            left = stopping.time_left_s(job, environ) if job and environ is not None else None
+            said = stopping.requeue_signal_said(name, left, cfg.cluster.signal_delay_s)
             return gen.end_of(generations.FINAL, code, (
-                f"the script was ended by {name}, the requeue signal (sent "
-                f"{cfg.cluster.signal_delay_s}s before the time limit), which it does not "
-                f"handle; it was not requeued. To be requeued, handle {name}: save a "
+                f"the script was ended by {said}, which it does not handle; it was not "
+                f"requeued. To be requeued, handle {name}: save a "
                 f"checkpoint and exit with code {REQUEUE_EXIT_CODE} (docs/your-code.md)."))
         abrupt = -code in ABRUPT
         return gen.end_of(generations.RESTARTABLE if abrupt else generations.FINAL, code, (
