@@ -62,3 +62,28 @@ def test_the_fallback_reporter_records_and_requeues_an_unreported_attempt(
     assert [e["kind"] for e in recorded] == ["stop", "failure", "requeue"]
     assert slurm.calls["scontrol requeue"] == 1, slurm.calls
     assert f"Job {JOB} requeued" in message
+
+
+def test_a_rank_whose_program_failed_by_itself_fails_so_when_rank_0_is_gone(
+        world: World) -> None:
+    """Rank 0's supervisor (and its store) gone before it decided: this rank's own final
+    failure is the failure (its own message, its frames, recorded as its own), not a lost
+    node to requeue from."""
+    from hpc_ddp.rank.join.tracebacks import LOCAL_MARK
+    from hpc_ddp.rank.supervise import generations
+    from hpc_ddp.rank.supervise.outcome import after_generations
+
+    me = fallback_reporter(SIZE // 8, 8, SIZE)
+    rank = _rank(world, me, RecordingStore(dead=True))
+    mine = generations.End(generations.FINAL, 1000.0, 1, "ValueError: bad value", me,
+                           rank.host, trace='Traceback (most recent call last):\n  File '
+                           '"nets.py", line 19, in forward\nValueError: bad value',
+                           full="Traceback ...\nValueError: bad value")
+    lost = generations.Decision(generations.LOST, mine, (0,))
+    with SimulatedTime(), SlurmCalls() as slurm, pytest.raises(RuntimeError) as raised:
+        after_generations(lost, 0, 1, world.cfg, rank, world.run, {"SLURM_JOB_ID": JOB}, mine)
+    assert str(raised.value) == f"{LOCAL_MARK} ValueError: bad value"
+    assert slurm.total == 0  # no requeue: a new start would fail the same way
+    (failure,) = [e for e in events.read(world.run.root) if e["kind"] == events.FAILURE]
+    assert (failure["rank"], failure["cause"], failure["failed_at"]) == (
+        me, "ValueError: bad value", 1000.0)

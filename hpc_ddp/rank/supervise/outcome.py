@@ -306,6 +306,12 @@ def after_generations(decision: Decision, generation: int, budget: int, cfg: Con
                                                 generations.RESTARTABLE) and bool(mine.cause)
     child = tracebacks.ChildFailed(mine.cause, mine.at, mine.trace, mine.full) \
         if own and mine is not None else None
+    if decision.what == generations.LOST and own and mine is not None and (
+            mine.verdict == generations.FINAL and not mine.symptom):
+        # Rank 0's supervisor is gone, but this rank's program failed by itself, in a way a
+        # new start would not get past: that is the failure, not a lost node (no requeue).
+        fail(f"{diagnose.LOCAL_MARK} {mine.cause}", False, cfg, rank, run_dir, environ, child,
+             generation=generation, root=mine)
     if decision.what == generations.FAIL:
         fail(f"{diagnose.LOCAL_MARK} {mine.cause}" if own and mine else said, False, cfg,
              rank, run_dir, environ, child, report=rank.env.is_master, generation=generation,
