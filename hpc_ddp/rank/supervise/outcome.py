@@ -168,7 +168,7 @@ def fail(message: str, retry: bool, cfg: Config, rank: Rank, run_dir: RunDir,
     about = _ABOUT.match(bare.strip())
     cause = bare.strip()[about.end():] if about else bare.strip()
     if root is not None and not (about and int(about[1]) == root.rank):
-        cause = root.cause  # this rank's message is its own, not the root's
+        cause = ranklog.masked(root.cause)  # this rank's message is its own, not the root's
     failed = tracebacks.child_failed(exc)
     record: dict[str, Any] = {
         "attempt": rank.env.restart, "generation": generation,
@@ -257,8 +257,8 @@ def record_restart(decision: Decision, generation: int, rank: Rank, run_dir: Run
     root = decision.root
     assert root is not None
     record = {"attempt": rank.env.restart, "rank": root.rank, "host": root.host,
-              **events.cause_fields(run_dir.root, root.cause, rank.env.restart, root.rank,
-                                    generation - 1),
+              **events.cause_fields(run_dir.root, ranklog.masked(root.cause),
+                                    rank.env.restart, root.rank, generation - 1),
               "job": requeue.slurm_job(environ),
               "step": checkpoint.latest_step(run_dir.checkpoints),
               "reached": reached_step(run_dir), "nccl_traces": flight_dumps(run_dir)}
