@@ -30,24 +30,25 @@ from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
 from hpc_ddp.rundir import RunDir, created_with, default_root, read_json, write_json
 
 
-def check_run_dir(cfg: Config, root: Path, restart: int) -> None:
+def check_run_dir(cfg: Config, root: Path, restart: int, rank: int = 0) -> None:
     """Submit's run-dir checks, as far as they hold on every rank of a started job.
 
     Every rank checks (the run dir may be mounted differently on each node): it must be a
     folder this rank can write, and a first start with resume=true must find a run there.
     submit's "new or empty" rule is left out: a requeued start finds its own run, and the
     other ranks may already see rank 0's config.yaml; a fresh start in a folder holding
-    checkpoints is refused by task.resume_cause.
+    checkpoints is refused by task.resume_cause. Of the ranks' files, this task checks
+    ``rank``'s (inputs/run_dir.check_run_files: nothing per other rank).
     """
     checked = dataclasses.replace(cfg, run_dir=cfg.run_dir or str(root),
                                   resume=cfg.resume and restart == 0)
     assert checked.run_dir is not None
     if checked.resume or (root.exists() and not root.is_dir()):
-        run = check_run_dir_as_submit_does(checked)  # a file; no run to resume; not writable
+        run = check_run_dir_as_submit_does(checked, (rank,))  # a file; no run; not writable
         check_resumable(checked, run)  # a network or optimizer the checkpoint cannot take
     else:
         if root.is_dir():  # someone else's, or one they can write: nothing is loaded from it
-            check_owned_folder(root, "run_dir", checked.run_dir)
+            check_owned_folder(root, "run_dir", checked.run_dir, (rank,))
         check_writable(root, checked.run_dir)
 
 
@@ -105,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root = Path(cfg.run_dir) if cfg.run_dir else default_root(Path.cwd() / "outputs",
                                                                    job_id=job or "local")
         run_dir = RunDir(root.absolute())
-        check_run_dir(cfg, run_dir.root, env.restart)
+        check_run_dir(cfg, run_dir.root, env.restart, env.rank)
         check_inputs(cfg)
         if env.is_master and job:  # status, logs and Run.from_dir know it as submit's
             record_job(run_dir, job)

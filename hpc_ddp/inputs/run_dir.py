@@ -46,10 +46,11 @@ def check_inputs(cfg: Config) -> None:
         check_root(cfg.data.root)
 
 
-def check_run_dir(cfg: Config) -> RunDir:
+def check_run_dir(cfg: Config, ranks: tuple[int, ...] | None = None) -> RunDir:
     """The run dir must be new or empty (or an existing run with resume=true) and writable.
 
     Only reads and a probe file in a new folder: an existing run is never modified here.
+    ``ranks``: a task's own, on every task of a started job (check_run_files).
     """
     assert cfg.run_dir is not None
     run = RunDir(Path(cfg.run_dir))
@@ -57,7 +58,7 @@ def check_run_dir(cfg: Config) -> RunDir:
     if exists and not run.root.is_dir():
         raise UserError("run_dir", cfg.run_dir, "is a file, not a folder.", "choose a folder.")
     if exists:
-        check_owned_folder(run.root, "run_dir", cfg.run_dir)
+        check_owned_folder(run.root, "run_dir", cfg.run_dir, ranks)
     if cfg.resume:
         if not run.config.is_file():
             raise UserError("run_dir", cfg.run_dir, "holds no run to resume.",
@@ -70,10 +71,11 @@ def check_run_dir(cfg: Config) -> RunDir:
     return run
 
 
-def check_owned_folder(folder: Path, key: str, shown: str) -> None:
+def check_owned_folder(folder: Path, key: str, shown: str,
+                       ranks: tuple[int, ...] | None = None) -> None:
     """An existing run dir (or sweep dir) must be this user's and writable by no one else:
     every code-bearing file in it is loaded only then (hpc_ddp/owned.py), so a run that could
-    not be resumed is refused before it starts."""
+    not be resumed is refused before it starts. ``ranks``: a task's own (check_run_files)."""
     # deferred (start-up): owned
     from hpc_ddp.owned import Untrusted, check_folder
 
@@ -82,7 +84,7 @@ def check_owned_folder(folder: Path, key: str, shown: str) -> None:
     except Untrusted as exc:
         raise UserError(key, shown, str(exc), "") from None
     if key == "run_dir":  # a sweep's dir holds run dirs, not a run's own files
-        check_run_files(RunDir(folder), shown)
+        check_run_files(RunDir(folder), shown, ranks)
 
 
 # What the ranks and their supervisors append to (or replace) under logs/: each refuses a
@@ -91,15 +93,17 @@ def check_owned_folder(folder: Path, key: str, shown: str) -> None:
 _RANK_FILE = re.compile(r"rank\d+\.(?:log|stacks|error)")
 
 
-def check_run_files(run: RunDir, shown: str) -> None:
+def check_run_files(run: RunDir, shown: str, ranks: tuple[int, ...] | None = None) -> None:
     """Before any rank starts (at submission and on every task of an sbatch job, as
     check_owned_folder): events.jsonl is no link and a regular file of this user's; logs/ is a
     real folder, this user's and writable by no one else; no rank's log, stacks or error file
     in it is a link or anything but a regular file. A planted one then stops the run at
-    once, naming it, on every rank alike. O(1) in the world size per task but for one listing
-    of logs/: each entry's type comes with it (d_type), no stat per rank; a regular file of
-    someone else's there (only possible while logs/ was writable by them) is refused by the
-    rank that opens it (owned.open_append)."""
+    once, naming it. At submission (``ranks`` None) one listing of logs/ checks every rank's
+    (each entry's type comes with it, d_type: no stat per rank); a task (``ranks``: its own)
+    checks its own three names only, so that no task's cost grows with the world size (once
+    submission found logs/ private, only this user could have planted one since). A regular
+    file of someone else's there (only possible while logs/ was writable by them) is refused
+    by the rank that opens it (owned.open_append)."""
     # deferred (start-up): events, owned
     from hpc_ddp.events import FILE
     from hpc_ddp.owned import Untrusted, check_appendable, check_stat
@@ -119,6 +123,14 @@ def check_run_files(run: RunDir, shown: str) -> None:
                             "it.") from None
         try:
             check_stat(os.fstat(fd), run.logs)
+            if ranks is not None:
+                for name in (f"rank{r}.{kind}" for r in ranks
+                             for kind in ("log", "stacks", "error")):
+                    try:
+                        check_appendable(os.lstat(name, dir_fd=fd), run.logs / name)
+                    except FileNotFoundError:
+                        pass
+                return
             with os.scandir(fd) as entries:
                 for entry in entries:
                     if _RANK_FILE.fullmatch(entry.name) and not entry.is_file(

@@ -153,9 +153,11 @@ def test_the_run_dir_check_refuses_a_planted_link_before_any_rank_starts(
         (run.root / planted).unlink(missing_ok=True)
     (run.root / planted).symlink_to(target)
     cfg = compose([*first, "resume=true"])
+    # the task of the rank whose file it is (a task checks its own: nothing per other rank)
+    rank = int(planted.split("rank")[1].split(".")[0]) if "rank" in planted else 1
     for check in (lambda: check_run_dir(cfg),  # submission (the local launcher's too)
-                  lambda: check_on_every_task(cfg, run.root, 0),  # an sbatch task, resuming
-                  lambda: check_on_every_task(cfg, run.root, 1)):  # a requeued task
+                  lambda: check_on_every_task(cfg, run.root, 0, rank),  # a task, resuming
+                  lambda: check_on_every_task(cfg, run.root, 1, rank)):  # a requeued task
         with pytest.raises(UserError) as raised:
             check()
         assert f"{run.root / planted} is a symbolic link" in raised.value.message
@@ -228,3 +230,19 @@ def test_rank_0_refusing_its_log_stops_the_other_ranks_at_once(tmp_path: Path) -
         rendezvous.connect(detect(ranks[1]), run.rendezvous, "node2", 60.0, 60.0, plain=True)
     assert time.monotonic() - started < 5
     assert target.read_text() == "mine\n"
+
+
+def test_a_task_checks_its_own_ranks_files_only(tmp_path: Path) -> None:
+    """A task's cost stays the same at any world size: it looks at its own rank's names, not
+    at a listing of every rank's (submission lists them once, for all)."""
+    from hpc_ddp.train import check_run_dir as check_on_every_task
+
+    run, first = _resumable(tmp_path)
+    run.rank_log(1).unlink()
+    run.rank_log(1).symlink_to(_victim(tmp_path))
+    cfg = compose([*first, "resume=true"])
+    check_on_every_task(cfg, run.root, 1, 0)  # rank 0's task: its own files are fine
+    with pytest.raises(UserError, match="rank1.log is a symbolic link"):
+        check_on_every_task(cfg, run.root, 1, 1)
+    with pytest.raises(UserError, match="rank1.log is a symbolic link"):
+        check_run_dir(cfg)

@@ -171,9 +171,12 @@ def classify(cfg: Config, code: int, child: Child, gen: Generation,
         if -code == signal.SIGTERM:  # preempted, cancelled, the time limit: Slurm's
             return gen.end_of(generations.STOPPED, code)
         if -code == stopping.signal_number(cfg.cluster.signal):
+            # Why it came (one squeue, rank 0's supervisor's: not one per rank of the job).
             job = requeue.slurm_job(environ) if environ is not None else None
-            left = stopping.time_left_s(job, environ) if job and environ is not None else None
-            said = stopping.requeue_signal_said(name, left, cfg.cluster.signal_delay_s)
+            said = f"{name}, the requeue signal"
+            if job and environ is not None and gen.rank.env.is_master:
+                said = stopping.requeue_signal_said(name, stopping.time_left_s(job, environ),
+                                                    cfg.cluster.signal_delay_s)
             return gen.end_of(generations.FINAL, code, (
                 f"the script was ended by {said}, which it does not handle; it was not "
                 f"requeued. To be requeued, handle {name}: save a "
