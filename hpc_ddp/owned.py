@@ -18,6 +18,7 @@ The files a run appends to (a rank's log and stacks, events.jsonl) are opened by
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -188,3 +189,21 @@ def open_append(path: Path | str) -> int:
     except BaseException:
         os.close(fd)
         raise
+
+
+def private(folder: Path, parent: bool = False) -> bool:
+    """``folder`` (made, mode 0700, when missing; its ``parent`` too when asked) is a folder,
+    not a link, of this user, that no one else can enter, in a folder where no one else can
+    rename it: its owner's (or root's) and writable by no one else, or sticky (/tmp)."""
+    for made in [folder.parent] * parent + [folder]:
+        with contextlib.suppress(OSError):  # there already, or cannot be: checked below
+            os.mkdir(made, 0o700)
+    try:
+        info = os.lstat(folder)  # lstat: a link is refused, never followed
+        above = os.stat(folder.parent)  # a linked ~/.ssh is fine when it is ours
+    except OSError:
+        return False
+    me = os.geteuid()
+    return (stat.S_ISDIR(info.st_mode) and info.st_uid == me and not info.st_mode & 0o077
+            and (above.st_uid in (me, 0) and not above.st_mode & 0o022
+                 or bool(above.st_mode & stat.S_ISVTX)))

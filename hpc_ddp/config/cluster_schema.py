@@ -71,6 +71,12 @@ class ClusterConfig:
     # (or requeue the job), and relay a request for the child's stacks. None: on when
     # restarts_in_place > 0 or the ranks use GPUs. false: never (a failure then requeues).
     supervise: bool | None = None
+    # Start each node's rank processes warm: one process per node imports torch and the rank
+    # program once, and every rank process (a supervisor and its training process, each
+    # restart in place) is forked from it instead of importing them again: seconds a rank
+    # (docs/performance.md#warm-starts). false: each starts as a fresh interpreter. In a
+    # container the ranks always start cold (its runtime owns the interpreter).
+    warm_start: bool = True
     # Shell lines run before srun on the first node (module load, conda activate, ...).
     setup: list[str] = field(default_factory=list)
     # Extra arguments for srun, e.g. ["--cpu-bind=none"].

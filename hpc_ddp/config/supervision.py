@@ -17,3 +17,11 @@ def supervised(cfg: Config) -> bool:
         return cfg.cluster.supervise
     return cfg.cluster.restarts_in_place > 0 or (
         bool(cfg.cluster.gpus_per_node) and cfg.trainer.device != "cpu")
+
+
+def warm(cfg: Config) -> str:
+    """The ranks' WARM_ENV (rank/contract.py): "1" (warm), "0" (cluster.warm_start=false) or
+    "container" (its runtime, not ours, starts the interpreter: cold)."""
+    if cfg.cluster.container.kind != "none":
+        return "container"
+    return "1" if cfg.cluster.warm_start else "0"

@@ -20,9 +20,10 @@ from typing import Any
 
 from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.schema import Config
+from hpc_ddp.config.supervision import warm
 from hpc_ddp.launch.target import counted
 from hpc_ddp.procs import pid_alive, start_time
-from hpc_ddp.rank.contract import LAUNCH_ID_ENV
+from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_ENV
 from hpc_ddp.rank.join.device import visible_devices
 from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
@@ -58,7 +59,8 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
         folder=str(run.submitit), python=f"{shlex.quote(sys.executable)} -m {submitted.MODULE}")
     executor.update_parameters(**executor_parameters(cfg, os.environ))
 
-    ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12]}
+    ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12],
+                 WARM_ENV: warm(cfg)}
     session = _own_session(run.logs / "launcher.log") if cfg.detach else \
         contextlib.nullcontext()
     with _terminal_interrupt_ignored(), _environ(ranks_env), session:

@@ -23,11 +23,12 @@ from hpc_ddp.config.compose import to_yaml
 from hpc_ddp.config.sbatch_extra import check_sbatch_extra
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.secrets import shell_lines
-from hpc_ddp.config.supervision import supervised
+from hpc_ddp.config.supervision import supervised, warm
 from hpc_ddp.config.validate import SLURM_NAMED
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
 from hpc_ddp.launch.target import counted
+from hpc_ddp.rank.contract import WARM_ENV
 from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
@@ -78,7 +79,9 @@ def executor_parameters(cfg: Config, run_root: Path | None = None,
         # tasks, then the user's own setup lines (module load, conda activate ...).
         # ${oc.env:NAME} (a secret's reference, config/secrets.py) as the shell's ${NAME};
         # then the container and the environment activation, if any (launch/container.py).
+        # Whether the ranks start warm (rank/warm/: one import of torch a node).
         "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}",
+                  f"export {WARM_ENV}={warm(cfg)}",
                   *shell_lines(c.setup), *container.setup_lines(cfg, run_root)],
         "srun_args": [*srun_args(c), *container.srun_words(task)],
         "additional_parameters": {

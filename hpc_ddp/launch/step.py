@@ -30,10 +30,11 @@ from typing import Any
 from hpc_ddp import hostlist
 from hpc_ddp.config.schema import Config
 from hpc_ddp.config.secrets import shell_lines
+from hpc_ddp.config.supervision import warm
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch.target import counted
 from hpc_ddp.procs import pid_alive, start_time
-from hpc_ddp.rank.contract import STEP_OF_ENV, TASK_ENV
+from hpc_ddp.rank.contract import STEP_OF_ENV, TASK_ENV, WARM_ENV
 from hpc_ddp.rundir import RunDir, read_json
 
 # The batch script runs as a step of this name (or number) in some versions: not a step
@@ -187,7 +188,8 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> S
                 "hpc_ddp-step", *argv]
     output = open(task_file.with_suffix(".out"), "ab")  # noqa: SIM115 (srun's, closed below)
     try:
-        proc = subprocess.Popen(argv, env=step_environment(os.environ, alloc, task_file),
+        env = {**step_environment(os.environ, alloc, task_file), WARM_ENV: warm(cfg)}
+        proc = subprocess.Popen(argv, env=env,
                                 stdin=subprocess.DEVNULL, stdout=output, stderr=output,
                                 start_new_session=True, cwd=Path.cwd())
     except OSError as exc:

@@ -24,6 +24,17 @@ STEP_OF_ENV = "HPC_DDP_STEP_OF"
 # The pickled task every task of such a step runs (rank/main/step.py).
 TASK_ENV = "HPC_DDP_STEP_TASK"
 
+# Warm starts (rank/warm/): "0" starts every rank process as a fresh interpreter; anything
+# else (or unset) forks it from its node's warm process. The launchers set it from
+# cluster.warm_start (and to "0" in a container, whose interpreter is not ours to fork).
+WARM_ENV = "HPC_DDP_WARM"
+# Set in a process forked from a node's warm process: that process's socket (a supervisor
+# forks its training process there too), and how the rank started, for its log.
+WARM_SOCKET_ENV = "HPC_DDP_WARM_SOCKET"
+WARM_NOTE_ENV = "HPC_DDP_WARM_NOTE"
+# A rank process with no note: started by a launcher of its own (torchrun, a plain srun).
+COLD_NOTE = "cold: started as a fresh interpreter"
+
 # -- set by a supervisor for the training process it starts -----------------------------------
 # The supervised child (the built-in trainer or a function entry): its config (YAML) and run
 # dir; also marks it as supervised (no recursion).

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TextIO
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
+from hpc_ddp.owned import Untrusted, check_folder, read_owned
 from hpc_ddp.remote.ssh import SSH_FAILED, Ssh, command_line, control_dir, failure
 
 FILE = "remote.json"
@@ -47,7 +48,6 @@ def write(folder: Path, handle: Handle) -> None:
     """``remote.json`` in ``folder`` (made 0750 when missing): a folder that is not this
     user's, or that others can write, is refused first (its handle would not be read back)."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o750)
-    from hpc_ddp.owned import Untrusted, check_folder  # deferred (start-up): owned
 
     try:
         check_folder(folder)
@@ -69,8 +69,7 @@ def read(folder: Path) -> Handle | None:
     path = folder / FILE
     if not (path.is_file() or path.is_symlink()):
         return None
-    # deferred (start-up): owned, remote.trust
-    from hpc_ddp.owned import Untrusted, read_owned
+    # deferred (start-up): remote.trust
     from hpc_ddp.remote.trust import checked
 
     try:

@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import os
 import shlex
-import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from hpc_ddp.errors import UserError
+from hpc_ddp.owned import private
 
 # ssh's own exit status for its failures (anything else is the remote command's).
 SSH_FAILED = 255
@@ -76,24 +76,6 @@ def fits(folder: Path) -> bool:
     text = str(folder)
     return (len(os.fsencode(text)) + SOCKET_CHARS < SUN_PATH
             and not any(c.isspace() or c in "%\"'" for c in text))
-
-
-def private(folder: Path, parent: bool = False) -> bool:
-    """``folder`` (made, mode 0700, when missing; its ``parent`` too when asked) is a folder,
-    not a link, of this user, that no one else can enter, in a folder where no one else can
-    rename it: its owner's (or root's) and writable by no one else, or sticky (/tmp)."""
-    for made in [folder.parent] * parent + [folder]:
-        with contextlib.suppress(OSError):  # there already, or cannot be: checked below
-            os.mkdir(made, 0o700)
-    try:
-        info = os.lstat(folder)  # lstat: a link is refused, never followed
-        above = os.stat(folder.parent)  # a linked ~/.ssh is fine when it is ours
-    except OSError:
-        return False
-    me = os.geteuid()
-    return (stat.S_ISDIR(info.st_mode) and info.st_uid == me and not info.st_mode & 0o077
-            and (above.st_uid in (me, 0) and not above.st_mode & 0o022
-                 or bool(above.st_mode & stat.S_ISVTX)))
 
 
 def destination_problem(destination: str) -> UserError | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hpc_ddp.rank.services import checkpoint
 from tests.conftest import REPO, command_env
+from tests.integration.test_warm_start import all_warm
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -87,6 +88,7 @@ def test_a_detached_run_survives_the_hangup_and_stops_with_a_checkpoint(
     step = checkpoint.latest_step(run_dir / "checkpoints")
     assert step is not None and step > 0
     assert f"stopped at step {step} with a checkpoint" in stopped.stdout
+    assert all_warm(run_dir, 2)  # ranks forked from the warm process, in the run's session
 
 
 def _at(line: str) -> float:

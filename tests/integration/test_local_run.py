@@ -18,6 +18,7 @@ import torch
 
 from hpc_ddp.rank.services import checkpoint
 from tests.conftest import REPO, command_env
+from tests.integration.test_warm_start import all_warm
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -42,6 +43,8 @@ def test_acceptance_two_ranks(hpc_ddp: Run, tmp_path: Path) -> None:
     assert summary["eval_accuracy"] > 0.2
     assert summary["hosts"] == [os.uname().nodename] * 2
     assert summary["resumed_from_step"] is None and summary["restarts"] == 0
+    # Both ranks forked from the machine's warm process (the default: rank/warm/).
+    assert summary["start"] == "warm" and all_warm(run_dir, 2)
     # The id to quote is the one submitted and recorded: summary and job.json agree, and the
     # launch's own id names its rendezvous file (docs/run-directory.md).
     job = json.loads((run_dir / "job.json").read_text())
@@ -168,6 +171,7 @@ def test_ctrl_c_checkpoints_and_says_how_to_continue(hpc_ddp: Run, tmp_path: Pat
     assert proc.returncode == 128 + signum, out
     assert "Traceback" not in out
     assert f"Continue with: python -m hpc_ddp.submit run_dir={run_dir} resume=true" in out
+    assert all_warm(run_dir, 2)  # the signal reached ranks forked from the warm process
     stops = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "stop"]
     assert len(stops) == 1 and "Ctrl-C" in stops[0]["cause"]
@@ -223,6 +227,7 @@ def test_a_double_interrupt_still_stops_the_ranks_at_a_checkpoint(tmp_path: Path
         out = log.read_text()
         said = f"try {n} ({how}, {gap} s apart):\n{out}"
         assert proc.returncode == 130 and "Traceback" not in out, said
+        assert all_warm(run_dir, 2), said  # forked ranks, stopped as the table says
         ended = [line for line in out.splitlines() if line.startswith(("stopped", "killed"))]
         assert len(ended) == 1 and ended[0].startswith("stopped at step "), said
         assert f"Continue with: python -m hpc_ddp.submit run_dir={run_dir} resume=true" in out

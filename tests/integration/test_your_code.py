@@ -270,3 +270,6 @@ def test_a_module_runs_as_python_m(hpc_ddp: Run, tmp_path: Path) -> None:
     assert records[0]["name"] == "__main__"
     assert records[0]["argv"][1:] == [str(out), "x y"]
     assert records[0]["argv"][0].endswith("tests/usercode/script_mod.py")
+    for rank in range(2):  # the script forked from the warm process, as a fresh `python -m`
+        log = (tmp_path / "run" / "logs" / f"rank{rank}.log").read_text()
+        assert "generation 0: process " in log and "warm: forked from this node's" in log

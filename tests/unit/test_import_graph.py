@@ -23,6 +23,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.slurm",),  # what hpc_ddp asks of Slurm, from the submit host and from a rank
     ("hpc_ddp.rank.services",),
     ("hpc_ddp.rank.join",),
+    # Warm starts: a rank process forked from its node's warm process (a task, a supervisor).
+    ("hpc_ddp.rank.warm",),
     ("hpc_ddp.data",),
     ("hpc_ddp.rank.context",),
     ("hpc_ddp.trainer",),

@@ -24,7 +24,13 @@ from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
 from hpc_ddp.errors import UserError
 from hpc_ddp.owned import Untrusted
-from hpc_ddp.rank.contract import CONTAINER_ENV, PROGRAM_CONFIG_ENV, STORE_KEY_ENV
+from hpc_ddp.rank.contract import (
+    COLD_NOTE,
+    CONTAINER_ENV,
+    PROGRAM_CONFIG_ENV,
+    STORE_KEY_ENV,
+    WARM_NOTE_ENV,
+)
 from hpc_ddp.rank.join import checkin, envcheck, nccl, netif, owner, ranklog, rendezvous, tracebacks
 from hpc_ddp.rank.join.device import DeviceError, gpu_allocated, select, slurm_gpus
 from hpc_ddp.rank.join.distenv import DistEnv, detect
@@ -104,6 +110,8 @@ def joined(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str],
         ranklog.setup(run_dir.rank_log(env.rank), env.rank, host, echo=env.is_master,
                       marks=secrets.marks_of(cfg), env=env, environ=environ)
         if group:  # the training process (not a supervisor): its stacks on request
+            # How this process started (rank/warm/): forked warm, or cold and why.
+            log.info("start: %s", environ.get(WARM_NOTE_ENV) or COLD_NOTE)
             stacks.enable(run_dir.logs / f"rank{env.rank}.stacks", stacks.stack_signal(
                 cfg.cluster.signal))
     except (UserError, Untrusted) as exc:

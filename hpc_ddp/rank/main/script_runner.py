@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 from hpc_ddp.config import secrets
 from hpc_ddp.rank.join import job_store
-from hpc_ddp.rank.services.process_exit import leave
+from hpc_ddp.rank.services.process_exit import exit_code, leave
 
 
 def main(argv: Sequence[str]) -> int:
@@ -50,7 +50,7 @@ def main(argv: Sequence[str]) -> int:
             sys.path[0] = os.path.dirname(os.path.abspath(args[0]))  # as `python SCRIPT`
             runpy.run_path(args[0], run_name="__main__")
     except SystemExit as exc:
-        return _exit_code(exc.code)
+        return exit_code(exc.code)
     except BaseException as exc:
         # The traceback as `python SCRIPT` prints it: from the script's frames on.
         tb = exc.__traceback__
@@ -60,16 +60,6 @@ def main(argv: Sequence[str]) -> int:
         traceback.print_exception(type(exc), exc, tb)
         return 1
     return 0
-
-
-def _exit_code(code: object) -> int:
-    """What Python's own exit makes of a SystemExit's code."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
 
 
 if __name__ == "__main__":

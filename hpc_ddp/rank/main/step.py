@@ -8,13 +8,18 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.contract import TASK_ENV
+from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 
-def main() -> int:
+def main(argv: Sequence[str] = ()) -> int:
+    forked = run_forked("hpc_ddp.rank.main.step:main", argv, sys.argv)  # rank/warm/
+    if forked is not None:
+        return leave_as(forked)
     path = os.environ.pop(TASK_ENV, "")
     if not path:
         print(f"error: {TASK_ENV} is not set: this module runs the tasks of a step that "

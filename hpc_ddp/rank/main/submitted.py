@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 MODULE = "hpc_ddp.rank.main.submitted"
 
@@ -39,6 +40,9 @@ def main(argv: Sequence[str]) -> int:
         print("error: this module runs a task submitit started (python -m hpc_ddp.submit "
               "does); it takes submitit's arguments ending in the job folder.", file=sys.stderr)
         return 2
+    forked = run_forked(f"{MODULE}:main", args, sys.argv)  # rank/warm/: a warm start
+    if forked is not None:
+        return leave_as(forked)
     if "-u" in args:  # what python -u would have done for submitit's logs
         for stream in (sys.stdout, sys.stderr):
             reconfigure = getattr(stream, "reconfigure", None)

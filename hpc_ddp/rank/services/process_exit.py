@@ -43,3 +43,13 @@ def leave(code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def exit_code(code: object) -> int:
+    """What Python's own exit makes of a SystemExit's code."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1

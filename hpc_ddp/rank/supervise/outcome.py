@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 import traceback
@@ -18,7 +19,7 @@ from typing import Any, NoReturn
 
 from hpc_ddp import events
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.contract import DRIVEN_ENV, RESTART_EXIT_CODE
+from hpc_ddp.rank.contract import COLD_NOTE, DRIVEN_ENV, RESTART_EXIT_CODE, WARM_NOTE_ENV
 from hpc_ddp.rank.join import checkin, device, nccl, ranklog, tracebacks
 from hpc_ddp.rank.join.joined import Rank, RunStopped, record_error
 from hpc_ddp.rank.services import checkpoint, stacks, stopping
@@ -45,6 +46,10 @@ def write_summary(rank: Rank, run_dir: RunDir, summary: dict[str, Any]) -> dict[
                    gpu_collisions=device.collisions(placed))
     # What failures cost: restarts in place, requeues, nodes left out (events.jsonl).
     summary.update(events.recovery(events.read(run_dir.root)))
+    # How rank 0's processes started: "warm" (forked from its node's warm process) or "cold"
+    # (rank/warm/), and the note its log has.
+    note = os.environ.get(WARM_NOTE_ENV) or COLD_NOTE
+    summary.update(start=note.partition(":")[0], start_note=note)
     if rank.environment is not None:  # the software fingerprint (rank/join/envcheck.py)
         summary["environment"] = rank.environment
     for shared in summary["gpu_collisions"]:

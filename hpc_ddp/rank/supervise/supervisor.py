@@ -27,13 +27,21 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
 
-from hpc_ddp.rank.contract import GENERATION_ENV, STORE_KEY_ENV
+from hpc_ddp.rank.contract import (
+    COLD_NOTE,
+    GENERATION_ENV,
+    STORE_KEY_ENV,
+    WARM_NOTE_ENV,
+    WARM_SOCKET_ENV,
+)
 from hpc_ddp.rank.join import rendezvous
 from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.join.store_client import PrefixedStore
 from hpc_ddp.rank.services import stacks, stopping
 from hpc_ddp.rank.services.stopping import StopRequest
 from hpc_ddp.rank.supervise import generations
+from hpc_ddp.rank.warm.client import WarmProc
+from hpc_ddp.rank.warm.spawn import forked_child
 
 log = logging.getLogger(__name__)
 # The last stderr lines of a training process kept for its error report.
@@ -56,17 +64,27 @@ class Child:
         training process imported torch would end it before its handler exists)."""
         self.argv = argv
         self._tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        # Forked from the node's warm process where it can be (rank/warm/), else started.
+        self.proc: subprocess.Popen[bytes] | WarmProc = forked_child(argv, env, blocked) \
+            or self._started(argv, env, blocked)
+        # How it started (rank/warm/), for the supervisor's log.
+        self.start_note = "warm: forked from this node's warm process" if isinstance(
+            self.proc, WarmProc) else env.get(WARM_NOTE_ENV, COLD_NOTE)
+        self._copier = threading.Thread(target=self._copy_stderr, daemon=True)
+        self._copier.start()
+
+    @staticmethod
+    def _started(argv: list[str], env: dict[str, str],
+                 blocked: frozenset[int]) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in env.items() if k != WARM_SOCKET_ENV}  # a fresh interpreter
         # The child inherits this thread's signal mask across exec.
         before = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if blocked else None
         try:
             # A process group of its own: stopping it stops its data loader workers too.
-            self.proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE,
-                                         process_group=0)
+            return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, process_group=0)
         finally:
             if before is not None:
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        self._copier = threading.Thread(target=self._copy_stderr, daemon=True)
-        self._copier.start()
 
     def _copy_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -168,6 +186,7 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
         argv, env = command(generation, cause)
         gen = generations.Generation(rank, generation, job_nodes)
         child = Child(argv, env, blocked)
+        log.info("generation %d: process %d, %s", generation, child.proc.pid, child.start_note)
         gen.watch(child.kill)
         relay = StackRelay(rank, child, stack_signal, gen.child_prefix) \
             if stack_signal is not None else None

@@ -1,0 +1,283 @@
+"""Fork a rank process from its node's warm process (server.py), starting that process first
+when this is the node's first rank to ask.
+
+Per node and launch there is one warm process: its socket's name is a hash of the launch (the
+local launcher's id, or the Slurm job, step, attempt and node), in a folder of this user's
+alone (owned.private: $XDG_RUNTIME_DIR/hpc_ddp-warm, else /tmp/hpc_ddp-warm-UID). The first
+rank to ask takes the folder's lock, starts the process and waits until it listens (its
+imports: seconds); the others wait for the lock, then connect. The starter waits for the
+warm process to leave before it exits itself (it leaves once no client is left), so it ends
+inside the job step as every process of the step must (proctrack follows the process tree).
+Whatever fails here (no such folder, the process cannot start) leaves the caller a reason, and
+the rank starts cold, as a fresh interpreter, and says so in its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from hpc_ddp.owned import private
+from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_ENV, WARM_SOCKET_ENV
+from hpc_ddp.rank.warm import wire
+
+# The warm process imports torch and the rank program: seconds, a minute on a loaded node.
+_READY_S = 180.0
+# sun_path's size on Linux, less its final NUL.
+_SUN_PATH = 107
+# Variables of one rank that the node's warm process must not hold (it serves every rank).
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "SLURM_PROCID", "SLURM_LOCALID",
+                   "SLURM_TASK_PID", "CUDA_VISIBLE_DEVICES", "HPC_DDP_STORE_KEY",
+                   "HPC_DDP_PROGRAM_CONFIG", WARM_SOCKET_ENV)
+
+
+def refused(environ: Mapping[str, str]) -> str | None:
+    """Why this process may not start ranks warm (None: it may)."""
+    wanted = environ.get(WARM_ENV, "1")
+    if wanted == "0":
+        return "cold: cluster.warm_start=false"
+    if wanted != "1":
+        return "cold: in a container (its runtime starts each rank's interpreter)"
+    if launch_key(environ) is None:
+        return "cold: not a launch of hpc_ddp's (no launch id or Slurm step to share with)"
+    return None
+
+
+def launch_key(environ: Mapping[str, str]) -> str | None:
+    """What the ranks of one node of one launch share: a local launch's id, or the Slurm job,
+    step, attempt and node (the test cluster's nodes share one /tmp)."""
+    if environ.get(LAUNCH_ID_ENV):
+        return f"local {environ[LAUNCH_ID_ENV]}"
+    job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
+    step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
+    if job and step:
+        node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+        return f"slurm {job} {step} {environ.get('SLURM_RESTART_COUNT', '0')} {node}"
+    return None
+
+
+def folder(environ: Mapping[str, str]) -> Path | None:
+    runtime = environ.get("XDG_RUNTIME_DIR")
+    for candidate in [*([Path(runtime) / "hpc_ddp-warm"] if runtime else []),
+                      Path("/tmp") / f"hpc_ddp-warm-{os.geteuid()}"]:
+        if len(os.fsencode(str(candidate))) + 22 < _SUN_PATH and private(candidate):
+            return candidate
+    return None
+
+
+class WarmProc:
+    """A forked process as subprocess.Popen shows one: pid, poll(), wait(), returncode, and
+    the read end of its stderr when the caller asked for a pipe."""
+
+    def __init__(self, sock: socket.socket, pid: int, stderr: IO[bytes] | None) -> None:
+        self._sock = sock
+        self.pid = pid
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def _read(self, timeout: float | None) -> None:
+        with self._lock:
+            if self.returncode is not None:
+                return
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+            if not ready:
+                return
+            try:
+                message, _ = wire.receive(self._sock)
+            except wire.WireError:
+                message = None
+            # The warm process died (killed): its child was killed with it, or is lost.
+            self.returncode = -signal.SIGKILL if message is None else int(message["exit"])
+            self._sock.close()
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            try:
+                self._read(left if left is not None else 1.0)
+            except InterruptedError:  # pragma: no cover (PEP 475 retries)
+                continue
+        return self.returncode
+
+
+class Warm:
+    """This process's link to its node's warm process: a connection held for as long as it
+    lives (the warm process stays while a client does), and the process itself when this
+    one started it."""
+
+    def __init__(self, path: Path, hold: socket.socket,
+                 started: subprocess.Popen[bytes] | None) -> None:
+        self.path = path
+        self._hold = hold
+        self._started = started
+
+    def describe(self) -> dict[str, Any]:
+        sock = _connect(self.path)
+        with sock:
+            wire.send(sock, {"op": "describe"})
+            message, _ = wire.receive(sock)
+        return message or {}
+
+    def spawn(self, target: str, args: Sequence[str], argv: Sequence[str],
+              environ: Mapping[str, str], fds: Sequence[int], pgid: int = 0,
+              sigmask: Sequence[int] = (), ignored: Sequence[int] = (),
+              stderr: IO[bytes] | None = None) -> WarmProc:
+        """Fork ``target`` (``module:function``, called with ``args``; its value the exit code)
+        with this process's folder, umask, CPU affinity and ``sys.argv = argv``."""
+        sock = _connect(self.path)
+        umask = os.umask(0)
+        os.umask(umask)
+        request = {"op": "spawn", "target": target, "args": list(args), "argv": list(argv),
+                   "environ": dict(environ), "cwd": os.getcwd(), "umask": umask,
+                   "affinity": sorted(os.sched_getaffinity(0)), "pgid": pgid,
+                   "sigmask": sorted(int(s) for s in sigmask),
+                   "ignored": sorted(int(s) for s in ignored),
+                   "safe_path": bool(sys.flags.safe_path),
+                   "unbuffered": bool(environ.get("PYTHONUNBUFFERED"))}
+        try:
+            wire.send(sock, request, fds)
+            answer, _ = wire.receive(sock)
+        except OSError:
+            sock.close()
+            raise
+        if answer is None or "pid" not in answer:
+            sock.close()
+            raise wire.WireError("the warm process did not fork")
+        return WarmProc(sock, int(answer["pid"]), stderr)
+
+    def close(self) -> None:
+        """Let go; the starter waits for the warm process to leave (all its clients gone)."""
+        with contextlib.suppress(OSError):
+            self._hold.close()
+        if self._started is not None:
+            self._started.wait()
+            with contextlib.suppress(OSError):  # a later launch makes its own
+                self.path.with_suffix(".lock").unlink()
+
+
+def _connect(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        if not wire.same_user(sock):
+            raise wire.WireError(f"{path} is served by another user")
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def connect(environ: Mapping[str, str]) -> Warm | str:
+    """This node's warm process (started here when none serves this launch yet), or why the
+    rank starts cold."""
+    why = refused(environ)
+    if why is not None:
+        return why
+    key = launch_key(environ)
+    place = folder(environ)
+    if place is None or key is None:
+        return "cold: no private folder for the warm process's socket (/tmp/hpc_ddp-warm-UID)"
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = place / f"{name}.sock"
+    with contextlib.suppress(OSError):
+        return Warm(path, _connect(path), None)
+    try:
+        lock = os.open(place / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        return f"cold: the warm process's lock: {exc}"
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank starts it; the others wait here
+        with contextlib.suppress(OSError):
+            return Warm(path, _connect(path), None)
+        return _start(path, environ)
+    finally:
+        os.close(lock)
+
+
+def _sweep(place: Path, keep: Path) -> None:
+    """Remove what warm processes killed before they could clean up left (a killed launch:
+    a socket nobody listens on, its lock free)."""
+    for sock in place.glob("*.sock"):
+        if sock == keep:
+            continue
+        lock_path = sock.with_suffix(".lock")
+        try:
+            lock = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a warm process starting
+            try:
+                _connect(sock).close()
+            except ConnectionRefusedError:
+                sock.unlink(missing_ok=True)
+                lock_path.unlink(missing_ok=True)
+        except OSError:
+            pass
+        finally:
+            os.close(lock)
+
+
+def _start(path: Path, environ: Mapping[str, str]) -> Warm | str:
+    _sweep(path.parent, path)
+    env = {k: v for k, v in environ.items() if k not in _RANK_VARIABLES}
+    flags = ["-P"] if sys.flags.safe_path else []
+    try:
+        proc = subprocess.Popen([sys.executable, *flags, "-m", "hpc_ddp.rank.warm.server",
+                                 str(path)], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL)
+    except OSError as exc:
+        return f"cold: the warm process could not start: {exc}"
+    deadline = time.monotonic() + _READY_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            return Warm(path, _connect(path), proc)
+        if proc.poll() is not None:
+            return f"cold: the warm process ended with exit code {proc.returncode} at its start"
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    return f"cold: the warm process did not listen within {_READY_S:.0f} s"
+
+
+def ignored_signals() -> list[int]:
+    """The signals this process ignores: a process it starts would inherit that."""
+    found = []
+    for signum in signal.valid_signals():
+        try:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                found.append(int(signum))
+        except ValueError:
+            continue
+    return found
+
+
+_THIS: Warm | str | None = None
+
+
+def this_process(environ: Mapping[str, str]) -> Warm | str:
+    """The one link of this process (a supervisor forks every generation's training there)."""
+    global _THIS
+    if _THIS is None:
+        _THIS = connect(environ)
+    return _THIS

@@ -1,0 +1,237 @@
+"""A node's warm process: ``python -m hpc_ddp.rank.warm.server SOCKET``.
+
+It imports torch and what a rank needs up to its first step once (PRELOAD), then forks every
+rank process of its node that asks (rank/warm/client.py): each starts with those imports
+done instead of paying them itself (~4 CPU-s a rank here; docs/performance.md). It never
+initialises CUDA, makes no process group, reads no rank variable and starts no thread of its
+own: what each process needs of its own it gets after the fork (forked.py). It answers only
+this user's processes, ignores the signals meant for the ranks (Slurm signals every process
+of a step; a local launcher, its ranks), and leaves as soon as it has neither a client nor a
+child (its starter waits for that: rank/warm/client.py).
+
+The client's connection is the child's lifeline: the child's exit status goes back on it, and
+a client that goes away (killed) takes its child with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.rank.warm import wire
+
+# What a rank imports before its first step, measured (tests/unit/test_warm_start.py checks
+# that a forked rank imports little more): torch, its distributed and compiler stacks (the
+# first DDP constructor and optimizer step load Dynamo and Inductor), and the rank program.
+PRELOAD = (
+    "torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch.utils.data",
+    "torch._dynamo", "torch._inductor.config", "torch.distributed.checkpoint",
+    "hpc_ddp.rank.main.task", "hpc_ddp.rank.main.submitted", "hpc_ddp.rank.main.step",
+    "hpc_ddp.rank.main.script_runner", "hpc_ddp.rank.supervise.program",
+    "hpc_ddp.rank.supervise.script", "hpc_ddp.trainer.loop", "hpc_ddp.rank.join.joined",
+)
+# Meant for the ranks, each of which has it too (SIGCHLD is this process's own).
+_IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+            signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)
+# No client within this long after the start: nobody came (the starter died).
+_FIRST_CLIENT_S = 120.0
+# How long it waits, with no client and no child, before it leaves.
+_LINGER_S = 0.5
+
+
+def preload() -> tuple[float, list[str]]:
+    """Import PRELOAD; the seconds it took and what could not be imported (left to the rank,
+    which says why when it needs it)."""
+    began = time.monotonic()
+    missing = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return time.monotonic() - began, missing
+
+
+class Server:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
+        self.clients: set[socket.socket] = set()
+        self.began = time.time()
+        self.seen_client = False
+        self.preload_s, self.missing = 0.0, list[str]()
+
+    def start(self) -> socket.socket:
+        for signum in _IGNORED:
+            signal.signal(signum, signal.SIG_IGN)
+        self.preload_s, self.missing = preload()
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the pipe
+        self.wake = (wake_r, wake_w)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+        old = os.umask(0o077)
+        try:
+            listener.bind(str(self.path))
+        finally:
+            os.umask(old)
+        listener.listen(256)
+        self.listener = listener
+        self.selector.register(listener, selectors.EVENT_READ, "accept")
+        self.selector.register(wake_r, selectors.EVENT_READ, "wake")
+        return listener
+
+    def serve(self) -> None:
+        idle_since = time.monotonic()
+        while True:
+            for key, _ in self.selector.select(timeout=0.25):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self.wake[0], 512):
+                            pass
+                else:
+                    self._request(key.fileobj)  # type: ignore[arg-type]
+            self._reap()
+            if self.clients or self.children:
+                idle_since = time.monotonic()
+                continue
+            waited = time.monotonic() - idle_since
+            if waited > (_LINGER_S if self.seen_client else _FIRST_CLIENT_S):
+                return
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        if not wire.same_user(conn):  # the folder is ours alone; this is the second lock
+            conn.close()
+            return
+        self.seen_client = True
+        self.clients.add(conn)
+        self.selector.register(conn, selectors.EVENT_READ, "client")
+
+    def _request(self, conn: socket.socket) -> None:
+        try:
+            message, fds = wire.receive(conn)
+        except wire.WireError:
+            message, fds = None, []
+        if message is None:
+            self._gone(conn)
+            return
+        try:
+            if message.get("op") == "describe":
+                wire.send(conn, self.describe())
+            elif message.get("op") == "spawn":
+                wire.send(conn, {"pid": self._fork(conn, message, fds)})
+        except OSError:
+            self._gone(conn)
+        finally:
+            wire._close(fds)
+
+    def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
+        request["socket"] = str(self.path)
+        note = (f"warm: forked from this node's warm process (pid {os.getpid()}, its imports "
+                f"took {self.preload_s:.1f} s once)")
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            from hpc_ddp.rank.warm.forked import become  # deferred: in the child only
+
+            others = [c.fileno() for c in self.clients] + [self.listener.fileno(), *self.wake,
+                                                            self.selector.fileno()]  # type: ignore[attr-defined]
+            become(request, fds, others, note)
+        self.children[pid] = conn
+        return pid
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None and conn in self.clients:
+                with contextlib.suppress(OSError):
+                    wire.send(conn, {"exit": os.waitstatus_to_exitcode(status), "pid": pid})
+
+    def _gone(self, conn: socket.socket) -> None:
+        """A client went away: a child it started has no one to report to, and is stopped
+        (with its process group: its own data loader workers)."""
+        self.clients.discard(conn)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(conn)
+        for pid, owner in list(self.children.items()):
+            if owner is conn:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, signal.SIGKILL) if os.getpgid(pid) == pid else os.kill(
+                        pid, signal.SIGKILL)
+        conn.close()
+
+    def describe(self) -> dict[str, Any]:
+        """What a test asks of the warm process: no CUDA, no rank, no thread of ours."""
+        torch = sys.modules.get("torch")
+        dist = sys.modules.get("torch.distributed")
+        rank_vars = sorted(k for k in os.environ if k in (
+            "RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES"))
+        return {"pid": os.getpid(), "preload_s": self.preload_s, "missing": self.missing,
+                "cuda_initialized": bool(torch is not None and torch.cuda.is_initialized()),
+                "process_group": bool(dist is not None and dist.is_available()
+                                      and dist.is_initialized()),
+                "rank_variables": rank_vars, "python_threads": _python_threads(),
+                "devices_open": _devices_open(), "modules": len(sys.modules)}
+
+
+def _python_threads() -> int:
+    import threading  # deferred: only asked by describe
+
+    return threading.active_count()
+
+
+def _devices_open() -> list[str]:
+    """GPU device files this process holds open (a CUDA context holds /dev/nvidia*)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("/dev/nvidia"):
+                found.append(target)
+    return found
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m hpc_ddp.rank.warm.server SOCKET (started by a rank of a "
+              "run: rank/warm/client.py)", file=sys.stderr)
+        return 2
+    server = Server(Path(argv[0]))
+    server.start()
+    try:
+        server.serve()
+    finally:
+        with contextlib.suppress(OSError):
+            server.path.unlink()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,80 @@
+"""A task that runs its program in a fork of its node's warm process and waits for it.
+
+submitit (locally and on Slurm) and ``submit`` inside an allocation start each task as
+``python -m hpc_ddp.rank.main.submitted|step``: that process imports nothing heavy; it asks
+the node's warm process (client.py) to fork the same module's ``main`` with its own standard
+streams, environment, folder, signal state and process group, and exits as the fork does (with
+its exit code, or killed by the same signal). Signals to the task itself (a local launcher's
+SIGTERM, SIGUSR2, Ctrl-C's SIGINT) are passed on; in a Slurm step, where slurmstepd signals
+every process of the step, the fork has them already and the task only waits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from types import FrameType
+
+from hpc_ddp.rank.contract import WARM_NOTE_ENV, WARM_SOCKET_ENV
+from hpc_ddp.rank.join.distenv import step_signals_every_process
+from hpc_ddp.rank.warm import client
+
+# What a launcher or a user sends a task (stop, requeue, stack dumps, terminal signals).
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+           signal.SIGUSR2, signal.SIGCONT)
+
+
+def run_forked(target: str, args: Sequence[str], argv: Sequence[str]) -> int | None:
+    """Run ``target(args)`` in a warm fork and wait: its exit code (negative: killed by that
+    signal). None: run it here instead (this is the fork, or warm starts are off or failed;
+    then WARM_NOTE_ENV says why, for the rank's log)."""
+    if WARM_SOCKET_ENV in os.environ:
+        return None
+    warm = client.connect(os.environ)
+    if isinstance(warm, str):
+        os.environ[WARM_NOTE_ENV] = warm
+        return None
+    ignored = client.ignored_signals()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    relay = not step_signals_every_process(os.environ)
+    child: list[int] = []
+    pending: list[int] = []
+
+    def passed_on(signum: int, frame: FrameType | None) -> None:
+        if not relay:
+            return  # the step signalled the fork itself
+        if child:
+            try:
+                os.kill(child[0], signum)
+            except ProcessLookupError:
+                pass
+        else:
+            pending.append(signum)
+
+    previous = {s: signal.signal(s, passed_on) for s in RELAYED if s not in ignored}
+    try:
+        proc = warm.spawn(target, args, argv, os.environ, (0, 1, 2), pgid=os.getpgid(0),
+                          sigmask=sorted(mask), ignored=ignored)
+    except OSError as exc:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        warm.close()
+        os.environ[WARM_NOTE_ENV] = f"cold: the warm process did not fork this rank: {exc}"
+        return None
+    child.append(proc.pid)
+    for early in pending:
+        os.kill(proc.pid, early)
+    code = proc.wait()
+    warm.close()
+    return code
+
+
+def leave_as(code: int) -> int:
+    """The task's own end as the fork's: its code, or death by the same signal."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+        return 128 - code  # a signal this process cannot die of (ignored by its parent)
+    return code

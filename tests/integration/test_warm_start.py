@@ -1,0 +1,167 @@
+"""Warm starts (hpc_ddp/rank/warm/): a node's warm process, its forks, and a local run's ranks
+forked from it or, when asked, started cold. Real processes and a real warm process; the
+signal paths of forked ranks are the local runs' own tests (test_local_run.py, test_detach.py,
+all warm by default, each asserting it) and the cluster's (tests/cluster/)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpc_ddp.rank.contract import LAUNCH_ID_ENV
+from hpc_ddp.rank.warm import client
+from tests.conftest import REPO, command_env
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+SCRIPT = REPO / "tests" / "usercode" / "warm_facts.py"
+RUNNER = "hpc_ddp.rank.main.script_runner"
+
+
+@pytest.fixture(scope="module")
+def warm() -> Iterator[tuple[client.Warm, dict[str, str]]]:
+    """A warm process of a launch of its own, started from a rank's environment."""
+    env = {**command_env(), LAUNCH_ID_ENV: uuid.uuid4().hex[:12], "RANK": "3",
+           "CUDA_VISIBLE_DEVICES": "1"}
+    link = client.connect(env)
+    assert isinstance(link, client.Warm), link
+    yield link, env
+    link.close()  # the starter waits for it to leave: no client is left
+    assert not link.path.exists() and not link.path.with_suffix(".lock").exists()
+
+
+def _spawn(link: client.Warm, env: dict[str, str], out: Path, *args: str,
+           **how: Any) -> tuple[client.WarmProc, Any]:
+    read, write = os.pipe()
+    stderr = os.fdopen(read, "rb")
+    try:
+        proc = link.spawn(f"{RUNNER}:main", [str(SCRIPT), str(out), *args],
+                          ["script_runner.py", str(SCRIPT), str(out), *args], env,
+                          (0, 1, write), stderr=stderr, **how)
+    finally:
+        os.close(write)
+    return proc, stderr
+
+
+def test_the_warm_process_holds_no_cuda_no_rank_and_no_thread_of_its_own(
+        warm: tuple[client.Warm, dict[str, str]]) -> None:
+    facts = warm[0].describe()
+    assert facts["pid"] != os.getpid() and facts["modules"] > 1000  # torch is in
+    assert facts["missing"] == []  # every module of the preload imported
+    assert facts["cuda_initialized"] is False and facts["devices_open"] == []
+    assert facts["process_group"] is False
+    assert facts["rank_variables"] == []  # the starter's RANK, CUDA_VISIBLE_DEVICES left out
+    assert facts["python_threads"] == 1
+
+
+def test_a_forked_script_sees_a_fresh_interpreter_of_its_own(
+        warm: tuple[client.Warm, dict[str, str]], tmp_path: Path) -> None:
+    link, env = warm
+    out = tmp_path / "facts.json"
+    rank_env = {**env, "RANK": "5", "CUDA_VISIBLE_DEVICES": "2", "OMP_NUM_THREADS": "3"}
+    proc, stderr = _spawn(link, rank_env, out, "7", pgid=0, sigmask=[signal.SIGUSR1],
+                          ignored=[signal.SIGINT])
+    assert proc.wait(timeout=120) == 7, stderr.read().decode()
+    facts = json.loads(out.read_text())
+    assert facts["name"] == "__main__" and facts["main_is_me"]
+    assert facts["argv"] == [str(SCRIPT), str(out), "7"]
+    assert facts["path0"] == str(SCRIPT.parent) and facts["fresh_import"]
+    assert (facts["rank"], facts["cuda_visible"], facts["threads"]) == ("5", "2", 3)
+    assert facts["affinity"] == sorted(os.sched_getaffinity(0))
+    assert facts["cwd"] == os.getcwd()
+    assert facts["sigint_ignored"] and facts["sigterm_default"]
+    assert int(signal.SIGUSR1) in facts["blocked"] and facts["own_group"]
+    assert facts["note"].startswith("warm: forked from this node's warm process")
+    assert facts["cuda_initialized"] is False
+
+
+def test_a_forked_script_fails_and_dies_of_a_signal_as_python_would(
+        warm: tuple[client.Warm, dict[str, str]], tmp_path: Path) -> None:
+    link, env = warm
+    proc, stderr = _spawn(link, env, tmp_path / "a.json", "raise")
+    assert proc.wait(timeout=120) == 1
+    said = stderr.read().decode()
+    assert "ValueError: the script's own error" in said and "warm_facts.py" in said
+    assert "server.py" not in said and "forked.py" not in said  # from the script's frames on
+    out = tmp_path / "b.json"
+    proc, _ = _spawn(link, env, out, "wait")
+    deadline = time.monotonic() + 120
+    while not out.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_a_client_killed_takes_its_fork_with_it(
+        warm: tuple[client.Warm, dict[str, str]], tmp_path: Path) -> None:
+    link, env = warm
+    out = tmp_path / "facts.json"
+    code = ("import os, sys, time\nfrom hpc_ddp.rank.warm import client\n"
+            "link = client.connect(os.environ)\n"
+            f"proc = link.spawn('{RUNNER}:main', [{str(SCRIPT)!r}, {str(out)!r}, 'wait'], "
+            f"['x'], os.environ, (0, 1, 2))\nprint(proc.pid, flush=True)\ntime.sleep(600)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None
+    pid = int(holder.stdout.readline())
+    deadline = time.monotonic() + 120
+    while not out.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    holder.kill()
+    holder.wait()
+    deadline = time.monotonic() + 30
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"the fork {pid} outlived its client"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_local_run_started_cold_says_why(hpc_ddp: Run, tmp_path: Path) -> None:
+    """cluster.warm_start=false: every rank a fresh interpreter, and the logs say so (the
+    warm default is asserted by test_local_run.py's runs)."""
+    run_dir = tmp_path / "run"
+    done = hpc_ddp("submit", ["cluster=local", "cluster.tasks_per_node=2",
+                              "cluster.warm_start=false", "trainer.max_steps=4",
+                              "data.train_size=256", "data.eval_size=64",
+                              f"run_dir={run_dir}"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert started(run_dir) == {0: "cold: cluster.warm_start=false",
+                                1: "cold: cluster.warm_start=false"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["start"] == "cold"
+
+
+def started(run_dir: Path) -> dict[int, str]:
+    """How each rank's training process started, as its log says (rank/join/joined.py)."""
+    found = {}
+    for log in sorted((run_dir / "logs").glob("rank*.log")):
+        lines = [line.partition(" INFO start: ")[2] for line in log.read_text().splitlines()
+                 if " INFO start: " in line]
+        if lines:
+            found[int(log.stem.removeprefix("rank"))] = lines[-1]
+    return found
+
+
+def all_warm(run_dir: Path, ranks: int) -> bool:
+    """Every rank's training process forked from its node's warm process."""
+    notes = started(run_dir)
+    return sorted(notes) == list(range(ranks)) and all(
+        n.startswith("warm: forked from this node's warm process") for n in notes.values())

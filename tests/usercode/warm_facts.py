@@ -1,0 +1,37 @@
+"""A script that writes what a fresh interpreter would show it (tests/integration/
+test_warm_start.py): run as ``python warm_facts.py OUT [args]``, directly or forked warm."""
+
+import json
+import os
+import signal
+import sys
+
+fresh_import = "tests_usercode_warm_helper" not in sys.modules
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402 (what the facts are about)
+
+facts = {
+    "name": __name__,
+    "argv": sys.argv,
+    "path0": sys.path[1],
+    "fresh_import": fresh_import,
+    "main_is_me": sys.modules["__main__"].__dict__ is globals(),
+    "rank": os.environ.get("RANK"),
+    "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "threads": torch.get_num_threads(),
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+    "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+    "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "own_group": os.getpgid(0) == os.getpid(),
+    "note": os.environ.get("HPC_DDP_WARM_NOTE", ""),
+    "cwd": os.getcwd(),
+    "cuda_initialized": torch.cuda.is_initialized(),
+}
+with open(sys.argv[1], "w") as out:
+    json.dump(facts, out)
+if len(sys.argv) > 2 and sys.argv[2] == "raise":
+    raise ValueError("the script's own error")
+if len(sys.argv) > 2 and sys.argv[2] == "wait":
+    signal.pause()
+sys.exit(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
