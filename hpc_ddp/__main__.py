@@ -20,7 +20,7 @@ COMMANDS = """hpc_ddp: DDP training from a Hydra config to a (multi-node) Slurm 
   python -m hpc_ddp.doctor [key=value ...]       check the nodes of a job before training
   python -m hpc_ddp.env venv|conda DIR|NAME      build the environment every node activates
       container=pyxis|apptainer|podman, cluster.venv=DIR: see docs/containers.md
-  python -m hpc_ddp.bench comm|train|sweep|entries|data|scale|logs|recovery|startup|checkpoint
+  python -m hpc_ddp.bench comm|train|sweep|entries|data|scale|logs|recovery|startup|warm|checkpoint
       communication, training, submission, what your own code pays, data loading,
       per-rank cost against world size, the logs command on 4,096 ranks, what a failure
       costs (in place vs requeue), checkpoint stalls and FSDP against DDP

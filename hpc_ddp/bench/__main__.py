@@ -27,6 +27,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                  "a killed rank or a lost node: seconds to training again, in place vs requeue"),
     "startup": ("hpc_ddp.bench.first_step",
                 "time to the first step on Slurm: script=, the trainer, against salloc+srun"),
+    "warm": ("hpc_ddp.bench.warm_start",
+                  "what a warm start saves: cold and warm ranks, seconds and CPU-s to step 1"),
     "checkpoint": ("hpc_ddp.bench.checkpoint",
                    "stall per save (full, DCP, DCP async); FSDP against DDP: memory, samples/s"),
 }

@@ -25,6 +25,7 @@ from hpc_ddp.hostlist import expand
 from hpc_ddp.rank.services import checkpoint
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import job_id_of, summary_of
+from tests.integration.test_warm_start import started
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -154,15 +155,30 @@ def training_pid(run_dir: Path, rank: int, generation: int, timeout: float = 120
         time.sleep(0.2)
 
 
+def _parent(pid: int) -> int:
+    return int(next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text()
+                    .splitlines() if line.startswith("PPid:")))
+
+
 def assert_supervisor_without_torch(child: int) -> None:
-    """The training process ``child`` has torch's libraries mapped; its supervisor (its
-    parent) none (issue 36: one interpreter a rank imports torch, not two)."""
-    parent = int(next(line.split()[1] for line in Path(f"/proc/{child}/status").read_text()
-                      .splitlines() if line.startswith("PPid:")))
+    """A cold start (cluster.warm_start=false): the training process ``child`` has torch's
+    libraries mapped; its supervisor (its parent) none (issue 36: one interpreter a rank
+    imports torch, not two)."""
+    parent = _parent(child)
     assert "hpc_ddp" in Path(f"/proc/{parent}/cmdline").read_text()
     assert "libtorch" in Path(f"/proc/{child}/maps").read_text()  # what the check looks for
     supervisor_maps = Path(f"/proc/{parent}/maps").read_text()
     assert "libtorch" not in supervisor_maps and "/torch/" not in supervisor_maps
+
+
+def assert_forked_warm(run_dir: Path, child: int, rank: int) -> None:
+    """A warm start (the default): the training process ``child`` is a fork of its node's
+    warm process (rank/warm/server.py), which imported torch once for the node, and its log
+    says so (issue 47)."""
+    assert "hpc_ddp.rank.warm.server" in Path(f"/proc/{_parent(child)}/cmdline").read_text()
+    assert "libtorch" in Path(f"/proc/{child}/maps").read_text()
+    log = (run_dir / "logs" / f"rank{rank}.log").read_text()
+    assert "start: warm: forked from this node's warm process" in log
 
 
 def wait_for_event(run_dir: Path, kind: str, count: int = 1, timeout: float = 120
@@ -194,6 +210,7 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, run_dir, slurm_env)
     wait_for_step(run_dir, 40)
+    assert_forked_warm(run_dir, training_pid(run_dir, 0, generation=0), 0)
     subprocess.run(["scancel", "--signal=USR2", "--full", job], env=slurm_env, check=True)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     assert_completed_at_last(job, slurm_env)
@@ -279,6 +296,7 @@ def test_a_hung_rank_is_named_and_restarted_in_place(hpc_ddp: Run, slurm_env: di
     job = submit(hpc_ddp, run_dir, slurm_env, "trainer.collective_timeout_s=10")
     wait_for_step(run_dir, 40)
     rank1 = json.loads((run_dir / "ranks" / "rank1.json").read_text())
+    assert_forked_warm(run_dir, rank1["pid"], 1)
     os.kill(rank1["pid"], signal.SIGSTOP)  # stops answering, without dying
     stopped_at = time.monotonic()
     restarted = wait_for_event(run_dir, "restart_in_place")
@@ -300,10 +318,12 @@ def test_killed_ranks_restart_in_place_and_end_as_uninterrupted(
     run_dir = tmp_path / "run"
     job = submit(hpc_ddp, run_dir, slurm_env)  # supervised: cluster.restarts_in_place > 0
     wait_for_step(run_dir, 40)
-    assert_supervisor_without_torch(training_pid(run_dir, 1, generation=0))
+    assert_forked_warm(run_dir, training_pid(run_dir, 1, generation=0), 1)
     os.kill(training_pid(run_dir, 1, generation=0), signal.SIGKILL)
     wait_for_event(run_dir, "restart_in_place")
     pids = [training_pid(run_dir, r, generation=1) for r in (0, 1)]
+    for rank, pid in enumerate(pids):  # the restart in place forked warm again
+        assert_forked_warm(run_dir, pid, rank)
     wait_for_step(run_dir, progress_step(run_dir) + 20)
     for pid in pids:
         os.kill(pid, signal.SIGABRT)
@@ -325,9 +345,13 @@ def test_killed_ranks_restart_in_place_and_end_as_uninterrupted(
 def test_with_no_restarts_in_place_a_killed_rank_requeues(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path, reference: dict) -> None:
     run_dir = tmp_path / "run"
+    # Cold starts too: the fallback path of warm starts (issue 47), on a supervised rank
+    # whose supervisor imports no torch.
     job = submit(hpc_ddp, run_dir, slurm_env, "cluster.restarts_in_place=0",
-                 "cluster.supervise=true")  # as with GPUs
+                 "cluster.supervise=true", "cluster.warm_start=false")  # as with GPUs
     wait_for_step(run_dir, 40)
+    assert_supervisor_without_torch(training_pid(run_dir, 1, generation=0))
+    assert "start: cold: cluster.warm_start=false" in (run_dir / "logs" / "rank1.log").read_text()
     os.kill(training_pid(run_dir, 1, generation=0), signal.SIGKILL)
     assert finish_releasing_requeues(job, run_dir, slurm_env) >= 1
     assert_completed_at_last(job, slurm_env)
@@ -391,6 +415,8 @@ def test_a_stuck_rank_is_found_on_its_line_restarted_in_place_then_requeued(
         assert f"was in __getitem__ (tests/usercode/parts.py line {line})" in cause, cause
         assert "rank 1 on node" in cause and "rank 0 on" not in cause
         assert "__getitem__" in (run_dir / "logs" / "rank1.stacks").read_text()
+        # The stacks came from forked ranks (the restart in place forked them again).
+        assert all(n.startswith("warm: forked") for n in started(run_dir).values())
         requeued = wait_for_event(run_dir, "requeue", timeout=180)
         assert "restart(s) in place of cluster.restarts_in_place are spent" in (
             requeued["cause"])

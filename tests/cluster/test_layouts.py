@@ -18,6 +18,7 @@ from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import SMALL, job_id_of
 from tests.conftest import REPO, command_env
+from tests.integration.test_warm_start import started
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -123,6 +124,9 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     if where != "salloc shell":
         assert "submit exited 143" in done.stdout and "Continue with:" in done.stdout
         assert 0 < got["resumed_from_step"] < 100, got
+    # The step's ranks forked from their nodes' warm processes (stopped and resumed so).
+    notes = started(run_dir)
+    assert sorted(notes) == [0, 1] and all(n.startswith("warm: forked") for n in notes.values())
     assert_step_completed(run_dir, slurm_env)  # the step that finished (the resumed one)
 
 

@@ -74,7 +74,8 @@ def test_a_forked_script_sees_a_fresh_interpreter_of_its_own(
     facts = json.loads(out.read_text())
     assert facts["name"] == "__main__" and facts["main_is_me"]
     assert facts["argv"] == [str(SCRIPT), str(out), "7"]
-    assert facts["path0"] == str(SCRIPT.parent) and facts["fresh_import"]
+    assert facts["path0"] == str(SCRIPT.parent)
+    assert facts["torch_preloaded"] and facts["sibling_fresh"]
     assert (facts["rank"], facts["cuda_visible"], facts["threads"]) == ("5", "2", 3)
     assert facts["affinity"] == sorted(os.sched_getaffinity(0))
     assert facts["cwd"] == os.getcwd()
@@ -82,6 +83,12 @@ def test_a_forked_script_sees_a_fresh_interpreter_of_its_own(
     assert int(signal.SIGUSR1) in facts["blocked"] and facts["own_group"]
     assert facts["note"].startswith("warm: forked from this node's warm process")
     assert facts["cuda_initialized"] is False
+    # A second fork of the same warm process imports the script's own module afresh: the
+    # first fork's imports stayed in the first fork.
+    again = tmp_path / "again.json"
+    proc, stderr = _spawn(link, env, again, "0")
+    assert proc.wait(timeout=120) == 0, stderr.read().decode()
+    assert json.loads(again.read_text())["sibling_fresh"]
 
 
 def test_a_forked_script_fails_and_dies_of_a_signal_as_python_would(

@@ -216,13 +216,44 @@ def test_startup_figures_are_medians_and_ratios_of_the_rounds() -> None:
     from hpc_ddp.bench.first_step import lines, summary
 
     found = {"script=": [12.0, 11.0, 30.0], "trainer supervised": [15.0, 14.0, 16.0],
-             "trainer": [13.0, 12.5, 12.0], "bare": [10.0, 10.0, 8.0]}
+             "trainer": [13.0, 12.5, 12.0], "batch": [10.0, 10.0, 10.0],
+             "bare": [10.0, 10.0, 8.0]}
     result = summary(found)
     assert result["script="]["median_s"] == 12.0
     assert result["script="]["ratio"] == 1.2  # rounds' ratios 1.2, 1.1, 3.75
-    assert result["bare"]["ratio"] == 1.0
+    assert result["script="]["ratio_batch"] == 1.2  # 1.2, 1.1, 3.0
+    assert result["bare"]["ratio"] == 1.0 and result["batch"]["ratio_batch"] == 1.0
     shown = lines(result, 2, 3)
     assert shown[0] == "time to the first step on 2 node(s), medians of 3 rounds:"
-    assert shown[1].endswith("1.20x bare (goal <= 1.25x: met)")
-    assert shown[2].endswith("1.50x bare (goal <= 1.5x: met)")  # 1.5, 1.4, 2.0
-    assert shown[3].endswith("1.30x bare") and shown[4].endswith("1.00x bare")
+    assert shown[1].endswith("1.20x batch   1.20x bare (goal <= 1.15x batch: NOT met)")
+    assert shown[2].endswith("1.50x batch   1.50x bare (goal <= 1.3x batch: NOT met)")
+    assert shown[3].endswith("1.25x batch   1.30x bare (goal <= 1.3x batch: met)")
+    assert shown[4].endswith("1.00x batch   1.00x bare")
+    assert shown[5].endswith("1.00x batch   1.00x bare")  # 1.0, 1.0, 0.8: the median
+
+
+def test_warm_start_figures_are_medians_ratios_and_savings_per_rank() -> None:
+    from hpc_ddp.bench.warm_start import lines, summary
+
+    found = {8: {"cold": [(20.0, 40.0), (22.0, 44.0), (30.0, 60.0)],
+                 "warm": [(10.0, 12.0), (11.0, 12.0), (9.0, 8.0)]}}
+    row = summary(found)["8"]
+    assert (row["cold"]["wall_s"], row["cold"]["cpu_s"]) == (22.0, 44.0)
+    assert (row["warm"]["wall_s"], row["warm"]["cpu_s"]) == (10.0, 12.0)
+    assert row["wall_ratio"] == pytest.approx(10 / 22)
+    assert row["cpu_ratio"] == pytest.approx(12 / 44)
+    assert row["cpu_saved_per_rank_s"] == 4.0  # (44 - 12) / 8
+    shown = lines(summary(found), 3)
+    assert shown[0] == "command to the first step, one node, medians of 3 rounds:"
+    assert shown[2].split() == ["8", "22.0", "s", "44.0", "CPU-s", "10.0", "s", "12.0", "CPU-s",
+                                "0.45x", "0.27x", "CPU", "4.00"]
+
+
+@pytest.mark.parametrize("args", [["--ranks", "0"], ["--ranks", "x"], ["--rounds", "0"]])
+def test_warm_start_bad_arguments_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    from hpc_ddp.bench.warm_start import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --r") and err.count("\n") == 1

@@ -6,15 +6,19 @@ import os
 import signal
 import sys
 
-fresh_import = "tests_usercode_warm_helper" not in sys.modules
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch  # noqa: E402 (what the facts are about)
+# Before any import of its own: torch already there means a warm start; the script's own
+# module (its folder is sys.path[0]) must be imported fresh by every run, warm or not.
+torch_preloaded = "torch" in sys.modules
+sibling_fresh = "warm_sibling" not in sys.modules
+import torch  # noqa: E402
+import warm_sibling  # noqa: E402 (the facts are about when it is imported)
 
 facts = {
     "name": __name__,
     "argv": sys.argv,
-    "path0": sys.path[1],
-    "fresh_import": fresh_import,
+    "path0": sys.path[0],
+    "sibling_fresh": sibling_fresh and warm_sibling.IMPORTS == 1,
+    "torch_preloaded": torch_preloaded,
     "main_is_me": sys.modules["__main__"].__dict__ is globals(),
     "rank": os.environ.get("RANK"),
     "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),

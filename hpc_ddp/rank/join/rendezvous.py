@@ -37,8 +37,12 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 # Waits for the endpoint file start short and back off to this: a rank's reads of the shared
-# file system stay O(1) per second however many ranks wait.
+# file system stay O(1) per second however many ranks wait. For the first _EARLY_S seconds,
+# when rank 0's endpoint normally appears (every rank of a node starts within a second of the
+# others: rank/warm/), a pause is at most _EARLY_POLL_S: a rank sees it at most that late.
 _FIRST_POLL_S = 0.05
+_EARLY_POLL_S = 0.2
+_EARLY_S = 15.0
 _MAX_POLL_S = 2.0
 
 
@@ -96,21 +100,21 @@ def read_endpoint(path: Path) -> Endpoint | None:
         return None
 
 
-def _backoff(previous: float) -> float:
-    return min(_MAX_POLL_S, previous * 1.5)
+def _backoff(previous: float, waited: float = 0.0) -> float:
+    return min(_EARLY_POLL_S if waited < _EARLY_S else _MAX_POLL_S, previous * 1.5)
 
 
 def _until(deadline: float, attempt: Callable[[], T | None]) -> T | None:
     """``attempt()`` until it gives something or ``deadline`` (time.monotonic) has passed,
     backing off from _FIRST_POLL_S to _MAX_POLL_S between tries (a rank never hammers the
     file system or rank 0's store); None if it never did. Tries at least once."""
-    pause = _FIRST_POLL_S
+    pause, began = _FIRST_POLL_S, time.monotonic()
     while True:
         found = attempt()
         if found is not None or time.monotonic() > deadline:
             return found
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-        pause = _backoff(pause)
+        pause = _backoff(pause, time.monotonic() - began)
 
 
 def connect(env: DistEnv, folder: Path, host: str, timeout_s: float,
