@@ -46,7 +46,9 @@ def _spawn(link: client.Warm, env: dict[str, str], out: Path, *args: str,
     try:
         proc = link.spawn(f"{RUNNER}:main", [str(SCRIPT), str(out), *args],
                           ["script_runner.py", str(SCRIPT), str(out), *args], env,
-                          (0, 1, write), stderr=stderr, **how)
+                          (0, 1, write), stderr=stderr,
+                          title=[sys.executable, "-m", RUNNER, str(SCRIPT), str(out), *args],
+                          **how)
     finally:
         os.close(write)
     return proc, stderr
@@ -83,6 +85,9 @@ def test_a_forked_script_sees_a_fresh_interpreter_of_its_own(
     assert int(signal.SIGUSR1) in facts["blocked"] and facts["own_group"]
     assert facts["note"].startswith("warm: forked from this node's warm process")
     assert facts["cuda_initialized"] is False
+    # ps and pgrep -f show the command it would have been started with, not the warm one's.
+    assert facts["cmdline"] == " ".join([sys.executable, "-m", RUNNER, str(SCRIPT), str(out),
+                                         "7"])
     # A second fork of the same warm process imports the script's own module afresh: the
     # first fork's imports stayed in the first fork.
     again = tmp_path / "again.json"

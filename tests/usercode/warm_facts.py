@@ -31,6 +31,7 @@ facts = {
     "note": os.environ.get("HPC_DDP_WARM_NOTE", ""),
     "cwd": os.getcwd(),
     "cuda_initialized": torch.cuda.is_initialized(),
+    "cmdline": " ".join(w for w in open("/proc/self/cmdline").read().split("\0") if w),
 }
 with open(sys.argv[1], "w") as out:
     json.dump(facts, out)

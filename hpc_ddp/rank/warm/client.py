@@ -141,9 +141,10 @@ class Warm:
     def spawn(self, target: str, args: Sequence[str], argv: Sequence[str],
               environ: Mapping[str, str], fds: Sequence[int], pgid: int = 0,
               sigmask: Sequence[int] = (), ignored: Sequence[int] = (),
-              stderr: IO[bytes] | None = None) -> WarmProc:
+              stderr: IO[bytes] | None = None, title: Sequence[str] = ()) -> WarmProc:
         """Fork ``target`` (``module:function``, called with ``args``; its value the exit code)
-        with this process's folder, umask, CPU affinity and ``sys.argv = argv``."""
+        with this process's folder, umask, CPU affinity and ``sys.argv = argv``; ``title``:
+        the command line ps shows for it (the one it would have been started with)."""
         sock = _connect(self.path)
         umask = os.umask(0)
         os.umask(umask)
@@ -152,7 +153,7 @@ class Warm:
                    "affinity": sorted(os.sched_getaffinity(0)), "pgid": pgid,
                    "sigmask": sorted(int(s) for s in sigmask),
                    "ignored": sorted(int(s) for s in ignored),
-                   "safe_path": bool(sys.flags.safe_path),
+                   "safe_path": bool(sys.flags.safe_path), "title": list(title),
                    "unbuffered": bool(environ.get("PYTHONUNBUFFERED"))}
         try:
             wire.send(sock, request, fds)

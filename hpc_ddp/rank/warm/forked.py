@@ -53,6 +53,7 @@ def become(request: dict[str, Any], fds: Sequence[int], close: Iterable[int],
         if cpus:
             os.sched_setaffinity(0, cpus)
         sys.argv = [str(a) for a in request["argv"]]
+        _title([str(a) for a in request.get("title", [])])
         _path_zero(str(request["cwd"]), bool(request.get("safe_path")))
         _fresh_state(cpus)
         target = _target(str(request["target"]))
@@ -60,6 +61,16 @@ def become(request: dict[str, Any], fds: Sequence[int], close: Iterable[int],
         traceback.print_exc()
         os._exit(code)
     _run(target, [str(a) for a in request.get("args", [])])
+
+
+def _title(words: list[str]) -> None:
+    """The command line ps and pgrep show (/proc/PID/cmdline): the one the client would
+    have started, not the warm process's (https://github.com/dvarrazzo/py-setproctitle)."""
+    if words:
+        # deferred: setproctitle (the warm process, server.py, imported it already)
+        import setproctitle
+
+        setproctitle.setproctitle(" ".join(words))
 
 
 def _path_zero(cwd: str, safe_path: bool) -> None:

@@ -22,6 +22,7 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,12 @@ class Server:
         self.preload_s, self.missing = 0.0, list[str]()
 
     def start(self) -> socket.socket:
+        # setproctitle finds the argv and environment memory it may rewrite at its first
+        # call: here, before a fork changes its environment (forked.py titles each fork).
+        import setproctitle  # deferred: the warm process's only
+
+        setproctitle.setproctitle(setproctitle.getproctitle())
+
         for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)
         self.preload_s, self.missing = preload()
@@ -153,7 +160,8 @@ class Server:
                 stream.flush()
         pid = os.fork()
         if pid == 0:
-            from hpc_ddp.rank.warm.forked import become  # deferred: in the child only
+            # deferred (start-up): hpc_ddp.rank.warm.forked, in the fork only
+            from hpc_ddp.rank.warm.forked import become
 
             others = [c.fileno() for c in self.clients] + [self.listener.fileno(), *self.wake,
                                                             self.selector.fileno()]  # type: ignore[attr-defined]
@@ -202,8 +210,6 @@ class Server:
 
 
 def _python_threads() -> int:
-    import threading  # deferred: only asked by describe
-
     return threading.active_count()
 
 

@@ -40,7 +40,7 @@ def forked_child(argv: Sequence[str], env: MutableMapping[str, str],
     try:
         return link.spawn(f"{RUNNER}:main", argv[3:], [argv0, *argv[3:]], env, (0, 1, write),
                           pgid=0, sigmask=sorted(mask), ignored=client.ignored_signals(),
-                          stderr=stderr)
+                          stderr=stderr, title=argv)
     except OSError as exc:
         stderr.close()
         env[WARM_NOTE_ENV] = f"cold: the warm process did not fork it: {exc}"

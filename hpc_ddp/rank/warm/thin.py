@@ -55,7 +55,7 @@ def run_forked(target: str, args: Sequence[str], argv: Sequence[str]) -> int | N
     previous = {s: signal.signal(s, passed_on) for s in RELAYED if s not in ignored}
     try:
         proc = warm.spawn(target, args, argv, os.environ, (0, 1, 2), pgid=os.getpgid(0),
-                          sigmask=sorted(mask), ignored=ignored)
+                          sigmask=sorted(mask), ignored=ignored, title=_own_command())
     except OSError as exc:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -68,6 +68,15 @@ def run_forked(target: str, args: Sequence[str], argv: Sequence[str]) -> int | N
     code = proc.wait()
     warm.close()
     return code
+
+
+def _own_command() -> list[str]:
+    """This process's command line (the fork shows it too: ps, pgrep -f)."""
+    try:
+        raw = open("/proc/self/cmdline", "rb").read()  # noqa: SIM115 (one read)
+    except OSError:
+        return []
+    return [w.decode(errors="replace") for w in raw.split(b"\0") if w]
 
 
 def leave_as(code: int) -> int:
