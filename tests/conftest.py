@@ -89,7 +89,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # Modules whose module-scoped fixture is costly to build (warm rank processes, a trained
 # model): their tests stay on one worker, which builds the fixture once.
 ONE_WORKER_MODULES = frozenset({
-    "tests/integration/test_matrix.py", "tests/unit/test_perf_trainer.py",
+    "tests/integration/test_matrix.py", "tests/integration/test_comm_hooks.py",
+    "tests/unit/test_perf_trainer.py",
     "tests/unit/test_scale_cost.py", "tests/unit/test_shards.py",
     "tests/gpu/test_gpu_fast_path.py",
 })

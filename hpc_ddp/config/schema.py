@@ -227,6 +227,18 @@ class TrainerConfig:
     # DDP then skips re-checking it. Off: measured no faster (find_unused_parameters is off);
     # refused with grad_accum > 1 (DDP asserts when a static graph starts in no_sync).
     ddp_static_graph: bool = False
+    # DDP's communication hook: how each gradient bucket is reduced (torch's own hooks;
+    # docs/performance.md#gradient-compression-ddp-communication-hooks). none: DDP's all-reduce
+    # in the gradients' dtype. fp16 / bf16: cast to 16 bits for the all-reduce (half the bytes),
+    # back after it. powersgd: PowerSGD's low-rank compression with error feedback, whose
+    # state each rank keeps in its checkpoint file. DDP only (refused under strategy=fsdp).
+    ddp_comm_hook: str = "none"
+    # powersgd: the rank of the low-rank approximation (torch's matrix_approximation_rank;
+    # lower compresses more; 1-4 is usual).
+    ddp_powersgd_rank: int = 1
+    # powersgd: optimizer steps with a plain all-reduce before the compression starts (torch's
+    # start_powerSGD_iter, at least 2; ~10% of the run is torch's advice).
+    ddp_powersgd_warmup_steps: int = 1000
     # With trainer.deterministic, torch also fills every new tensor with NaN so that a read of
     # uninitialised memory shows up (a debugging aid; torch.utils.deterministic). Off: the
     # same results, since no kernel reads memory it did not write, without a memset per

@@ -16,6 +16,7 @@ from hpc_ddp.config.nccl_schema import validate_nccl
 from hpc_ddp.config.sbatch_extra import check_sbatch_extra
 from hpc_ddp.config.schema import ClusterConfig, Config
 from hpc_ddp.config.sharding_rules import validate_sharding
+from hpc_ddp.config.sync_rules import validate_sync
 from hpc_ddp.errors import UserError, shown
 from hpc_ddp.rundir import parse_umask
 
@@ -364,10 +365,4 @@ def _validate_trainer(cfg: Config) -> None:
     _at_least("trainer.hang_timeout_s", t.hang_timeout_s, 1, "give seconds (e.g. 600) or null.")
     _choice("trainer.device", t.device, DEVICES)
     _choice("trainer.precision", t.precision, PRECISIONS)
-    _at_least("trainer.ddp_bucket_cap_mb", t.ddp_bucket_cap_mb, 1)
-    if t.ddp_static_graph and t.grad_accum > 1:
-        # DDP's reducer asserts when the first backward of a static graph runs in no_sync()
-        # (torch 2.14), and a run with accumulation starts (and resumes) there.
-        raise UserError("trainer.ddp_static_graph", shown(t.ddp_static_graph),
-                        "does not work with gradient accumulation (no_sync).",
-                        "set trainer.ddp_static_graph=false or trainer.grad_accum=1.")
+    validate_sync(cfg)  # DDP's sync settings and its communication hook

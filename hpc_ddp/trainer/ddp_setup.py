@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpc_ddp.config.schema import Config, TrainerConfig
 from hpc_ddp.rank.services import rng
@@ -19,6 +19,9 @@ from hpc_ddp.rank.services.precision import resolve_precision
 from hpc_ddp.trainer.cpu_memory import keep_freed_memory
 from hpc_ddp.trainer.models import is_conv_net
 from hpc_ddp.trainer.optim import fused_on_sharded, use_fused
+
+if TYPE_CHECKING:  # the type only
+    from hpc_ddp.rank.context.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,8 @@ class Tuning:
     ddp_bucket_cap_mb: int | None
     ddp_gradient_as_bucket_view: bool
     ddp_static_graph: bool
+    # trainer.ddp_comm_hook (none under fsdp): rank/services/comm_hooks.py
+    ddp_comm_hook: str = "none"
     # cuDNN tries the convolution algorithms once per shape and keeps the fastest: on CUDA
     # when trainer.deterministic is off (the fastest may not be deterministic).
     cudnn_benchmark: bool = False
@@ -75,6 +80,7 @@ def tuning(cfg: Config, device: Any, model: Any) -> Tuning:
         ddp_bucket_cap_mb=t.ddp_bucket_cap_mb,
         ddp_gradient_as_bucket_view=t.ddp_gradient_as_bucket_view,
         ddp_static_graph=t.ddp_static_graph,
+        ddp_comm_hook=t.ddp_comm_hook if t.strategy == "ddp" else "none",
         cudnn_benchmark=device.type == "cuda" and not t.deterministic,
         deterministic=t.deterministic,
         fill_uninitialized_memory=t.fill_uninitialized_memory,
@@ -100,11 +106,13 @@ def apply_process_settings(deterministic: bool, cudnn_benchmark: bool,
         fill_uninitialized_memory)
 
 
-def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
+def wrap(model: Any, tune: Tuning, device: Any,
+         ctx: Context | None = None) -> tuple[Any, Any]:
     """(the DDP module, the callable to run forward with: the same module, or compiled);
     under trainer.strategy=fsdp the model sharded with FSDP2 (twice).
     Also sets the process-wide switches of ``tune`` (cuDNN autotuning, NaN-filling, the CPU
-    allocator)."""
+    allocator). ``ctx``: registers trainer.ddp_comm_hook through it, as a user's
+    ``ctx.ddp`` does (its state then goes in the Context's checkpoints)."""
     # deferred: torch
     import torch
     import torch.utils.deterministic
@@ -129,6 +137,8 @@ def wrap(model: Any, tune: Tuning, device: Any) -> tuple[Any, Any]:
               bucket_cap_mb=tune.ddp_bucket_cap_mb,
               gradient_as_bucket_view=tune.ddp_gradient_as_bucket_view,
               static_graph=tune.ddp_static_graph)
+    if ctx is not None and tune.ddp_comm_hook != "none":
+        ctx.register_comm_hook(ddp)  # before compiling: the reducer runs it either way
     if not tune.compile:
         return ddp, ddp
     # Compiling the DDP module lets dynamo split the graph at bucket boundaries, so the

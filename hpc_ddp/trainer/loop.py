@@ -60,7 +60,7 @@ class Trainer:
         # self.model: the DDP module (state, no_sync), or under trainer.strategy=fsdp the
         # sharded model; self.forward: what runs the batch (the same module, or compiled).
         self.sharded = t.strategy == "fsdp"
-        self.model, self.forward = ddp_setup.wrap(model, tune, device)
+        self.model, self.forward = ddp_setup.wrap(model, tune, device, self.ctx)
         tune = ddp_setup.fused_optimizer(tune, self.model, cfg, device)
         self.loaders = build_loaders(cfg.data, t.batch_size, env.rank, env.world_size, t.seed,
                                      device.type, cpus or torch.get_num_threads(), self.data,

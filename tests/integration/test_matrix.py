@@ -151,10 +151,10 @@ def assert_same_state(expected: dict[str, Any], got: dict[str, Any],
 def stop_resume_compare(pool: RankPool, args: list[str], tmp_path: Path,
                         parts: tuple[str, ...] = ("model", "optimizer", "scheduler",
                                                   "counters"),
-                        cwd: Path | None = None) -> dict[str, Any]:
+                        cwd: Path | None = None, steps: int = STEPS) -> dict[str, Any]:
     """Run ``args`` uninterrupted; run it again stopped at its first stop check (the ranks
     agree, checkpoint, stop) and resumed; the two final checkpoints must agree bitwise.
-    Returns the uninterrupted run's summary."""
+    ``steps``: the run's length. Returns the uninterrupted run's summary."""
     reference = pool.run(args, tmp_path / "reference", cwd=cwd)
     assert reference.ok, "\n".join(reference.errors)
     assert reference.summary is not None
@@ -168,7 +168,7 @@ def stop_resume_compare(pool: RankPool, args: list[str], tmp_path: Path,
     assert not stopped.ok and all("stopped at step" in e or "SystemExit" in e
                                   for e in stopped.errors), "\n".join(stopped.errors)
     at = checkpoint.latest_step(run_dir / "checkpoints")
-    assert at is not None and 0 < at < STEPS, at
+    assert at is not None and 0 < at < steps, at
     resumed = pool.run([*args, "resume=true"], run_dir, cwd=cwd)
     assert resumed.ok, "\n".join(resumed.errors)
     want, got = _state(tmp_path / "reference"), _state(run_dir)

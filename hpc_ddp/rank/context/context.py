@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from hpc_ddp import events
 from hpc_ddp.config import secrets
 from hpc_ddp.config.schema import Config
+from hpc_ddp.rank.context.ddp_models import DdpModels
 from hpc_ddp.rank.context.ordered import GlobalOrder
 from hpc_ddp.rank.context.sharded import ShardedModels
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 OnSums = Callable[[window_sync.Reduction, window_sync.Sums], None]
 
 
-class Context(ShardedModels, GlobalOrder):
+class Context(ShardedModels, DdpModels, GlobalOrder):
     """One rank's view of the job and its services (see the module docstring)."""
 
     def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any,
@@ -318,8 +319,8 @@ class Context(ShardedModels, GlobalOrder):
         """One throw-away forward/backward of a sample batch through your DDP model before
         training (every rank calls it): DDP then sums gradients in its final bucket order
         from the first real step on, so a resumed run ends bitwise equal to an uninterrupted
-        one with more than two ranks (hpc_ddp/rank/services/ddp_warmup.py says why). Nothing it
-        touches is kept: gradients, buffers and random streams are put back."""
+        one with more than two ranks, or with PowerSGD (services/ddp_warmup.py says why).
+        Nothing it touches is kept: gradients, buffers, random streams, a hook's state."""
         # deferred (start-up): rank.services.ddp_warmup
         from hpc_ddp.rank.services.ddp_warmup import settle_buckets  # deferred: torch
 

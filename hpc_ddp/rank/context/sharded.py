@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpc_ddp.config.schema import Config
+from hpc_ddp.errors import UserError
 
 
 class ShardedModels:
@@ -29,6 +30,11 @@ class ShardedModels:
         from hpc_ddp.rank.services.precision import resolve_precision
 
         t = self.cfg.trainer
+        if t.ddp_comm_hook != "none":  # it would silently not apply
+            raise UserError("trainer.ddp_comm_hook", t.ddp_comm_hook, "is a DDP communication "
+                            "hook; ctx.shard's FSDP reduces the gradients itself.",
+                            "set trainer.ddp_comm_hook=none for a sharded model, or wrap it "
+                            "with ctx.ddp(model).")
         return sharding.shard(
             model, self.device, resolve_precision(precision or t.precision, self.device),
             t.reshard_after_forward if reshard_after_forward is None else reshard_after_forward,

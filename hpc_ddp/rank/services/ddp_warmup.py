@@ -8,7 +8,9 @@ all-reduce depends on where a gradient sits in its bucket (ring and halving-doub
 algorithms cut buffers into per-rank chunks), so the first step after a resume — in one
 bucket — would not be bitwise the step the uninterrupted run took there with rebuilt buckets
 (seen here: a 4-rank transformer drifting in the 5th digit after one resume, 2 ranks exact).
-Running one step that changes nothing makes the rebuild happen before any real step.
+Running one step that changes nothing makes the rebuild happen before any real step (two
+under ``static_graph``, which rebuilds after its second iteration: seen with torch 2.14).
+A communication hook runs a plain all-reduce in them and keeps its state (comm_hooks.py).
 https://pytorch.org/docs/stable/notes/ddp.html#internal-design (gradient bucketing)
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hpc_ddp.rank.services import rng
+from hpc_ddp.rank.services import comm_hooks, rng
 
 
 def settle_buckets(ddp_model: Any, inputs: Any, targets: Any | None = None,
@@ -31,12 +33,14 @@ def settle_buckets(ddp_model: Any, inputs: Any, targets: Any | None = None,
 
     saved_rng = rng.capture(generators or {})
     buffers = {name: b.detach().clone() for name, b in ddp_model.module.named_buffers()}
-    outputs = ddp_model(inputs)
-    if loss_fn is not None and targets is not None:
-        loss = loss_fn(outputs, targets)
-    else:
-        loss = sum(o.float().sum() for o in _tensors(outputs))
-    loss.backward()
+    with comm_hooks.settling(ddp_model):
+        for _ in range(comm_hooks.first_layout(ddp_model)):
+            outputs = ddp_model(inputs)
+            if loss_fn is not None and targets is not None:
+                loss = loss_fn(outputs, targets)
+            else:
+                loss = sum(o.float().sum() for o in _tensors(outputs))
+            loss.backward()
     with torch.no_grad():
         for name, buffer in ddp_model.module.named_buffers():
             buffer.copy_(buffers[name])

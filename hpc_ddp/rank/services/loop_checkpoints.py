@@ -35,6 +35,8 @@ from hpc_ddp.rundir import RunDir
 
 log = logging.getLogger(__name__)
 OURS = "hpc_ddp"
+# The key of a rank's own states (keep()) in its file of random streams.
+OWN = "own"
 # How ctx.save wrote a checkpoint before its keys moved to the top: {"user": ..., OURS: ...}.
 _OLD_USER = "user"
 
@@ -53,6 +55,24 @@ class LoopCheckpoints:
         self.saved_step: int | None = None  # the step of this attempt's last save
         # The world size the resumed checkpoint was written with (None: fresh run).
         self.resumed_world_size: int | None = None
+        # This rank's own states beside its random streams, by name: objects with
+        # state_dict()/load_state_dict() whose state differs by rank (a DDP communication
+        # hook's: services/comm_hooks.py). A loaded state whose object is kept only later
+        # waits in _pending until it is.
+        self._own: dict[str, Any] = {}
+        self._pending: dict[str, Any] = {}
+
+    def keep(self, name: str, owner: Any) -> None:
+        """Save ``owner.state_dict()`` in this rank's own file at every save, and hand it
+        back to ``owner.load_state_dict`` at a resume (at once if one was loaded already)."""
+        self._own[name] = owner
+        if name in self._pending:
+            owner.load_state_dict(self._pending.pop(name))
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """The names :meth:`keep` was given."""
+        return tuple(self._own)
 
     @property
     def writer(self) -> CheckpointWriter:
@@ -78,6 +98,8 @@ class LoopCheckpoints:
             whole = {**state, OURS: ours}
         self.saved_step = step
         streams = rng.capture(dict(generators or {}))
+        if self._own:
+            streams[OWN] = {name: owner.state_dict() for name, owner in self._own.items()}
         if whole is not None and self.sharded(whole):
             plain, tensors = tensor_tree.split(whole)
             return self.writer.save(step, plain if self.rank == 0 else None, streams,
@@ -139,16 +161,22 @@ class LoopCheckpoints:
                          generators: Mapping[str, Any]) -> None:
         if saved_world != self.world_size:
             log.warning("checkpoint was written with world_size %s, now %d: the ranks' random "
-                        "streams restart; the run is no longer bitwise reproducible "
+                        "streams (and a communication hook's state) restart; the run is no "
+                        "longer bitwise reproducible "
                         "(docs/fault-tolerance.md#resuming-on-another-world-size)",
                         saved_world, self.world_size)
             return
         streams = checkpoint.load_streams(self.run.checkpoints, self.rank, step)
         if streams is None:
-            log.warning("rank %d restarts its random streams: the run is no longer bitwise "
-                        "reproducible", self.rank)
+            log.warning("rank %d restarts its random streams (and a communication hook's "
+                        "state): the run is no longer bitwise reproducible", self.rank)
             return
         rng.restore(streams, dict(generators))
+        for name, saved in dict(streams.get(OWN) or {}).items():
+            if name in self._own:
+                self._own[name].load_state_dict(saved)
+            else:
+                self._pending[name] = saved
 
 
 def _ours_of(whole: dict[str, Any]) -> dict[str, Any]:

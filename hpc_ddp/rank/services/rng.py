@@ -23,12 +23,9 @@ def capture(extra: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     version, keys, gauss = random.getstate()
-    kind, mt, pos, has_gauss, cached = np.random.get_state(legacy=True)  # type: ignore[misc]
-    assert isinstance(mt, np.ndarray)  # the legacy tuple form: (name, keys, pos, ...)
     state: dict[str, Any] = {
         "python": [version, list(keys), gauss],
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(mt.astype(np.int64)),
-                  "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": numpy_state(np.random.get_state(legacy=True)),
         "torch": torch.get_rng_state(),
         "generators": {name: gen.get_state() for name, gen in extra.items()},
     }
@@ -46,14 +43,33 @@ def restore(state: dict[str, Any], extra: dict[str, Any]) -> None:
 
     version, keys, gauss = state["python"]
     random.setstate((int(version), tuple(int(k) for k in keys), gauss))
-    n = state["numpy"]
-    np.random.set_state((n["kind"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached"]))
+    np.random.set_state(numpy_tuple(state["numpy"]))
     torch.set_rng_state(state["torch"].cpu())
     for name, gen in extra.items():
         gen.set_state(state["generators"][name].cpu())
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def numpy_state(legacy: Any) -> dict[str, Any]:
+    """A NumPy RandomState's legacy state tuple ``(name, keys, pos, has_gauss, cached)`` as
+    data: its key array as a tensor (a checkpoint loads with weights_only)."""
+    # deferred: numpy, torch
+    import numpy as np
+    import torch
+
+    kind, mt, pos, has_gauss, cached = legacy
+    assert isinstance(mt, np.ndarray)  # the legacy tuple form: (name, keys, pos, ...)
+    return {"kind": str(kind), "keys": torch.from_numpy(mt.astype(np.int64)),
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+
+
+def numpy_tuple(state: dict[str, Any]) -> tuple[Any, ...]:
+    """:func:`numpy_state` back as the tuple ``RandomState.set_state`` takes."""
+    import numpy as np  # deferred: numpy
+
+    return (state["kind"], state["keys"].cpu().numpy().astype(np.uint32), state["pos"],
+            state["has_gauss"], state["cached"])
 
 
 def seed_all(seed: int) -> None:
