@@ -244,46 +244,44 @@ def test_unchanged_script_gets_the_torchrun_variables_on_four_nodes(
     assert summary_of(run_dir)["exit_codes"] == {str(r): 0 for r in range(4)}
 
 
-def textbook_script_at_its_first_epoch(hpc_ddp: Run, env: dict[str, str], tmp_path: Path
-                                       ) -> tuple[str, Path, Path]:
-    """examples/seqproject/train_ddp.py on 4 nodes for 6 epochs, once it saved its first:
-    (job, its checkpoint file, the run dir)."""
-    saved = tmp_path / "ckpt.pt"
-    run_dir = tmp_path / "run"
-    job = submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
-                           f"run_dir={run_dir}", "--", "--epochs", "6", "--checkpoint",
-                           str(saved)], env)
-    deadline = time.monotonic() + 240
-    while not saved.exists():
-        assert time.monotonic() < deadline, "the script never saved its first epoch"
+def textbook_scripts_at_their_first_epoch(hpc_ddp: Run, env: dict[str, str], tmp_path: Path,
+                                          names: tuple[str, ...]
+                                          ) -> dict[str, tuple[str, Path, Path]]:
+    """examples/seqproject/train_ddp.py on 4 nodes for 6 epochs, one job per name, side by
+    side on the same nodes (one CPU of each node's two each), once each saved its first:
+    name -> (job, its checkpoint file, the run dir)."""
+    jobs = {}
+    for name in names:
+        saved, run_dir = tmp_path / f"{name}.pt", tmp_path / name
+        jobs[name] = (submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
+                                       f"run_dir={run_dir}", "--", "--epochs", "6",
+                                       "--checkpoint", str(saved)], env), saved, run_dir)
+    deadline = time.monotonic() + 300
+    while not all(saved.exists() for _, saved, _ in jobs.values()):
+        assert time.monotonic() < deadline, "a script never saved its first epoch"
         time.sleep(0.3)
-    return job, saved, run_dir
+    return jobs
 
 
-def test_textbook_script_requeues_and_continues(hpc_ddp: Run, slurm_env: dict[str, str],
-                                                tmp_path: Path) -> None:
-    job, saved, run_dir = textbook_script_at_its_first_epoch(hpc_ddp, slurm_env, tmp_path)
-    requeue_signal(job, slurm_env)
-    finish_releasing_requeues(job, run_dir, slurm_env)
-    assert squeue_state(job, slurm_env) == ""
-    assert_completed_at_last(job, slurm_env)
-    assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
-    assert torch.load(saved)["epoch"] == 6
-    out = (run_dir / "submitit" / job / f"{job}_0_log.out").read_text()
-    assert "resumed at epoch" in out and "epoch 5 loss" in out
-    summary = summary_of(run_dir)
-    assert summary["restarts"] == 1 and summary["program"].startswith("script ")
-
-
-def test_textbook_script_killed_restarts_in_place(hpc_ddp: Run, slurm_env: dict[str, str],
-                                                  tmp_path: Path) -> None:
-    # One rank's script killed abruptly: every rank's script starts again in the same job,
-    # and the script resumes from its own checkpoint (docs/your-code.md).
-    job, saved, run_dir = textbook_script_at_its_first_epoch(hpc_ddp, slurm_env, tmp_path)
+def test_textbook_script_requeued_and_killed_continues_and_restarts_in_place(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    """The textbook script unchanged, two jobs side by side: one gets the requeue signal (it
+    requeues and continues from its own checkpoint), the other loses one rank's script to
+    SIGKILL (every rank's script starts again in the same job and resumes: docs/your-code.md).
+    Each script a fork of its node's warm process, as `ps` shows it."""
+    jobs = textbook_scripts_at_their_first_epoch(hpc_ddp, slurm_env, tmp_path,
+                                                 ("requeued", "killed"))
+    job, saved, run_dir = jobs["killed"]
     scripts = subprocess.run(["pgrep", "-f", f"script_runner .*train_ddp.py .*{saved}"],
                              capture_output=True, text=True, check=False).stdout.split()
     assert len(scripts) == 4, scripts
+    for pid in scripts:
+        parent = Path(f"/proc/{pid}/status").read_text().split("PPid:")[1].split()[0]
+        assert "hpc_ddp.rank.warm.server" in Path(f"/proc/{parent}/cmdline").read_text()
     os.kill(int(scripts[-1]), signal.SIGKILL)
+    requeued, requeued_saved, requeued_dir = jobs["requeued"]
+    requeue_signal(requeued, slurm_env)
+
     assert finish_releasing_requeues(job, run_dir, slurm_env) == 0
     assert_one_start_completed(job, slurm_env)
     assert torch.load(saved)["epoch"] == 6
@@ -293,6 +291,16 @@ def test_textbook_script_killed_restarts_in_place(hpc_ddp: Run, slurm_env: dict[
     assert summary["restarts_in_place"] == 1 and summary["requeues"] == 0
     assert "the script died from SIGKILL" in summary["failures"][0]["cause"]
     assert [e["kind"] for e in events.read(run_dir)] == ["failure", "restart_in_place"]
+
+    finish_releasing_requeues(requeued, requeued_dir, slurm_env)
+    assert squeue_state(requeued, slurm_env) == ""
+    assert_completed_at_last(requeued, slurm_env)
+    assert [e["kind"] for e in events.read(requeued_dir)] == ["stop", "requeue"]
+    assert torch.load(requeued_saved)["epoch"] == 6
+    out = (requeued_dir / "submitit" / requeued / f"{requeued}_0_log.out").read_text()
+    assert "resumed at epoch" in out and "epoch 5 loss" in out
+    summary = summary_of(requeued_dir)
+    assert summary["restarts"] == 1 and summary["program"].startswith("script ")
 
 
 def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: Path) -> None:
