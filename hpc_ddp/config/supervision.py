@@ -20,8 +20,14 @@ def supervised(cfg: Config) -> bool:
 
 
 def warm(cfg: Config) -> str:
-    """The ranks' WARM_ENV (rank/contract.py): "1" (warm), "0" (cluster.warm_start=false) or
-    "container" (its runtime, not ours, starts the interpreter: cold)."""
+    """The ranks' WARM_ENV (rank/contract.py): "1" (each task forked warm), "light" (each
+    task is a supervisor, which imports no torch: it starts at once, and its training process
+    is forked warm), "0" (cluster.warm_start=false) or "container" (its runtime, not ours,
+    starts the interpreter: cold)."""
     if cfg.cluster.container.kind != "none":
         return "container"
-    return "1" if cfg.cluster.warm_start else "0"
+    if not cfg.cluster.warm_start:
+        return "0"
+    # A script's ranks are supervised everywhere; the trainer's and an entry's on Slurm.
+    light = cfg.script is not None or (cfg.cluster.kind != "local" and supervised(cfg))
+    return "light" if light else "1"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.contract import TASK_ENV
+from hpc_ddp.rank.warm.client import release
 from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 
@@ -31,7 +32,10 @@ def main(argv: Sequence[str] = ()) -> int:
     except Untrusted as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    task()
+    try:
+        task()
+    finally:
+        release()  # the node's warm process, if this task started it (rank/warm/client.py)
     return 0
 
 

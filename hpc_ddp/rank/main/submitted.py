@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+from hpc_ddp.rank.warm.client import release
 from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 MODULE = "hpc_ddp.rank.main.submitted"
@@ -62,6 +63,8 @@ def main(argv: Sequence[str]) -> int:
         if recorded(exc):  # in the rank's log and error file, with the program's traceback
             return 1
         raise
+    finally:
+        release()  # the node's warm process, if this task started it (rank/warm/client.py)
     return 0
 
 

@@ -187,6 +187,8 @@ def run_generations(rank: Rank, command: Callable[[int, str | None], tuple[list[
         gen = generations.Generation(rank, generation, job_nodes)
         child = Child(argv, env, blocked)
         log.info("generation %d: process %d, %s", generation, child.proc.pid, child.start_note)
+        # How the rank's training started, for the summary a supervisor writes (a script's).
+        os.environ[WARM_NOTE_ENV] = child.start_note
         gen.watch(child.kill)
         relay = StackRelay(rank, child, stack_signal, gen.child_prefix) \
             if stack_signal is not None else None

@@ -48,7 +48,7 @@ def refused(environ: Mapping[str, str]) -> str | None:
     wanted = environ.get(WARM_ENV, "1")
     if wanted == "0":
         return "cold: cluster.warm_start=false"
-    if wanted != "1":
+    if wanted not in ("1", "light"):
         return "cold: in a container (its runtime starts each rank's interpreter)"
     if launch_key(environ) is None:
         return "cold: not a launch of hpc_ddp's (no launch id or Slurm step to share with)"
@@ -125,11 +125,9 @@ class Warm:
     lives (the warm process stays while a client does), and the process itself when this
     one started it."""
 
-    def __init__(self, path: Path, hold: socket.socket,
-                 started: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, path: Path, hold: socket.socket) -> None:
         self.path = path
         self._hold = hold
-        self._started = started
 
     def describe(self) -> dict[str, Any]:
         sock = _connect(self.path)
@@ -170,10 +168,7 @@ class Warm:
         """Let go; the starter waits for the warm process to leave (all its clients gone)."""
         with contextlib.suppress(OSError):
             self._hold.close()
-        if self._started is not None:
-            self._started.wait()
-            with contextlib.suppress(OSError):  # a later launch makes its own
-                self.path.with_suffix(".lock").unlink()
+        _wait_started()
 
 
 def _connect(path: Path) -> socket.socket:
@@ -188,9 +183,8 @@ def _connect(path: Path) -> socket.socket:
     return sock
 
 
-def connect(environ: Mapping[str, str]) -> Warm | str:
-    """This node's warm process (started here when none serves this launch yet), or why the
-    rank starts cold."""
+def _place(environ: Mapping[str, str]) -> tuple[Path, Path] | str:
+    """The socket and the lock of this launch's warm process on this node, or why none."""
     why = refused(environ)
     if why is not None:
         return why
@@ -199,20 +193,102 @@ def connect(environ: Mapping[str, str]) -> Warm | str:
     if place is None or key is None:
         return "cold: no private folder for the warm process's socket (/tmp/hpc_ddp-warm-UID)"
     name = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = place / f"{name}.sock"
+    return place / f"{name}.sock", place / f"{name}.lock"
+
+
+def start_early(environ: Mapping[str, str]) -> str | None:
+    """Have this node's warm process start (here, when none is starting), without waiting
+    for its imports: a supervisor joins its job meanwhile, and forks its training process
+    there later (:func:`this_process`). None, or why not."""
+    found = _place(environ)
+    if isinstance(found, str):
+        return found
     with contextlib.suppress(OSError):
-        return Warm(path, _connect(path), None)
+        _connect(found[0]).close()
+        return None
+    return _start_once(*found, environ)
+
+
+def connect(environ: Mapping[str, str]) -> Warm | str:
+    """This node's warm process (started here when none serves this launch yet), once it
+    listens, or why the rank starts cold."""
+    found = _place(environ)
+    if isinstance(found, str):
+        return found
+    path, lock_path = found
+    with contextlib.suppress(OSError):
+        return Warm(path, _connect(path))
+    why = _start_once(path, lock_path, environ)
+    if why is not None:
+        return why
+    # The starting warm process holds the lock until it listens (or dies).
+    deadline = time.monotonic() + _READY_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            return Warm(path, _connect(path))
+        if _STARTED is not None and _STARTED.poll() is not None:
+            return f"cold: the warm process ended with exit code {_STARTED.returncode} at its start"
+        if not _locked(lock_path):
+            with contextlib.suppress(OSError):
+                return Warm(path, _connect(path))
+            return "cold: the warm process ended at its start"
+        time.sleep(0.05)
+    return f"cold: the warm process did not listen within {_READY_S:.0f} s"
+
+
+def _locked(lock_path: Path) -> bool:
     try:
-        lock = os.open(place / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        lock = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(lock)
+
+
+def _start_once(path: Path, lock_path: Path, environ: Mapping[str, str]) -> str | None:
+    """Start the warm process unless one is listening or starting: the first rank of the
+    node takes the lock and hands it to the process it starts, which lets go once it
+    listens; a rank that finds the lock taken waits for that. None, or why not."""
+    global _STARTED
+    try:
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         return f"cold: the warm process's lock: {exc}"
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first rank starts it; the others wait here
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a warm process starting holds it: wait
         with contextlib.suppress(OSError):
-            return Warm(path, _connect(path), None)
-        return _start(path, environ)
+            _connect(path).close()
+            return None
+        _sweep(path.parent, path)
+        env = {k: v for k, v in environ.items() if k not in _RANK_VARIABLES}
+        flags = ["-P"] if sys.flags.safe_path else []
+        try:
+            _STARTED = subprocess.Popen(
+                [sys.executable, *flags, "-m", "hpc_ddp.rank.warm.server", str(path),
+                 str(lock)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                pass_fds=(lock,))
+        except OSError as exc:
+            return f"cold: the warm process could not start: {exc}"
+        return None
     finally:
         os.close(lock)
+
+
+def _wait_started() -> None:
+    """The warm process this process started leaves once no client is left: wait for it, so
+    that it ends inside the job step, with the process that started it."""
+    global _STARTED
+    if _STARTED is not None:
+        _STARTED.wait()
+        socket_path = Path(str(_STARTED.args[-2]))  # type: ignore[index]
+        with contextlib.suppress(OSError):  # a later launch makes its own
+            socket_path.with_suffix(".lock").unlink()
+        _STARTED = None
 
 
 def _sweep(place: Path, keep: Path) -> None:
@@ -239,28 +315,6 @@ def _sweep(place: Path, keep: Path) -> None:
             os.close(lock)
 
 
-def _start(path: Path, environ: Mapping[str, str]) -> Warm | str:
-    _sweep(path.parent, path)
-    env = {k: v for k, v in environ.items() if k not in _RANK_VARIABLES}
-    flags = ["-P"] if sys.flags.safe_path else []
-    try:
-        proc = subprocess.Popen([sys.executable, *flags, "-m", "hpc_ddp.rank.warm.server",
-                                 str(path)], env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL)
-    except OSError as exc:
-        return f"cold: the warm process could not start: {exc}"
-    deadline = time.monotonic() + _READY_S
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            return Warm(path, _connect(path), proc)
-        if proc.poll() is not None:
-            return f"cold: the warm process ended with exit code {proc.returncode} at its start"
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    return f"cold: the warm process did not listen within {_READY_S:.0f} s"
-
-
 def ignored_signals() -> list[int]:
     """The signals this process ignores: a process it starts would inherit that."""
     found = []
@@ -274,6 +328,8 @@ def ignored_signals() -> list[int]:
 
 
 _THIS: Warm | str | None = None
+# The warm process this process started (it waits for it before it exits: release()).
+_STARTED: subprocess.Popen[bytes] | None = None
 
 
 def this_process(environ: Mapping[str, str]) -> Warm | str:
@@ -282,3 +338,13 @@ def this_process(environ: Mapping[str, str]) -> Warm | str:
     if _THIS is None:
         _THIS = connect(environ)
     return _THIS
+
+
+def release() -> None:
+    """This process is done with the warm process: its link closed, and the one it started
+    awaited."""
+    global _THIS
+    if isinstance(_THIS, Warm):
+        _THIS.close()
+    _THIS = None
+    _wait_started()

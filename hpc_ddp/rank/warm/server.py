@@ -225,12 +225,14 @@ def _devices_open() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m hpc_ddp.rank.warm.server SOCKET (started by a rank of a "
-              "run: rank/warm/client.py)", file=sys.stderr)
+    if len(argv) not in (1, 2) or not argv[-1:][0] or (len(argv) == 2 and not argv[1].isdigit()):
+        print("usage: python -m hpc_ddp.rank.warm.server SOCKET [LOCK_FD] (started by a rank "
+              "of a run: rank/warm/client.py)", file=sys.stderr)
         return 2
     server = Server(Path(argv[0]))
     server.start()
+    if len(argv) == 2:  # the starter's lock, held while this imported: listening now
+        os.close(int(argv[1]))
     try:
         server.serve()
     finally:

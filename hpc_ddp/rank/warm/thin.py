@@ -16,10 +16,12 @@ import signal
 from collections.abc import Sequence
 from types import FrameType
 
-from hpc_ddp.rank.contract import WARM_NOTE_ENV, WARM_SOCKET_ENV
+from hpc_ddp.rank.contract import WARM_ENV, WARM_NOTE_ENV, WARM_SOCKET_ENV
 from hpc_ddp.rank.join.distenv import step_signals_every_process
 from hpc_ddp.rank.warm import client
 
+# WARM_ENV's value for a task that is a supervisor (config/supervision.py).
+LIGHT = "light"
 # What a launcher or a user sends a task (stop, requeue, stack dumps, terminal signals).
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
            signal.SIGUSR2, signal.SIGCONT)
@@ -30,6 +32,13 @@ def run_forked(target: str, args: Sequence[str], argv: Sequence[str]) -> int | N
     signal). None: run it here instead (this is the fork, or warm starts are off or failed;
     then WARM_NOTE_ENV says why, for the rank's log)."""
     if WARM_SOCKET_ENV in os.environ:
+        return None
+    if os.environ.get(WARM_ENV) == LIGHT:
+        # A supervisor (it imports no torch): it runs here at once and joins the job while
+        # the warm process imports; its training process is forked there (spawn.py).
+        why = client.start_early(os.environ)
+        if why is not None:
+            os.environ[WARM_NOTE_ENV] = why
         return None
     warm = client.connect(os.environ)
     if isinstance(warm, str):
