@@ -14,7 +14,8 @@ from tests.conftest import REPO
 # A module belongs to the layer of its longest matching prefix.
 LAYERS: list[tuple[str, ...]] = [
     ("hpc_ddp.redact", "hpc_ddp.errors", "hpc_ddp.hostlist", "hpc_ddp.procs", "hpc_ddp.rundir",
-     "hpc_ddp.events", "hpc_ddp.owned", "hpc_ddp.ranklines", "hpc_ddp.version"),
+     "hpc_ddp.events", "hpc_ddp.owned", "hpc_ddp.ranklines", "hpc_ddp.version",
+     "hpc_ddp.sockets"),
     # A sweep's expansion is the config's grammar: a remote sweep checks its first point.
     ("hpc_ddp.config", "hpc_ddp.sweep.expand"),
     ("hpc_ddp.targets",),

@@ -33,6 +33,7 @@ from hpc_ddp.rank.join.authstore import (
     pack,
     unpack,
 )
+from hpc_ddp.sockets import recv_exact
 
 
 class StoreRefused(ConnectionError):
@@ -52,28 +53,17 @@ class StoreLost(StoreError, ConnectionError):
     """The connection to the store broke (rank 0's process is gone)."""
 
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionResetError("the store closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
 def _connect(host: str, port: int, key: bytes, timeout_s: float) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        hello = _recv_exact(sock, len(MAGIC) + NONCE)
+        hello = recv_exact(sock, len(MAGIC) + NONCE)
         if not hello.startswith(MAGIC):
             raise StoreRefused("something that is not an hpc_ddp store answers there")
         challenge, mine = hello[len(MAGIC):], os.urandom(NONCE)
         sock.sendall(mine + mac(key, b"client", challenge, mine))
         try:
-            proof = _recv_exact(sock, 32)
+            proof = recv_exact(sock, 32)
         except ConnectionError:
             raise StoreRefused("a store of another run answers there (a stale endpoint)") from None
         if not hmac.compare_digest(proof, mac(key, b"server", mine, challenge)):
@@ -115,8 +105,8 @@ class StoreClient:
                 # The server answers a blocking request when it ends; a dead one, never.
                 self._sock.settimeout(wait + 30)
                 self._sock.sendall(struct.pack("!I", len(body)) + body)
-                (size,) = struct.unpack("!I", _recv_exact(self._sock, 4))
-                reply = _recv_exact(self._sock, size)
+                (size,) = struct.unpack("!I", recv_exact(self._sock, 4))
+                reply = recv_exact(self._sock, size)
             except OSError as exc:
                 raise StoreLost(
                     f"Connection to the store at {self.host}:{self.port} lost: {exc}") from None

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from hpc_ddp.sockets import recv_exact
+
 _LENGTH = struct.Struct("!I")
 _CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # stdin, stdout, stderr.
@@ -69,14 +71,10 @@ def receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
 
 
 def _exactly(sock: socket.socket, count: int) -> bytes:
-    chunks = []
-    while count:
-        chunk = sock.recv(min(count, 1 << 20))
-        if not chunk:
-            raise WireError("the other end closed mid-message")
-        chunks.append(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
+    try:
+        return recv_exact(sock, count)
+    except ConnectionResetError:
+        raise WireError("the other end closed mid-message") from None
 
 
 def _close(fds: Sequence[int]) -> None:
