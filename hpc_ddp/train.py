@@ -68,18 +68,21 @@ def record_job(run_dir: RunDir, job: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # deferred: hostlist; start-up: config.compose, config.secrets, inputs.command_line,
-    # rank.join.device, rank.join.distenv
+    # rank.join.device, rank.join.distenv, config.supervision, rank.warm.client
     from hpc_ddp.config import secrets
     from hpc_ddp.config.compose import compose
+    from hpc_ddp.config.supervision import supervised, warm
     from hpc_ddp.inputs.command_line import (
         absolute_script,
         split_script_args,
         take_config_dir,
         with_script_args,
     )
+    from hpc_ddp.rank.contract import WARM_ENV  # deferred (start-up): rank.contract
     from hpc_ddp.rank.join.device import DeviceError
-    from hpc_ddp.rank.join.distenv import LaunchError, detect
+    from hpc_ddp.rank.join.distenv import LaunchError, detect, in_slurm_step
     from hpc_ddp.rank.main.task import resume_cause, run
+    from hpc_ddp.rank.warm.client import release, start_early
 
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args[:args.index("--") if "--" in args else None]):
@@ -91,6 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = compose(args)
         cfg = dataclasses.replace(cfg, script=absolute_script(cfg.script, Path.cwd()))
         cfg = with_script_args(cfg, script_args)
+        if in_slurm_step(os.environ):
+            # Warm starts as the launchers set them (rank/warm/): a supervisor (this process)
+            # joins while its node's warm process imports torch for its training process.
+            os.environ[WARM_ENV] = warm(cfg)
+            if supervised(cfg):
+                start_early(os.environ)
         if secrets.literals_in([*args, "--", *cfg.script_args], secrets.marks_of(cfg)):
             # On this task's command line every user of the node reads it (ps): refused.
             raise UserError("command line", secrets.MASK, "holds a secret, which every user "
@@ -129,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if recorded(exc):  # in the rank's log and error file, with the program's traceback
             return 1
         raise
+    finally:
+        release()  # the node's warm process, if this task started it
     if summary is not None:
         from hpc_ddp.rank.supervise.outcome import summary_line  # deferred: hostlist
 
