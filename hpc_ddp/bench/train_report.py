@@ -3,7 +3,9 @@
 A window's time is its slowest rank's (DDP moves at the pace of the slowest rank). Per
 contender: samples/s is the median over rounds; the ratio is the median of the per-round
 ratios to the baseline's window of the same round (same steps, so a ratio of times), with
-the 25th-75th percentile spread; the step split is the mean over ranks, median over rounds.
+the 25th-75th percentile spread; the step split is the mean over ranks, median over rounds,
+and its ``sync`` the share of the step spent waiting on gradient sync (comm over the step:
+loop_timing.sync_share, as a run's summary and ``status`` show it).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from hpc_ddp.trainer.loop_timing import PHASES
+from hpc_ddp.trainer.loop_timing import PHASES, sync_share
 
 BASELINE = "baseline"
 # Targets of issue 7 on CPU: exact settings at least as fast as the hand-written loop, the
@@ -53,6 +55,7 @@ def rows_of(job: dict[str, Any]) -> list[dict[str, Any]]:
                 "samples_per_s": rate, "samples_per_s_per_rank": rate / world,
                 "ratio": statistics.median(ratios), "ratio_p25": _quantile(ratios, 0.25),
                 "ratio_p75": _quantile(ratios, 0.75), "ratios": ratios, "step_ms": split,
+                "sync_share": sync_share(split["comm"], split["step"]),
                 "peak_mem_mb": max(peaks) if peaks else None,
                 "step_mem_mb": max(extra) if extra else None,
                 "mem_kind": windows[0][0]["mem_kind"], "steps_per_window": steps,
@@ -169,7 +172,7 @@ def combine(jobs: list[dict[str, Any]], options: dict[str, Any]) -> dict[str, An
 
 def table(result: dict[str, Any]) -> str:
     head = ("model", "ranks", "setting", "samples/s", "/rank", "x baseline", "(p25-p75)",
-            "step ms", "data", "fwd+bwd", "comm", "optim", "other", "peak MB")
+            "step ms", "data", "fwd+bwd", "comm", "optim", "other", "sync", "peak MB")
     lines: list[tuple[str, ...]] = [head]
     for r in result["rows"]:
         ms = r["step_ms"]
@@ -178,6 +181,7 @@ def table(result: dict[str, Any]) -> str:
                       f"{r['ratio']:.2f}x", f"{r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}",
                       f"{ms['step']:.2f}", f"{ms['data']:.2f}", f"{ms['compute']:.2f}",
                       f"{ms['comm']:.2f}", f"{ms['optimizer']:.2f}", f"{ms['other']:.2f}",
+                      "-" if r.get("sync_share") is None else f"{100 * r['sync_share']:.0f}%",
                       "-" if r["peak_mem_mb"] is None else f"{r['peak_mem_mb']:.0f}"))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w)

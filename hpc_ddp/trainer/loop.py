@@ -31,7 +31,7 @@ from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import rng, sharded_norms, sharding, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.trainer import ddp_setup, throughput
+from hpc_ddp.trainer import ddp_setup, sync_probe, throughput
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
 from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
 from hpc_ddp.trainer.models import build_model, check_classes, describe_model
@@ -92,9 +92,10 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.checkpoint_step: int | None = None
         self._settled = False  # DDP's buckets (_settle_buckets)
-        # Throughput (trainer/throughput.py): own time, the ranks' mean (what "behind" is
-        # measured against) per step in the last window, FLOPs per sample.
-        self.clock = throughput.RankClock(device)
+        # Throughput (trainer/throughput.py): own time, the ranks' mean per step in the last
+        # window (what "behind" is measured against), FLOPs per sample, gradient sync's share.
+        self.clock = throughput.RankClock(device, sync_probe.for_trainer(
+            self.model, self.optimizer, t, env.world_size, device))
         self._own_mean_s: float | None = None
         self.stragglers = throughput.Stragglers()  # rank 0 names them
         self.noise = throughput.OwnNoise()  # this rank's own time, window to window
@@ -358,7 +359,7 @@ class Trainer:
         self._logged_step = p.step
         self._own_mean_s = sums.own_s / world / steps
         speed = sums.samples / p.elapsed_s
-        values = throughput.window_values(
+        values = sync_probe.values_of(self.clock.probe) | throughput.window_values(
             self.last_train_loss, p.lr, speed, p.elapsed_s / steps, world, self._own_mean_s,
             self._flops, throughput.peak_flops(self.device, self.autocast_dtype is not None))
         slow = self.stragglers.confirmed(throughput.straggler(
@@ -411,10 +412,9 @@ class Trainer:
             "eval_metrics": {k: v for k, v in self.last_eval.items() if k != "step"},
             "samples_per_s": (self.samples_seen - self.samples_at_start) / max(elapsed, 1e-9),
             "train_time_s": elapsed,
-            "resumed_from_step": self.ctx.resumed_from_step,
-            "restarts": len(self.ctx.restarts),
+            "resumed_from_step": self.ctx.resumed_from_step, "restarts": len(self.ctx.restarts),
             "restart_history": self.ctx.restarts,
-            "device": str(self.device),
-            "settings": self.tuning.as_dict(),
+            "device": str(self.device), "settings": self.tuning.as_dict(),
+            **sync_probe.summary_of(self.clock.probe),  # gradient sync's share of a step
         }
 

@@ -13,6 +13,9 @@ computation) and the optimizer (step pre/post hooks). A step then splits into
 
 On CUDA the compute, comm and optimizer marks are CUDA events on the current stream (GPU
 time, nothing synchronises inside the window); on CPU they are ``perf_counter`` readings.
+``comm`` over the step's wall time is the share of a step spent waiting on gradient sync
+(:func:`sync_share`): the one split the benchmark's table, the trainer's sampled steps
+(trainer/sync_probe.py) and a run's summary share.
 Peak memory per window: the CUDA allocator's peak, or on CPU the process's peak resident set
 (``VmHWM``, reset through ``/proc/self/clear_refs``).
 """
@@ -20,7 +23,7 @@ Peak memory per window: the CUDA allocator's peak, or on CPU the process's peak 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,8 @@ class Window:
     comm_s: float
     optimizer_s: float
     peak_mem_mb: float | None
-    # What peak_mem_mb is: "cuda_allocated" or "cpu_rss" (the whole process).
+    # What peak_mem_mb is: "cuda_allocated", "cpu_rss" (the whole process), or "none" (not
+    # measured: StepTimer(memory=False)).
     mem_kind: str
     # Memory the window's steps added on top of what was resident when it began (MB).
     step_mem_mb: float | None
@@ -49,6 +53,10 @@ class Window:
         return max(0.0, self.wall_s - self.data_s - self.compute_s - self.comm_s
                    - self.optimizer_s)
 
+    @property
+    def sync_share(self) -> float | None:
+        return sync_share(self.comm_s, self.wall_s)
+
     def per_step_ms(self) -> dict[str, float]:
         n = max(self.steps, 1)
         out = {p: getattr(self, f"{p}_s") * 1e3 / n for p in PHASES}
@@ -57,6 +65,16 @@ class Window:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "other_s": self.other_s}
+
+
+def sync_share(comm: float, step: float) -> float | None:
+    """The share of a step spent waiting on gradient sync: the exposed all-reduce (``comm``,
+    from the last gradient computed to ``optimizer.step``) over the step's wall time, in the
+    same unit; clipped to [0, 1] (the two come from different clocks on CUDA: events against
+    the host's). None for a step of no length."""
+    if not step > 0:
+        return None
+    return min(1.0, max(0.0, comm / step))
 
 
 def mark(cuda: bool) -> Any:
@@ -74,9 +92,15 @@ def mark(cuda: bool) -> Any:
 class StepTimer:
     """Attach to a model's parameters, its optimizer and its loader; time windows of steps."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, memory: bool = True,
+                 after_step: Callable[[], None] | None = None) -> None:
+        """``memory``: measure each window's peak memory (resetting the process's peak
+        counters at :meth:`start`: off where another timer's windows read them);
+        ``after_step``: called at the end of each optimizer step seen."""
         self.cuda = getattr(device, "type", "cpu") == "cuda"
         self.device = device
+        self.memory = memory
+        self.after_step = after_step
         self._handles: list[Any] = []
         self._final: Any = None  # the parameter whose gradient is computed last
         self._last_param: Any = None
@@ -105,7 +129,7 @@ class StepTimer:
         """Begin a window (call between steps)."""
         self._sync()
         self._reset_marks()
-        self._mem_start = _reset_peak_memory(self.device)
+        self._mem_start = _reset_peak_memory(self.device) if self.memory else None
         self._wall_start = time.perf_counter()
 
     def stop(self, steps: int) -> Window:
@@ -114,7 +138,7 @@ class StepTimer:
         wall = time.perf_counter() - self._wall_start
         sums = {name: sum(self._elapsed(a, b) for a, b in pairs)
                 for name, pairs in self._pairs.items()}
-        peak, kind = _peak_memory(self.device)
+        peak, kind = _peak_memory(self.device) if self.memory else (None, "none")
         delta = None if peak is None or self._mem_start is None else peak - self._mem_start
         return Window(steps, wall, self._data_s, sums["compute"], sums["comm"],
                       sums["optimizer"], peak, kind, delta)
@@ -172,6 +196,8 @@ class StepTimer:
         if self._step_begin is not None:
             self._pairs["optimizer"].append((self._step_begin, self._mark()))
             self._step_begin = None
+            if self.after_step is not None:
+                self.after_step()
 
 
 class TimedLoader:

@@ -30,6 +30,7 @@ from typing import Any
 
 from hpc_ddp.rundir import read_json
 from hpc_ddp.trainer.loop_timing import mark
+from hpc_ddp.trainer.sync_probe import SyncProbe
 
 # A rank this much slower than the others' mean own time per step is named.
 BEHIND = 0.10
@@ -47,24 +48,34 @@ PEAKS = {"H200": (989e12, 494.7e12), "H100": (989e12, 494.7e12), "A100": (312e12
 
 
 class RankClock:
-    """This rank's own time in the current log window: batch waits and forward passes."""
+    """This rank's own time in the current log window: batch waits and forward passes; and
+    the batches' timing for the gradient sync ``probe`` (trainer/sync_probe.py), if any."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, probe: SyncProbe | None = None) -> None:
         self.cuda = getattr(device, "type", "cpu") == "cuda"
         self.own_s = 0.0
+        self.probe = probe
         self._began: Any = None
         self._pending: list[tuple[Any, Any]] = []  # CUDA event pairs not read yet
 
     def batches(self, batches: Iterable[Any]) -> Iterator[Any]:
         """``batches``, the time each ``next`` took counted as this rank's own."""
         it = iter(batches)
+        probe = self.probe
         while True:
+            if probe is not None:
+                probe.before_batch()
             began = time.perf_counter()
             try:
                 batch = next(it)
             except StopIteration:
+                if probe is not None:
+                    probe.no_batch()
                 return
-            self.own_s += time.perf_counter() - began
+            waited = time.perf_counter() - began
+            self.own_s += waited
+            if probe is not None:
+                probe.batch_in_hand(waited)
             yield batch
 
     def forward_begins(self) -> None:

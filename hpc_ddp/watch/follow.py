@@ -19,6 +19,7 @@ from hpc_ddp.rank.join.ranklog import tail
 from hpc_ddp.rank.supervise.diagnose import LOCAL_MARK
 from hpc_ddp.ranklines import for_terminal
 from hpc_ddp.rundir import RunDir, read_json, resume_command
+from hpc_ddp.watch.sync_lines import percent, summary_cell
 
 POLL_S = 0.5
 # Seconds the other ranks get to report on their own after one rank reported a failure
@@ -116,6 +117,7 @@ def results_table(summary: dict[str, Any]) -> str:
               if k not in ("loss", "accuracy")],
             *returned_rows(summary.get("result") or {})[:12],
             ("samples/s", f"{speed:.1f}" if isinstance(speed, int | float) else None),
+            ("gradient sync", summary_cell(summary)),
             ("resumed from step", summary.get("resumed_from_step")),
             ("restarts", summary.get("restarts")), ("cost", _cost_cell(summary.get("cost")))]
     rows = [(name, v) for name, v in rows if v is not None and v != ""]
@@ -228,7 +230,7 @@ def failure_report(run: RunDir, job: Any) -> str:
 _PROGRESS_KEYS = ("step", "total_steps", "epoch", "time", "stopped")
 # The built-in trainer's figures, shown in their own words (trainer/throughput.py).
 _THROUGHPUT = ("loss", "samples_per_s", "lr", "samples_per_s_per_rank", "step_ms", "own_ms",
-               "mfu", "slowest_rank", "slowest_behind")
+               "mfu", "slowest_rank", "slowest_behind", "sync_share")
 
 
 def progress_text(progress: dict[str, Any]) -> str:
@@ -244,6 +246,8 @@ def progress_text(progress: dict[str, Any]) -> str:
             f" ({per_rank:.0f}/rank)" if per_rank is not None else ""))
     if "step_ms" in number:
         parts.append(f"{number['step_ms']:.1f} ms/step")
+    if "sync_share" in number:  # trainer/sync_probe.py
+        parts.append(f"sync {percent(number['sync_share'])}")
     if "mfu" in number:
         parts.append(f"MFU {100 * number['mfu']:.1f}%")
     if "slowest_rank" in number and "slowest_behind" in number:

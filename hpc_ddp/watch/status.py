@@ -33,6 +33,7 @@ from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.launch.control import NOT_SUBMITTED, ended, queried
 from hpc_ddp.rundir import RunDir, read_json, resume_command
 from hpc_ddp.watch.recovery_lines import failure_lines, restarts_cell
+from hpc_ddp.watch.sync_lines import percent, status_lines
 
 # Folders the other commands make, which status cannot follow: (their results file, which
 # also marks one once written, the name their config.yaml gives the job, what it is).
@@ -166,6 +167,9 @@ def row(label: str, run_dir: Path, job: dict[str, Any] | None = None,
             "samples_per_s": progress.get("samples_per_s"), "mfu": progress.get("mfu"),
             "step_ms": progress.get("step_ms"), "slowest_rank": progress.get("slowest_rank"),
             "slowest_behind": progress.get("slowest_behind"),
+            # gradient sync's share of a step (trainer/sync_probe.py): the attempt's, or while
+            # it trains its latest sampled steps'
+            "sync_share": summary.get("sync_share", progress.get("sync_share")),
             "cost": run_cost(run_dir, job, found.state, costs or {}), "recovery": recovery}
 
 
@@ -189,11 +193,12 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
     from hpc_ddp.watch.runcost import cost_cells, sweep_cost
 
     gpus = any((r.get("cost") or {}).get("gpu_hours") for r in rows)
-    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "samples/s",
+    header = ("run", "job", "state", "restarts", "step", "loss", "eval acc", "samples/s", "sync",
               "queued", "running", "CPU-h", *(("GPU-h",) if gpus else ()))
     lines = [header] + [(r["label"], fmt(r["job_id"]), _state_cell(r), restarts_cell(r),
                          f"{fmt(r['step'])}/{fmt(r['total_steps'])}", fmt(r["loss"], ".4f"),
                          fmt(r["eval_accuracy"], ".4f"), fmt(r.get("samples_per_s"), ".0f"),
+                         percent(r.get("sync_share")),
                          *cost_cells(r.get("cost"), gpus)) for r in rows]
     widths = [max(len(line[c]) for line in lines) for c in range(len(header))]
     text = "\n".join("  ".join(cell.ljust(widths[c]) for c, cell in enumerate(line))
@@ -206,7 +211,7 @@ def render(rows: list[dict[str, Any]], is_sweep: bool) -> str:
         text += f"\nbest point: {top['label']} ({figure}, {top['run_dir']})"
     if is_sweep:
         text += sweep_cost(rows)
-    return "\n".join([text, *notes(rows, is_sweep),
+    return "\n".join([text, *notes(rows, is_sweep), *status_lines(rows, is_sweep),
                       *([] if is_sweep else failure_lines(rows))])
 
 

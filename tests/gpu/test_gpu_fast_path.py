@@ -168,6 +168,38 @@ def test_step_timer_uses_cuda_events(nccl_group: torch.device) -> None:
     assert window.compute_s + window.comm_s + window.optimizer_s <= window.wall_s * 1.05
 
 
+def test_sync_probe_waits_for_the_gpu_on_sampled_steps_only(nccl_group: torch.device,
+                                                            monkeypatch: Any) -> None:
+    """The gradient sync's share (trainer/sync_probe.py): CUDA events, and the two
+    synchronisations of a sampled step the only host waits in the loop."""
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from hpc_ddp.trainer.sync_probe import SyncProbe
+    from hpc_ddp.trainer.throughput import RankClock
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(64, 10)).to(nccl_group)
+    model = DDP(net, device_ids=[0])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = SyncProbe(nccl_group, model.parameters(), optimizer, every=4)
+    waits = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: (waits.append(1), real(*a)))
+    batches = [(torch.randn(64, 3, 64, 64), torch.randint(0, 10, (64,))) for _ in range(10)]
+    for x, y in RankClock(nccl_group, probe).batches(batches):
+        loss = F.cross_entropy(model(x.to(nccl_group)), y.to(nccl_group))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    total = probe.total()
+    assert total.steps == 2 and len(waits) == 2 * total.steps  # steps 2 and 6 of 0..9
+    assert total.share is not None and 0.0 <= total.share <= 1.0
+    assert total.sync_ms is not None and total.step_ms is not None and total.step_ms > 0
+    probe.close()
+
+
 def test_one_gpu_rank_through_submit(hpc_ddp: Run, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", ["cluster=local", "cluster.tasks_per_node=1",
