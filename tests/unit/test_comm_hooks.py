@@ -8,24 +8,19 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import TrainerConfig
 from hpc_ddp.config.sync_rules import COMM_HOOKS
-from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import comm_hooks, trusted
-from hpc_ddp.rundir import RunDir
 from tests.conftest import compose_refusal
+from tests.unit import one_rank
 
-ENV = DistEnv(rank=0, local_rank=0, world_size=1, node_rank=0, num_nodes=1,
-              local_world_size=1, source="single", job_id="test")
 # 16 micro-batches of 4 an epoch; 3 to a step.
 SMALL = ["trainer.batch_size=4", "data.train_size=64", "data.eval_size=8",
          "data.image_size=16", "trainer.checkpoint_interval=1000", "trainer.log_interval=100",
@@ -76,21 +71,12 @@ def test_accepted(overrides: list[str]) -> None:
     assert compose(overrides).trainer.ddp_comm_hook != "none"
 
 
-@pytest.fixture(scope="module")
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _trainer(overrides: list[str], folder: Path) -> Any:
-    from hpc_ddp.trainer.loop import Trainer
-
-    return Trainer(compose([*SMALL, *overrides]), ENV, RunDir(folder), torch.device("cpu"))
+    return one_rank.trainer([*SMALL, *overrides], folder)
 
 
 @pytest.mark.parametrize("hook", ["fp16", "bf16", "powersgd"])
-def test_accumulating_micro_batches_skip_the_sync(group: None, tmp_path: Path,
+def test_accumulating_micro_batches_skip_the_sync(one_rank_group: None, tmp_path: Path,
                                                   hook: str) -> None:
     """grad_accum=3: 15 micro-batches, 5 steps; the hook sees each bucket once a step (and
     once in the settling step), never in no_sync."""
@@ -111,7 +97,7 @@ def test_accumulating_micro_batches_skip_the_sync(group: None, tmp_path: Path,
         assert registered.state.iter == 5 and registered.state.error_dict
 
 
-def test_static_graph_settles_in_two_passes_that_leave_powersgd_alone(group: None,
+def test_static_graph_settles_in_two_passes_that_leave_powersgd_alone(one_rank_group: None,
                                                                       tmp_path: Path) -> None:
     """static_graph rebuilds DDP's buckets after its second iteration: the settling runs
     both, plain, and the warm-up counter counts only the training steps."""
@@ -148,7 +134,7 @@ def _step(model: Any, seed: int) -> None:
 
 
 def test_powersgd_state_is_data_and_a_first_layout_gets_a_plain_all_reduce(
-        group: None, caplog: pytest.LogCaptureFixture) -> None:
+        one_rank_group: None, caplog: pytest.LogCaptureFixture) -> None:
     model, hook = _powersgd_model()
     for seed in range(4):  # 2 plain, 2 compressed
         _step(model, seed)

@@ -3,40 +3,28 @@ loader's fast path and workers train to the same weights bitwise. One rank, in p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from hpc_ddp.config.compose import compose
 from hpc_ddp.config.schema import Config
-from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import precision
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup
 from hpc_ddp.trainer.models import builtin_model
+from tests.unit import one_rank
+from tests.unit.one_rank import ENV
 
-ENV = DistEnv(rank=0, local_rank=0, world_size=1, node_rank=0, num_nodes=1,
-              local_world_size=1, source="single", job_id="test")
 SMALL = ["trainer.max_steps=12", "trainer.batch_size=16", "data.train_size=160",
          "data.eval_size=32", "data.augment=true", "trainer.grad_accum=2",
          "trainer.log_interval=3", "trainer.checkpoint_interval=1000"]
 
 
-@pytest.fixture(scope="module")
-def group() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _trainer(overrides: list[str], folder: Path) -> Any:
-    from hpc_ddp.trainer.loop import Trainer
-
-    return Trainer(compose([*SMALL, *overrides]), ENV, RunDir(folder), torch.device("cpu"))
+    return one_rank.trainer([*SMALL, *overrides], folder)
 
 
 def _weights(trainer: Any) -> dict[str, torch.Tensor]:
@@ -47,7 +35,7 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_stretches_of_train_steps_are_one_run(group: None, tmp_path: Path) -> None:
+def test_stretches_of_train_steps_are_one_run(one_rank_group: None, tmp_path: Path) -> None:
     whole = _trainer([], tmp_path / "a")
     assert whole.model.bucket_bytes_cap_default  # DDP's own buckets: 1 MiB first, then 25
     whole.train()
@@ -63,7 +51,7 @@ def test_stretches_of_train_steps_are_one_run(group: None, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("variant", [["data.batched=false"], ["data.num_workers=2"],
                                      ["trainer.fused_optimizer=false"]])
-def test_loader_and_optimizer_paths_train_the_same_weights(group: None, tmp_path: Path,
+def test_loader_and_optimizer_paths_train_the_same_weights(one_rank_group: None, tmp_path: Path,
                                                            variant: list[str]) -> None:
     reference = _trainer(["trainer.precision=fp32"], tmp_path / "ref")
     reference.train()
@@ -76,7 +64,7 @@ def test_loader_and_optimizer_paths_train_the_same_weights(group: None, tmp_path
         assert _same(_weights(reference), _weights(other))
 
 
-def test_settings_in_the_summary_and_the_model(group: None, tmp_path: Path) -> None:
+def test_settings_in_the_summary_and_the_model(one_rank_group: None, tmp_path: Path) -> None:
     trainer = _trainer(["trainer.channels_last=true", "trainer.ddp_bucket_cap_mb=3",
                         "trainer.ddp_static_graph=true", "trainer.grad_accum=1"], tmp_path / "s")
     assert trainer.tuning.channels_last and trainer.tuning.batched_loader
@@ -128,7 +116,7 @@ def test_static_graph_with_accumulation_is_refused() -> None:
 
 
 @pytest.mark.parametrize("log_interval", [4, 3])
-def test_an_agreed_stop_checkpoints_and_raises(group: None, tmp_path: Path,
+def test_an_agreed_stop_checkpoints_and_raises(one_rank_group: None, tmp_path: Path,
                                                log_interval: int) -> None:
     from hpc_ddp.rank.services import checkpoint, stopping
     from hpc_ddp.trainer.loop import Trainer
