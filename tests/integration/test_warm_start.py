@@ -177,3 +177,17 @@ def all_warm(run_dir: Path, ranks: int) -> bool:
     notes = started(run_dir)
     return sorted(notes) == list(range(ranks)) and all(
         n.startswith("warm: forked from this node's warm process") for n in notes.values())
+
+
+def test_a_warm_process_no_rank_came_to_leaves_with_its_starter(tmp_path: Path) -> None:
+    """A supervisor starts its node's warm process early, then ends before it forks any
+    training (a refusal, a doctor's probe): the warm process leaves with it, and the task
+    ends instead of waiting out the warm process's wait for a first client (120 s)."""
+    env = {**command_env(), LAUNCH_ID_ENV: uuid.uuid4().hex[:12], "HPC_DDP_WARM": "light"}
+    code = ("import os\nfrom hpc_ddp.rank.warm import client\n"
+            "assert client.start_early(os.environ) is None\n"
+            "print(client._STARTED.args[-3], flush=True)\nclient.release()\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, text=True,
+                          capture_output=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert not Path(done.stdout.strip()).exists()  # it left and took its socket with it

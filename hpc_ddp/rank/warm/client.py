@@ -267,13 +267,20 @@ def _start_once(path: Path, lock_path: Path, environ: Mapping[str, str]) -> str 
         _sweep(path.parent, path)
         env = {k: v for k, v in environ.items() if k not in _RANK_VARIABLES}
         flags = ["-P"] if sys.flags.safe_path else []
+        # The starter's line: closed when this process is done (release()), so a warm process
+        # no rank came to (a supervisor that ended before its training) leaves at once.
+        line, held = os.pipe()
         try:
             _STARTED = subprocess.Popen(
                 [sys.executable, *flags, "-m", "hpc_ddp.rank.warm.server", str(path),
-                 str(lock)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                pass_fds=(lock,))
+                 str(lock), str(line)], env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, pass_fds=(lock, line))
         except OSError as exc:
+            os.close(held)
             return f"cold: the warm process could not start: {exc}"
+        finally:
+            os.close(line)
+        _STARTER_LINE.append(held)
         return None
     finally:
         os.close(lock)
@@ -283,9 +290,11 @@ def _wait_started() -> None:
     """The warm process this process started leaves once no client is left: wait for it, so
     that it ends inside the job step, with the process that started it."""
     global _STARTED
+    while _STARTER_LINE:
+        os.close(_STARTER_LINE.pop())
     if _STARTED is not None:
         _STARTED.wait()
-        socket_path = Path(str(_STARTED.args[-2]))  # type: ignore[index]
+        socket_path = Path(str(_STARTED.args[-3]))  # type: ignore[index]
         with contextlib.suppress(OSError):  # a later launch makes its own
             socket_path.with_suffix(".lock").unlink()
         _STARTED = None
@@ -330,6 +339,7 @@ def ignored_signals() -> list[int]:
 _THIS: Warm | str | None = None
 # The warm process this process started (it waits for it before it exits: release()).
 _STARTED: subprocess.Popen[bytes] | None = None
+_STARTER_LINE: list[int] = []
 
 
 def this_process(environ: Mapping[str, str]) -> Warm | str:

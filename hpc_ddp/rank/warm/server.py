@@ -101,12 +101,24 @@ class Server:
         self.selector.register(wake_r, selectors.EVENT_READ, "wake")
         return listener
 
+    def watch_starter(self, line: int) -> None:
+        """The starter's line (a pipe): its end means the starter is done, and this process
+        leaves once no client and no child is left, even if no rank ever came."""
+        os.set_blocking(line, False)
+        self.selector.register(line, selectors.EVENT_READ, "starter")
+
     def serve(self) -> None:
         idle_since = time.monotonic()
         while True:
             for key, _ in self.selector.select(timeout=0.25):
                 if key.data == "accept":
                     self._accept()
+                elif key.data == "starter":
+                    with contextlib.suppress(BlockingIOError):
+                        if not os.read(int(key.fd), 512):  # its end: the starter is done
+                            self.selector.unregister(key.fd)
+                            os.close(int(key.fd))
+                            self.seen_client = True
                 elif key.data == "wake":
                     with contextlib.suppress(BlockingIOError):
                         while os.read(self.wake[0], 512):
@@ -225,14 +237,15 @@ def _devices_open() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 2) or not argv[-1:][0] or (len(argv) == 2 and not argv[1].isdigit()):
-        print("usage: python -m hpc_ddp.rank.warm.server SOCKET [LOCK_FD] (started by a rank "
-              "of a run: rank/warm/client.py)", file=sys.stderr)
+    if len(argv) not in (1, 3) or not all(a.isdigit() for a in argv[1:]):
+        print("usage: python -m hpc_ddp.rank.warm.server SOCKET [LOCK_FD LINE_FD] (started "
+              "by a rank of a run: rank/warm/client.py)", file=sys.stderr)
         return 2
     server = Server(Path(argv[0]))
     server.start()
-    if len(argv) == 2:  # the starter's lock, held while this imported: listening now
+    if len(argv) == 3:  # the starter's lock, held while this imported: listening now
         os.close(int(argv[1]))
+        server.watch_starter(int(argv[2]))
     try:
         server.serve()
     finally:
