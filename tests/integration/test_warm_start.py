@@ -191,3 +191,19 @@ def test_a_warm_process_no_rank_came_to_leaves_with_its_starter(tmp_path: Path) 
                           capture_output=True, timeout=90)
     assert done.returncode == 0, done.stderr
     assert not Path(done.stdout.strip()).exists()  # it left and took its socket with it
+
+
+def test_the_warm_start_benchmark_runs_small(tmp_path: Path) -> None:
+    """``python -m hpc_ddp.bench warm`` as docs/performance.md shows it, one round of 2 ranks:
+    both legs run, and the figures it prints are the ones it writes."""
+    out = tmp_path / "warm.json"
+    done = subprocess.run([sys.executable, "-m", "hpc_ddp.bench", "warm", "--ranks", "2",
+                           "--rounds", "1", "--json", str(out), "data.train_size=256",
+                           "data.eval_size=64"], cwd=tmp_path, env=command_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = json.loads(out.read_text())["2"]
+    for mode in ("cold", "warm"):
+        assert row[mode]["wall_s"] > 0 and row[mode]["cpu_s"] > 0
+    shown = done.stdout.splitlines()[-1].split()
+    assert shown[0] == "2" and float(shown[1]) == round(row["cold"]["wall_s"], 1)
