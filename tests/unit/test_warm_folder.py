@@ -4,12 +4,29 @@ one (a link, a folder others may enter) is passed over, never used."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from hpc_ddp.rank.warm import client
 
 
-def test_a_planted_link_or_open_folder_is_passed_over(tmp_path: Path) -> None:
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    # A socket's path must fit sun_path (108 bytes): pytest's own tmp_path under xdist
+    # (/tmp/pytest-of-root/pytest-194/popen-gw1/test_...) can be too long, and folder() then
+    # rightly passes it over, which is the case test_a_folder_too_long_for_a_socket_is_passed_over
+    # checks on purpose.
+    made = Path(tempfile.mkdtemp(prefix="w", dir="/tmp"))
+    yield made
+    shutil.rmtree(made, ignore_errors=True)
+
+
+def test_a_planted_link_or_open_folder_is_passed_over(short_tmp: Path) -> None:
+    tmp_path = short_tmp
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     elsewhere = tmp_path / "theirs"
@@ -23,6 +40,13 @@ def test_a_planted_link_or_open_folder_is_passed_over(tmp_path: Path) -> None:
     assert client.folder({"XDG_RUNTIME_DIR": str(runtime)}) != runtime / "hpc_ddp-warm"
     os.chmod(runtime / "hpc_ddp-warm", 0o700)
     assert client.folder({"XDG_RUNTIME_DIR": str(runtime)}) == runtime / "hpc_ddp-warm"
+
+
+def test_a_folder_too_long_for_a_socket_is_passed_over(short_tmp: Path) -> None:
+    runtime = short_tmp / ("x" * 90)
+    runtime.mkdir(mode=0o700)
+    assert client.folder({"XDG_RUNTIME_DIR": str(runtime)}) == (
+        Path("/tmp") / f"hpc_ddp-warm-{os.geteuid()}")
 
 
 def test_no_launch_no_warm_start() -> None:
