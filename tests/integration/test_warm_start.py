@@ -193,6 +193,29 @@ def test_a_warm_process_no_rank_came_to_leaves_with_its_starter(tmp_path: Path) 
     assert not Path(done.stdout.strip()).exists()  # it left and took its socket with it
 
 
+def test_another_launchs_sweep_does_not_end_a_warm_process_before_its_ranks_come() -> None:
+    """A starter sweeps the folder's stale sockets (client._sweep): it connects to every
+    other launch's warm process and leaves. A warm process whose ranks have not come yet (a
+    supervisor still joining its job) stays for them: the test cluster's nodes, or one user's
+    two jobs on one node, share the folder."""
+    env = {**command_env(), LAUNCH_ID_ENV: uuid.uuid4().hex[:12], "HPC_DDP_WARM": "light"}
+    code = ("import os, time\nfrom pathlib import Path\nfrom hpc_ddp.rank.warm import client\n"
+            "assert client.start_early(os.environ) is None\n"
+            "started = client._STARTED\npath = Path(started.args[-3])\n"
+            "while client._locked(path.with_suffix('.lock')):  # importing\n"
+            "    time.sleep(0.05)\n"
+            "client._sweep(path.parent, path.with_name('another-launch.sock'))\n"
+            "time.sleep(1.5)  # three times its linger with no client\n"
+            "assert started.poll() is None, 'the warm process left before its ranks came'\n"
+            "link = client.this_process(os.environ)\n"
+            "assert isinstance(link, client.Warm), link\n"
+            "assert client._STARTED is started  # the same one, not a second start\n"
+            "client.release()\nprint('ok', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, text=True,
+                          capture_output=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
 def test_the_warm_start_benchmark_runs_small(tmp_path: Path) -> None:
     """``python -m hpc_ddp.bench warm`` as docs/performance.md shows it, one round of 2 ranks:
     both legs run, and the figures it prints are the ones it writes."""

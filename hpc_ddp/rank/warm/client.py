@@ -183,6 +183,18 @@ def _connect(path: Path) -> socket.socket:
     return sock
 
 
+def _hold(path: Path) -> socket.socket:
+    """A link held for this process's life; it says so ("hold"), so that the warm process
+    knows a client of its launch came (a bare connection may be another launch's _sweep)."""
+    sock = _connect(path)
+    try:
+        wire.send(sock, {"op": "hold"})
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _place(environ: Mapping[str, str]) -> tuple[Path, Path] | str:
     """The socket and the lock of this launch's warm process on this node, or why none."""
     why = refused(environ)
@@ -217,7 +229,7 @@ def connect(environ: Mapping[str, str]) -> Warm | str:
         return found
     path, lock_path = found
     with contextlib.suppress(OSError):
-        return Warm(path, _connect(path))
+        return Warm(path, _hold(path))
     why = _start_once(path, lock_path, environ)
     if why is not None:
         return why
@@ -225,12 +237,12 @@ def connect(environ: Mapping[str, str]) -> Warm | str:
     deadline = time.monotonic() + _READY_S
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
-            return Warm(path, _connect(path))
+            return Warm(path, _hold(path))
         if _STARTED is not None and _STARTED.poll() is not None:
             return f"cold: the warm process ended with exit code {_STARTED.returncode} at its start"
         if not _locked(lock_path):
             with contextlib.suppress(OSError):
-                return Warm(path, _connect(path))
+                return Warm(path, _hold(path))
             return "cold: the warm process ended at its start"
         time.sleep(0.05)
     return f"cold: the warm process did not listen within {_READY_S:.0f} s"

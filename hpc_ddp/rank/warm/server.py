@@ -141,7 +141,10 @@ class Server:
         if not wire.same_user(conn):  # the folder is ours alone; this is the second lock
             conn.close()
             return
-        self.seen_client = True
+        # Not yet a client that came (seen_client: at its first message, "hold" included):
+        # another launch's starter sweeping stale sockets (client._sweep) connects and leaves
+        # at once, and must not end this process before its own ranks come (the test
+        # cluster's nodes, or one user's jobs on one node, share the folder).
         self.clients.add(conn)
         self.selector.register(conn, selectors.EVENT_READ, "client")
 
@@ -153,6 +156,7 @@ class Server:
         if message is None:
             self._gone(conn)
             return
+        self.seen_client = True
         try:
             if message.get("op") == "describe":
                 wire.send(conn, self.describe())
