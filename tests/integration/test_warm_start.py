@@ -5,9 +5,11 @@ all warm by default, each asserting it) and the cluster's (tests/cluster/)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -214,6 +216,45 @@ def test_another_launchs_sweep_does_not_end_a_warm_process_before_its_ranks_come
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, text=True,
                           capture_output=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_warm_process_leaving_takes_only_its_own_socket_with_it() -> None:
+    """A warm process that leaves removes its socket only if the name is still its own: a
+    later one of the same launch (started once the first had no client left) keeps its own."""
+    path = client.folder(os.environ)
+    assert path is not None
+    path = path / f"test-{uuid.uuid4().hex[:12]}.sock"
+    server = [sys.executable, "-m", "hpc_ddp.rank.warm.server", str(path)]
+    env = command_env()
+
+    def listening(proc: subprocess.Popen[bytes]) -> socket.socket:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.returncode
+            with contextlib.suppress(OSError):
+                return client._hold(path)
+            time.sleep(0.05)
+        raise AssertionError("the warm process did not listen")
+
+    first = subprocess.Popen(server, env=env, cwd=REPO)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        first_link = listening(first)
+        path.unlink()  # as the second would: it binds the name afresh
+        second = subprocess.Popen(server, env=env, cwd=REPO)
+        second_link = listening(second)
+        first_link.close()  # the first has no client left: it leaves
+        assert first.wait(timeout=60) == 0
+        assert path.exists()  # the second's, kept
+        client._connect(path).close()
+        second_link.close()
+        assert second.wait(timeout=60) == 0
+        assert not path.exists()
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        path.unlink(missing_ok=True)
 
 
 def test_the_warm_start_benchmark_runs_small(tmp_path: Path) -> None:

@@ -69,6 +69,7 @@ class Server:
         self.clients: set[socket.socket] = set()
         self.began = time.time()
         self.seen_client = False
+        self.bound: tuple[int, int] | None = None  # the socket file this process made
         self.preload_s, self.missing = 0.0, list[str]()
 
     def start(self) -> socket.socket:
@@ -95,6 +96,7 @@ class Server:
             listener.bind(str(self.path))
         finally:
             os.umask(old)
+        self.bound = _identity(self.path)
         listener.listen(256)
         self.listener = listener
         self.selector.register(listener, selectors.EVENT_READ, "accept")
@@ -253,9 +255,20 @@ def main(argv: list[str]) -> int:
     try:
         server.serve()
     finally:
+        # Only its own socket: a later warm process of the launch (started after this one
+        # had no client left) may have bound the name since.
         with contextlib.suppress(OSError):
-            server.path.unlink()
+            if _identity(server.path) == server.bound:
+                server.path.unlink()
     return 0
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 if __name__ == "__main__":
