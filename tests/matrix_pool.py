@@ -51,6 +51,13 @@ def _serve(rank: int, world: int, jobs: Connection) -> None:
             jobs.send(("error", traceback.format_exc()))
 
 
+def _stopped(error: str) -> bool:
+    """A rank's answer to a stop the ranks agreed on: its traceback's last line."""
+    last = error.strip().splitlines()[-1] if error.strip() else ""
+    return last == "SystemExit: 0" or last.startswith(
+        "hpc_ddp.rank.join.joined.RunStopped: stopped at step")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -132,6 +139,10 @@ class RankPool:
                                              "the pool was restarted"])
             answers.append(pipe.recv())
         errors = [text for kind, text in answers if kind == "error"]
-        if errors:  # a rank that failed may leave the others' state unusable
+        # A rank that failed may leave the others' state unusable: the pool starts anew (two
+        # interpreters importing torch: seconds). A stop the ranks agreed on (rank 0's
+        # RunStopped, the others' SystemExit(0): every row's stopped run) ends as a finished
+        # run does, its process group destroyed, and the ranks go on to the resume.
+        if errors and not all(_stopped(text) for text in errors):
             self.restart()
         return Outcome(not errors, answers[0][1] if not errors else None, errors)
