@@ -27,7 +27,7 @@ def test_the_check_runs_its_commands_on_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     summary = (out / "summary.txt").read_text()
     for line in ("torch 2.", "make run: exit 0", "make run: 2 rank on cpu, 64 steps",
-                 "resume: stopped at step", "ended at 600 on cpu: met",
+                 "resume: stopped at step", "ended at 240 on cpu: met",
                  "function entry: backend gloo, RANK=0, WORLD_SIZE=1",
                  "script= ", "gpu_check done: exit 0"):
         assert line in summary, summary
