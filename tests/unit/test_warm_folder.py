@@ -42,6 +42,20 @@ def test_a_planted_link_or_open_folder_is_passed_over(short_tmp: Path) -> None:
     assert client.folder({"XDG_RUNTIME_DIR": str(runtime)}) == runtime / "hpc_ddp-warm"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting a second user's folder needs root")
+def test_a_folder_another_user_made_is_passed_over(short_tmp: Path) -> None:
+    """A second user made the socket folder first (mode 0700, theirs): a warm process there
+    would serve them, so the folder is passed over for this user's own in /tmp."""
+    runtime = short_tmp / "run"
+    runtime.mkdir(mode=0o700)
+    planted = runtime / "hpc_ddp-warm"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 65534, 65534)  # nobody's
+    assert client.folder({"XDG_RUNTIME_DIR": str(runtime)}) == (
+        Path("/tmp") / f"hpc_ddp-warm-{os.geteuid()}")
+    assert planted.stat().st_uid == 65534 and not any(planted.iterdir())  # left as it was
+
+
 def test_a_folder_too_long_for_a_socket_is_passed_over(short_tmp: Path) -> None:
     runtime = short_tmp / ("x" * 90)
     runtime.mkdir(mode=0o700)
