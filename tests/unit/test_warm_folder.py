@@ -3,9 +3,12 @@ one (a link, a folder others may enter) is passed over, never used."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +70,27 @@ def test_no_launch_no_warm_start() -> None:
     assert client.refused({}) is not None and "no launch id" in str(client.refused({}))
     assert client.refused({"HPC_DDP_WARM": "0", "HPC_DDP_LAUNCH_ID": "x"}) == (
         "cold: cluster.warm_start=false")
+
+
+def test_the_sweep_removes_a_gone_launchs_lock_and_nothing_else(short_tmp: Path) -> None:
+    """Locks left by launches killed before their starter removed them: an hour old, no
+    socket, nobody holding them. A new one, a held one and one beside a socket stay."""
+    place = short_tmp
+    gone, new, held, paired = (place / f"{name}.lock" for name in ("gone", "new", "held", "paired"))
+    for lock in (gone, new, held, paired):
+        lock.touch(mode=0o600)
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a live launch's
+    listening.bind(str(place / "paired.sock"))
+    listening.listen(1)
+    hour_ago = time.time() - 2 * 3600
+    for lock in (gone, held, paired):
+        os.utime(lock, (hour_ago, hour_ago))
+    holder = os.open(held, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        client._sweep(place, place / "mine.sock")
+    finally:
+        os.close(holder)
+        listening.close()
+    assert not gone.exists()
+    assert new.exists() and held.exists() and paired.exists()

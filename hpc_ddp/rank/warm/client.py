@@ -35,6 +35,9 @@ from hpc_ddp.rank.warm import wire
 
 # The warm process imports torch and the rank program: seconds, a minute on a loaded node.
 _READY_S = 180.0
+# A lock file with no socket this old is a gone launch's (a launch's own tasks open theirs
+# within seconds of each other).
+_ORPHAN_LOCK_S = 3600.0
 # sun_path's size on Linux, less its final NUL.
 _SUN_PATH = 107
 # Variables of one rank that the node's warm process must not hold (it serves every rank).
@@ -334,6 +337,15 @@ def _sweep(place: Path, keep: Path) -> None:
             pass
         finally:
             os.close(lock)
+    # A lock whose launch is long gone (killed before its starter removed it, or opened
+    # again by a late task after that): no socket beside it, nobody holding it, old.
+    for lock_path in place.glob("*.lock"):
+        if lock_path == keep.with_suffix(".lock") or lock_path.with_suffix(".sock").exists():
+            continue
+        with contextlib.suppress(OSError):
+            if (time.time() - lock_path.lstat().st_mtime > _ORPHAN_LOCK_S
+                    and not _locked(lock_path)):
+                lock_path.unlink()
 
 
 def ignored_signals() -> list[int]:
