@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -106,6 +107,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if benches:
         config.hook.pytest_deselected(items=benches)
         items[:] = [item for item in items if not item.get_closest_marker("docbench")]
+
+
+# The niceness of a worker running a test outside tests/cluster while the suite runs on several
+# workers (scripts/test.sh: -n 2): the cluster's tests are one chain on one worker, the
+# suite's critical path, and use ~1.3 of the 2 cores between their waits; at nice 10 the
+# local tests (and the runs they start: children inherit it) take the cores those leave
+# (Linux's CFS gives a nice-10 task ~1/9 of a nice-0 one's share when both want a core,
+# https://docs.kernel.org/scheduler/sched-design-CFS.html), instead of slowing the chain by
+# half (docs/testcluster.md, on the two workers). The cluster's daemons and
+# jobs run at slurmd's own priority (Slurm's PropagatePrioProcess=0: a submitter's niceness
+# does not reach the job, https://slurm.schedmd.com/slurm.conf.html#OPT_PropagatePrioProcess).
+LOCAL_NICE = 10
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    want = 0 if _phase(item.nodeid) == "cluster" else LOCAL_NICE
+    if os.getpriority(os.PRIO_PROCESS, 0) != want:
+        with contextlib.suppress(PermissionError):  # back to 0 needs root (CAP_SYS_NICE)
+            os.setpriority(os.PRIO_PROCESS, 0, want)
 
 
 def work_unit(nodeid: str) -> str:

@@ -9,6 +9,10 @@ Subcommands (``hpc_ddp/bench/__main__.py``):
          (``hpc_ddp/bench/comm.py``).
   train  training throughput and the step split of hpc_ddp's trainer against a hand-written
          DDP loop in the same run (``hpc_ddp/bench/train.py``, docs/performance.md).
+  scaling  your training on 1, 2, ... N nodes of one job: samples/s, efficiency, the step
+         split, the all-reduce bandwidth achieved against the bare one, a verdict naming the
+         bottleneck, and on a slow fabric each sync fix measured with the override line to
+         use (``hpc_ddp/bench/scaling.py``, docs/performance.md#the-scaling-report).
   sweep  seconds to submit a large sweep, every job held: job arrays vs one sbatch per
          point vs a bare sbatch loop, and where the time goes per point
          (``hpc_ddp/bench/sweep.py``, docs/sweeps.md).

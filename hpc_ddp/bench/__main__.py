@@ -14,6 +14,8 @@ from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "comm": ("hpc_ddp.bench.comm", "collectives: busbw by message size, ratio to raw TCP"),
     "train": ("hpc_ddp.bench.train", "training throughput against a hand-written DDP loop"),
+    "scaling": ("hpc_ddp.bench.scaling",
+                "your training on 1..N nodes: efficiency, what limits it, the sync fix to use"),
     "sweep": ("hpc_ddp.bench.sweep",
               "submitting a big sweep (held jobs): arrays, one sbatch per point, bare sbatch"),
     "entries": ("hpc_ddp.bench.entries", "your code: what a function entry and a script cost"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from hpc_ddp.bench.train_plan import (
@@ -65,7 +65,11 @@ class BaselineRunner:
 class TrainerRunner:
     """hpc_ddp's Trainer with one setting, driven through Trainer.train_steps."""
 
-    def __init__(self, name: str, cfg: Config, rank: Any, run_dir: RunDir) -> None:
+    def __init__(self, name: str, cfg: Config, rank: Any, run_dir: RunDir,
+                 before_begin: Callable[[Any], None] | None = None) -> None:
+        """``rank``: anything with the ``env`` and ``device`` of a joined Rank;
+        ``before_begin``: called with the Trainer before its first backward (a DDP
+        communication hook can still be registered then)."""
         # deferred: torch; start-up: rank.services.stopping
         from hpc_ddp.rank.services import stopping
         from hpc_ddp.trainer.loop import Trainer
@@ -75,6 +79,8 @@ class TrainerRunner:
         # A StopRequest nobody signals: the trainer still agrees on it every
         # stop_check_interval steps, as in a real run (part of its overhead).
         self.trainer = Trainer(cfg, rank.env, folder, rank.device, stopping.StopRequest())
+        if before_begin is not None:
+            before_begin(self.trainer)
         self.timer = StepTimer(rank.device).attach(self.trainer.model.parameters(),
                                                    self.trainer.optimizer)
         self.trainer.loaders.train = self.timer.wrap(self.trainer.loaders.train)
@@ -141,7 +147,7 @@ def measure_model(cfg: Config, rank: Any, run_dir: RunDir, model: str,
         for round_ in range(rounds):
             k = round_ % len(runners)
             for runner in runners[k:] + runners[:k]:
-                windows[runner.name].append(_window(runner, steps, rank))
+                windows[runner.name].append(timed_window(runner, steps, rank))
         return {"model": model, "steps_per_window": steps, "windows": windows,
                 "order": [r.name for r in runners],
                 "settings": {r.name: r.settings for r in runners},
@@ -165,8 +171,9 @@ def _checkpoint_mb(runner: Any) -> float | None:
     return path.stat().st_size / 2**20 if path is not None and path.exists() else None
 
 
-def _window(runner: Any, steps: int, rank: Any) -> list[dict[str, Any]]:
-    """Every rank's account of one timed window of ``steps`` steps."""
+def timed_window(runner: Any, steps: int, rank: Any) -> list[dict[str, Any]]:
+    """Every rank's account of one timed window of ``steps`` steps (``rank.env``: the
+    process group's ranks; the scaling report runs it on a smaller world too)."""
     import torch.distributed as dist  # deferred: torch
 
     writer = getattr(getattr(runner, "trainer", None), "writer", None)

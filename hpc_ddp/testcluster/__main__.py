@@ -1,7 +1,11 @@
 """``python -m hpc_ddp.testcluster up|down|status [--nodes 4] [--state-dir DIR]``.
 
+``shape --rate 300mbit [--delay 1ms] [--node node2 ...]`` / ``shape --clear``: a slow fabric;
+``straggle --node node3 --cpu 0.5`` / ``straggle --clear``: a slow node (docs/testcluster.md).
+
 Exit codes: 0 done (``status``: the cluster is up), 1 it failed, 2 bad usage,
-3 ``status``: the cluster is not up, 4 this machine cannot run it (not root, missing packages).
+3 ``status``: the cluster is not up, 4 this machine cannot run it (not root, missing packages;
+``shape --delay``: no netem in the kernel; ``straggle``: no cgroup v1 cpu controller).
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from typing import Any
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.testcluster.cluster import TestCluster, TestClusterError, requirements_missing
 from hpc_ddp.testcluster.config import STATE_DIR_ENV, default_state_dir
+from hpc_ddp.testcluster.shaping import MachineLacks, ShapingError, delay_seconds, rate_bits
+from hpc_ddp.testcluster.straggler import check_cpu
 
 EXIT_OK, EXIT_FAILED, EXIT_NOT_UP, EXIT_UNSUPPORTED = 0, 1, 3, 4
 # The shape options: default, smallest allowed.
 SHAPE = {"nodes": (4, 1), "cpus": (2, 1), "gpus": (2, 0)}
+# The options of shape and straggle, by command.
+SLOWING = {"shape": ("rate", "delay", "node", "clear"), "straggle": ("node", "cpu", "clear")}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m hpc_ddp.testcluster",
         description="A multi-node Slurm cluster on this machine, one network namespace per node.",
     )
-    p.add_argument("command", choices=["up", "down", "status"])
+    p.add_argument("command", choices=["up", "down", "status", "shape", "straggle"])
     p.add_argument("--nodes", type=int, default=SHAPE["nodes"][0])
     p.add_argument("--cpus", type=int, default=SHAPE["cpus"][0], help="CPUs per node")
     p.add_argument("--gpus", type=int, default=SHAPE["gpus"][0],
@@ -40,7 +48,47 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true", help="up: restart even if healthy")
     p.add_argument("--timeout", type=float, default=120.0, help="up: seconds for nodes to idle")
     p.add_argument("--json", action="store_true", help="status: print JSON")
+    p.add_argument("--rate", help="shape: e.g. 300mbit, 1gbit, 500kbit")
+    p.add_argument("--delay", help="shape: e.g. 1ms, 200us (needs a kernel with netem)")
+    p.add_argument("--node", action="append",
+                   help="shape: a node to shape (repeat; default all); straggle: the node")
+    p.add_argument("--cpu", type=float, help="straggle: the CPUs the node gets, e.g. 0.5")
+    p.add_argument("--clear", action="store_true",
+                   help="shape, straggle: remove it (from --node, default all)")
     return p
+
+
+def _check_slowing(args: argparse.Namespace) -> None:
+    given = [o for o in ("rate", "delay", "node", "cpu", "clear")
+             if getattr(args, o) not in (None, False)]
+    for option in given:
+        if option not in SLOWING.get(args.command, ()):
+            raise UserError(f"--{option}", _shown(args, option),
+                            f"is not an option of {args.command}.",
+                            "it belongs to shape or straggle (docs/testcluster.md).")
+    if args.command == "shape" and not args.clear:
+        if not (args.rate or args.delay):
+            raise UserError("--rate", None, "shape needs --rate, --delay or both.",
+                            "e.g. shape --rate 300mbit --delay 1ms, or shape --clear.")
+        if args.rate:
+            rate_bits(args.rate)
+        if args.delay:
+            delay_seconds(args.delay)
+    if args.command == "straggle" and not args.clear:
+        if len(args.node or []) != 1:
+            raise UserError("--node", _shown(args, "node"), "straggle needs one --node.",
+                            "e.g. straggle --node node3 --cpu 0.5.")
+        if args.cpu is None:
+            raise UserError("--cpu", None, "straggle needs --cpu.", "e.g. --cpu 0.5.")
+        check_cpu(args.cpu)
+    if args.clear and (args.rate or args.delay or args.cpu is not None):
+        raise UserError("--clear", True, "removes; it takes no --rate, --delay or --cpu.",
+                        f"run {args.command} --clear [--node NODE] alone.")
+
+
+def _shown(args: argparse.Namespace, option: str) -> object:
+    value = getattr(args, option)
+    return " ".join(value) if isinstance(value, list) else value
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -56,6 +104,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.state_dir is not None and Path(args.state_dir).is_file():
         raise UserError("--state-dir", args.state_dir, "is a file, not a folder.",
                         "choose a folder (it is made if missing).")
+    _check_slowing(args)
 
 
 def _print_status(st: dict[str, Any]) -> None:
@@ -70,6 +119,24 @@ def _print_status(st: dict[str, Any]) -> None:
         f"  partitions: {', '.join(st['partitions'])}; network: "
         f"{'present' if st['network'] else 'absent'}"
     )
+    shaped = "; ".join(f"{node} {what}" for node, what in st["shaping"].items())
+    slow = "; ".join(f"{node} {cpu:g} CPU" for node, cpu in st["stragglers"].items())
+    print(f"  shaping: {shaped or 'none'}; stragglers: {slow or 'none'}")
+
+
+def _slow_down(cluster: TestCluster, args: argparse.Namespace) -> str:
+    """shape or straggle (or their --clear); what was done, in words."""
+    nodes = args.node or None
+    if args.command == "shape" and args.clear:
+        return f"shaping cleared: {', '.join(cluster.clear_shaping(nodes)) or 'none was set'}"
+    if args.command == "shape":
+        done = cluster.shape(args.rate, args.delay, nodes)
+        what = " ".join(f"--{o} {getattr(args, o)}" for o in ("rate", "delay") if getattr(args, o))
+        return f"shaped {', '.join(done)}: {what} on eth0 (check: status)"
+    if args.clear:
+        return f"stragglers cleared: {', '.join(cluster.unstraggle(nodes)) or 'none was set'}"
+    moved = cluster.straggle(args.node[0], args.cpu)
+    return f"{args.node[0]} capped at {args.cpu:g} CPU ({moved} processes now; its jobs follow)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "down":
         cluster.down()
         print("cluster down")
+        return EXIT_OK
+    if args.command in SLOWING:
+        try:
+            print(_slow_down(cluster, args))
+        except UserError as exc:  # a --node that is not running
+            print(f"error: {exc.message}", file=sys.stderr)
+            return USAGE_EXIT_CODE
+        except MachineLacks as exc:
+            print(f"cannot {args.command} here: {exc}", file=sys.stderr)
+            return EXIT_UNSUPPORTED
+        except ShapingError as exc:
+            print(f"{args.command} failed: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         return EXIT_OK
     st = cluster.status()
     if args.json:

@@ -14,11 +14,11 @@ import shutil
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.testcluster import daemons, network, settle
+from hpc_ddp.testcluster import daemons, network, settle, shaping, straggler
 from hpc_ddp.testcluster.config import (
     ClusterConfig,
     fingerprint,
@@ -49,6 +49,7 @@ REQUIRED_BINARIES = (
     "mariadb",
     "mariadb-admin",
     "ip",
+    "tc",
     "nsenter",
     "unshare",
     "runuser",
@@ -235,8 +236,8 @@ class TestCluster:
 
     # --- down --------------------------------------------------------------------------
     def down(self) -> None:
-        """Stop every daemon we started (by pid file), then remove namespaces, hosts block and
-        the fake GPU device files."""
+        """Stop every daemon we started (by pid file), then remove shaping, namespaces, hosts
+        block, straggler cgroups and the fake GPU device files."""
         self._stop(keep_services=False)
         self._remove_fake_gpus()
 
@@ -258,7 +259,39 @@ class TestCluster:
             stopped.append(f"{len(leftovers)} leftover job processes")
         if stopped:
             self._say(f"stopped {', '.join(stopped)}")
+        # Kernel state outlives processes. Deleting a namespace takes its qdiscs with it, but
+        # one kept alive by a leftover process would keep them: cleared first. The cgroup
+        # folders of stragglers are not tied to anything and must be removed explicitly.
+        shaping.clear(cfg)
         network.teardown(cfg)
+        straggler.unstraggle(cfg)
+
+    # --- a slow fabric and a straggler (docs/testcluster.md) ----------------------------
+    def shape(self, rate: str | None, delay: str | None = None,
+              nodes: Sequence[str] | None = None) -> list[str]:
+        """Shape what ``nodes`` (default: all) send: a rate (``300mbit``) and/or a delay
+        (``1ms``; needs a kernel with netem); returns the nodes shaped."""
+        return shaping.shape(self.config, rate, delay, nodes)
+
+    def clear_shaping(self, nodes: Sequence[str] | None = None) -> list[str]:
+        """Remove the shaping of ``nodes`` (default: all); returns those that had some."""
+        return shaping.clear(self.config, nodes)
+
+    def shaping(self) -> dict[str, str]:
+        """Node -> ``rate 300mbit delay 1ms`` for the shaped nodes."""
+        return shaping.shaped(self.config)
+
+    def straggle(self, node: str, cpu: float) -> int:
+        """Cap ``node``'s processes, and its later jobs', at ``cpu`` CPUs (e.g. 0.5)."""
+        return straggler.straggle(self.config, node, cpu)
+
+    def unstraggle(self, nodes: Sequence[str] | None = None) -> list[str]:
+        """Lift the CPU cap of ``nodes`` (default: every straggler)."""
+        return straggler.unstraggle(self.config, nodes)
+
+    def stragglers(self) -> dict[str, float]:
+        """Node -> the CPUs it is capped at."""
+        return straggler.stragglers(self.config)
 
     # --- health and status -------------------------------------------------------------
     def _sinfo_nodes(self) -> dict[str, str]:
@@ -302,6 +335,8 @@ class TestCluster:
             "node_addresses": self.node_addresses,
             "partitions": self.partitions,
             "network": network.is_up(self.config),
+            "shaping": shaping.shaped(self.config),
+            "stragglers": straggler.stragglers(self.config),
         }
 
     def logs_tail(self, n: int = 30) -> str:

@@ -91,3 +91,24 @@ def test_hook_refused_for_ctx_shard(pool: RankPool, tmp_path: Path) -> None:
     assert not done.ok
     assert all("trainer.ddp_comm_hook" in e and "ctx.ddp(model)" in e for e in done.errors), (
         done.errors)
+
+
+# ~4 MB of gradients: DDP's default buckets (the first 1 MiB) make several.
+WIDE = ["model._target_=tests.usercode.scaling_parts.WideMlp", "model.width=1024",
+        "data._target_=tests.usercode.scaling_parts.vectors", "data.size=64",
+        f"trainer.max_steps={POWERSGD_STEPS}", "trainer.batch_size=8", *POWERSGD]
+
+
+def test_powersgd_over_gloo_with_several_buckets_is_refused_and_one_bucket_trains(
+        pool: RankPool, tmp_path: Path) -> None:
+    """torch's PowerSGD hook waits inside Gloo's callbacks: with two buckets in flight every
+    rank hung at its first compressed step (seen before the check). Refused on the ranks with
+    the bucket size that makes one; with it, the same model trains to its end."""
+    refused = pool.run(WIDE, tmp_path / "refused")
+    assert not refused.ok and len(refused.errors) == WORLD
+    for error in refused.errors:
+        assert "trainer.ddp_comm_hook=powersgd: hangs over Gloo" in error, error
+        assert "Fix: one bucket: trainer.ddp_bucket_cap_mb=6" in error, error
+    done = pool.run([*WIDE, "trainer.ddp_bucket_cap_mb=6"], tmp_path / "one_bucket")
+    assert done.ok, "\n".join(done.errors)
+    assert done.summary is not None and done.summary["global_step"] == POWERSGD_STEPS

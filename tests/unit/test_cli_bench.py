@@ -17,7 +17,7 @@ from hpc_ddp.errors import UserError
 
 
 @pytest.mark.parametrize("typo, hint", [("comms", "did you mean comm?"), ("trian", "train"),
-                                        ("foo", "comm, train, sweep")])
+                                        ("foo", "comm, train, scaling, sweep")])
 def test_a_mistyped_subcommand_lists_the_benchmarks(typo: str, hint: str,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     assert main([typo]) == 2

@@ -178,6 +178,8 @@ def register(ddp_model: Any, trainer: TrainerConfig) -> CommHook | None:
     if name == "none":
         return None
     _check_backend(name, ddp_model.process_group)
+    if name == "powersgd":
+        _check_one_bucket_over_gloo(ddp_model, trainer.ddp_bucket_cap_mb is None)
     hook = CommHook(name, ddp_model, trainer.ddp_powersgd_rank,
                     trainer.ddp_powersgd_warmup_steps)
     ddp_model.register_comm_hook(hook, _reduce)
@@ -215,6 +217,38 @@ def settling(ddp_model: Any) -> Iterator[None]:
         yield
     finally:
         hook.settling = False
+
+
+def _check_one_bucket_over_gloo(ddp_model: Any, default_cap: bool) -> None:
+    """PowerSGD over Gloo hangs once a step has two gradient buckets or more: torch's hook
+    waits for its second all-reduce inside the first one's completion callback
+    (powerSGD_hook.py, ``unpack_uncompressed_tensors_and_allreduce_ps``), which Gloo runs on
+    one of its worker threads (2 by default), so two buckets' callbacks hold both threads
+    and their all-reduces never run (seen with torch 2.14: a 4 MB model, 4 MB buckets, every
+    rank stopped at its first compressed step). NCCL's futures do not wait that way. From
+    its warm-up on DDP has rebuilt its buckets to ``bucket_bytes_cap``: one bucket when the
+    gradients fit in it."""
+    import torch.distributed as dist  # deferred: torch
+
+    if dist.get_backend(ddp_model.process_group) != "gloo":
+        return
+    grads = sum(p.numel() * p.element_size() for p in ddp_model.parameters()
+                if p.requires_grad)
+    cap = int(ddp_model.bucket_bytes_cap)
+    # Without trainer.ddp_bucket_cap_mb DDP keeps its first bucket at 1 MiB, rebuilt too
+    # (torch/nn/parallel/distributed.py, BucketCapacityConfig); with it, every bucket is
+    # that size.
+    first = min(cap, dist._DEFAULT_FIRST_BUCKET_BYTES) if default_cap else cap
+    if grads > first:
+        need = -(-grads // 2**20) + 1
+        raise UserError("trainer.ddp_comm_hook", "powersgd", f"hangs over Gloo (CPU training) "
+                        f"with more than one gradient bucket: this model's "
+                        f"{grads / 2**20:.1f} MB of gradients make several buckets (at most "
+                        f"{cap / 2**20:g} MB each, the first {first / 2**20:g} MB; torch's "
+                        "hook waits inside Gloo's callbacks, which hold its worker threads).",
+                        f"one bucket: trainer.ddp_bucket_cap_mb={need}; or "
+                        "trainer.ddp_comm_hook=bf16 (or fp16) on CPU; PowerSGD over NCCL "
+                        "(GPUs) has no such limit.")
 
 
 def _check_backend(name: str, group: Any) -> None:

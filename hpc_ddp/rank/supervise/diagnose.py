@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.errors import UserError
 from hpc_ddp.rank.join.tracebacks import LOCAL_MARK
 from hpc_ddp.rundir import rank_records
 
@@ -37,7 +38,10 @@ _HARDWARE = re.compile(r"CUDA error|ECC|uncorrectable|Xid|device-side|NVLink|cuD
 
 
 def is_comm_failure(error: BaseException) -> bool:
-    """The collective or the store failed (a peer died, hung or lost its network)."""
+    """The collective or the store failed (a peer died, hung or lost its network). Never a
+    setting refused (UserError), whose message may name Gloo or NCCL."""
+    if isinstance(error, UserError):
+        return False
     try:
         from torch.distributed import DistError  # optional: torch
 
@@ -68,8 +72,6 @@ def worth_requeue(error: BaseException) -> bool:
 def own_error(error: BaseException, max_lines: int = 8, max_chars: int = 1200) -> str:
     """The error as a user needs it: its type and its whole message, within bounds (a state
     dict mismatch lists the keys on the lines after the first)."""
-    from hpc_ddp.errors import UserError  # deferred (start-up): errors
-
     if isinstance(error, UserError):  # one line that names key, value and fix already
         return error.message
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
