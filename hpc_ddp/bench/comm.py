@@ -344,11 +344,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         return USAGE_EXIT_CODE
     result = read_json(bench_dir.root / RESULT)
     if result is None:
-        errors = job.rank_errors(bench_dir)
-        print("bench: the job did not finish; rank errors:", file=out)
-        for r, h, m, _ in errors:
-            print(f"  rank {r} on {h}: {m}", file=out)
-        return 1
+        return job.did_not_finish(bench_dir, out)
     if printer.printed == len(result["rows"]):
         print("\n".join(summary_lines(result)), file=out)
     else:

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.bench.plot import save
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 
 TARGETS = {"folder": 1.5, "shards": 2.0}
@@ -245,11 +246,7 @@ def plot(result: dict[str, Any], path: Path) -> str:
         ax.set_xlabel("images/s per core")
         ax.set_title(f"{source} JPEGs -> {result['crop']} px crops, "
                      f"{result['workers']} workers", fontsize=9)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"plot: {path}"
+    return save(plt, fig, path)
 
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:

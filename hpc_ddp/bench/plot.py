@@ -8,16 +8,36 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+# What a benchmark prints instead of its picture without matplotlib.
+NO_MATPLOTLIB = "plot: skipped (matplotlib is not installed: pip install matplotlib)"
 
-def plot(result: dict[str, Any], path: Path) -> str:
-    """Write the plot to ``path``; returns the line to print (where it is, or why not)."""
+
+def pyplot() -> Any | None:
+    """matplotlib.pyplot drawing into files, or None where matplotlib is not installed."""
     try:
         import matplotlib  # optional: matplotlib
 
         matplotlib.use("Agg")  # files only: compute nodes and CI have no display
         import matplotlib.pyplot as plt  # optional: matplotlib
     except ImportError:
-        return "plot: skipped (matplotlib is not installed: pip install matplotlib)"
+        return None
+    return plt
+
+
+def save(plt: Any, fig: Any, path: Path) -> str:
+    """Write ``fig`` to ``path`` (its folder made), close it; the line to print."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def plot(result: dict[str, Any], path: Path) -> str:
+    """Write the plot to ``path``; returns the line to print (where it is, or why not)."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for op in sorted({r["op"] for r in result["rows"]}):
         rows = sorted((r for r in result["rows"] if r["op"] == op), key=lambda r: r["bytes"])
@@ -34,8 +54,4 @@ def plot(result: dict[str, Any], path: Path) -> str:
                  f"{len(set(result['hosts']))} host(s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"plot: {path}"
+    return save(plt, fig, path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.bench.plot import NO_MATPLOTLIB, pyplot, save
 from hpc_ddp.bench.plot_train import COLOURS
 from hpc_ddp.bench.scaling_report import NAMES, SCALES_WELL
 from hpc_ddp.trainer.loop_timing import PHASES
@@ -19,13 +20,9 @@ from hpc_ddp.trainer.loop_timing import PHASES
 
 def plot(result: dict[str, Any], path: Path) -> str:
     """Write the plot to ``path``; returns the line to print (where it is, or why not)."""
-    try:
-        import matplotlib  # optional: matplotlib
-
-        matplotlib.use("Agg")  # files only: compute nodes and CI have no display
-        import matplotlib.pyplot as plt  # optional: matplotlib
-    except ImportError:
-        return "plot: skipped (matplotlib is not installed: pip install matplotlib)"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     rows = result["rows"]
     fixes = [r for r in result["fix_rows"] if not r.get("skipped")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -59,8 +56,4 @@ def plot(result: dict[str, Any], path: Path) -> str:
     fig.suptitle(f"scaling report: {result['model']} on {result['device']} "
                  f"({result['backend']}), batch {result['batch_size']} per rank, "
                  f"{result['tasks_per_node']} rank(s) per node", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"plot: {path}"
+    return save(plt, fig, path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hpc_ddp.bench.plot import NO_MATPLOTLIB, pyplot
 from hpc_ddp.trainer.loop_timing import PHASES
 
 LABELS = {"data": "data wait", "compute": "forward+backward", "comm": "communication wait",
@@ -22,13 +23,9 @@ COLOURS = {"data": "#9ecae1", "compute": "#3182bd", "comm": "#fd8d3c", "optimize
 
 def plot(result: dict[str, Any], path: Path) -> str:
     """Write the plot to ``path``; returns the line to print (where it is, or why not)."""
-    try:
-        import matplotlib  # optional: matplotlib
-
-        matplotlib.use("Agg")  # files only: compute nodes and CI have no display
-        import matplotlib.pyplot as plt  # optional: matplotlib
-    except ImportError:
-        return "plot: skipped (matplotlib is not installed: pip install matplotlib)"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     rows = result["rows"]
     groups = list(dict.fromkeys((r["model"], r["world_size"]) for r in rows))
     fig, axes = plt.subplots(len(groups), 2, figsize=(12, 2.6 * len(groups) + 1),

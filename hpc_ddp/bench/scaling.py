@@ -165,10 +165,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
                         out, args.timeout_s, on_poll=progress)
     raw = read_json(run.root / RESULT)
     if raw is None:
-        print("bench: the job did not finish; rank errors:", file=out)
-        for r, h, m, _ in job.rank_errors(run):
-            print(f"  rank {r} on {h}: {m}", file=out)
-        return 1
+        return job.did_not_finish(run, out)
     result = combine(raw, user)
     write_json(run.root / RESULT, result)
     print(table(result), file=out)

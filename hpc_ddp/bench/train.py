@@ -234,10 +234,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
                                 out, args.timeout_s, on_poll=progress)
             result = read_json(run.root / RESULT)
             if result is None:
-                print("bench: the job did not finish; rank errors:", file=out)
-                for r, h, m, _ in job.rank_errors(run):
-                    print(f"  rank {r} on {h}: {m}", file=out)
-                return 1
+                return job.did_not_finish(run, out)
             progress.say("done")
             results.append(result)
     except UserError as exc:

@@ -145,6 +145,15 @@ def _wait(job: Any, run: RunDir, out: TextIO, timeout_s: float | None, poll_s: f
     return True
 
 
+def did_not_finish(run: RunDir, out: TextIO) -> int:
+    """A benchmark's job ended without its result: every rank's recorded failure, one line
+    each; returns the exit code (1)."""
+    print("bench: the job did not finish; rank errors:", file=out)
+    for r, h, m, _ in rank_errors(run):
+        print(f"  rank {r} on {h}: {m}", file=out)
+    return 1
+
+
 def rank_errors(run: RunDir) -> list[tuple[int, str, str, float]]:
     """(rank, host, message, time written) of every rank that recorded a failure."""
     from hpc_ddp.watch.follow import failed_ranks  # deferred (start-up): follow
