@@ -23,9 +23,15 @@ from hpc_ddp.launch.target import target as launch_target
 from hpc_ddp.rundir import RunDir
 
 # Diagnostics are short: a small time limit, and a rank that cannot join fails within a
-# minute instead of training's 2 (rendezvous) and 5 (collectives). The user's overrides win.
+# minute instead of training's 2 (rendezvous) and 5 (collectives). Their program runs in
+# each task itself, not under a supervisor: a supervised task (training's default on
+# Slurm) starts the node's warm process for a training process it never forks, then runs
+# the program cold, two imports of torch a node (config/supervision.py); unsupervised, each
+# task is forked warm. No supervisor, no node-loss driver: cluster.min_nodes set aside. The
+# user's overrides win.
 DEFAULT_OVERRIDES = ("cluster.time_min=10", "trainer.rendezvous_timeout_s=60",
-                     "trainer.collective_timeout_s=120")
+                     "trainer.collective_timeout_s=120", "cluster.supervise=false",
+                     "cluster.min_nodes=null")
 # Messages of ranks that failed because another one did (the other one is the cause).
 _CONSEQUENCES = ("never joined the rendezvous", "could not reach rank 0",
                  "for rank 0 (on", "Connection closed by peer", "Connection reset by peer",
