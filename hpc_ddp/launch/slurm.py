@@ -28,7 +28,7 @@ from hpc_ddp.config.validate import SLURM_NAMED
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import container
 from hpc_ddp.launch.target import counted
-from hpc_ddp.rank.contract import WARM_ENV
+from hpc_ddp.rank.contract import JOB_END_ENV, WARM_ENV
 from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
 from hpc_ddp.rundir import RunDir
@@ -82,6 +82,9 @@ def executor_parameters(cfg: Config, run_root: Path | None = None,
         # Whether the ranks start warm (rank/warm/: one import of torch a node).
         "setup": [f"export {_SIGNAL_ENV}={shlex.quote(_bare_signal(c.signal))}",
                   f"export {WARM_ENV}={warm(cfg)}",
+                  # When the job ends, for the ranks to tell a warning that never reached
+                  # their step (rank/services/lost_signal.py).
+                  f"export {JOB_END_ENV}=$(( $(date +%s) + {c.time_min * 60} ))",
                   *shell_lines(c.setup), *container.setup_lines(cfg, run_root)],
         "srun_args": [*srun_args(c), *container.srun_words(task)],
         "additional_parameters": {

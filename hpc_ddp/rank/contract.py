@@ -61,6 +61,9 @@ DRIVEN_ENV = "HPC_DDP_DRIVEN"
 # Inside a container: its kind (pyxis, apptainer, podman). Rank records show where a rank
 # ran, and a supervisor in podman passes Slurm's signals on to its child (distenv.py).
 CONTAINER_ENV = "HPC_DDP_CONTAINER"
+# The job's end as the batch script reckons it (its start plus the time limit, epoch seconds):
+# when Slurm's warning ahead of the limit is due at the latest (rank/services/lost_signal.py).
+JOB_END_ENV = "HPC_DDP_JOB_END"
 
 # -- exit codes -------------------------------------------------------------------------------
 # A script (or a function entry's process) asks for a requeue after it checkpointed:

@@ -7,7 +7,8 @@ srun and exports its folder as ``HPC_DDP_SLURM_RELAY``; a step of an allocation 
 around its srun. A rank that would run ``scontrol requeue`` or ``squeue`` writes the command
 as a request file there; the relay runs it and writes its exit code, stdout and stderr back.
 Requests are rare (a stop, a failure, a run-dir check: a few per job, by rank 0 mostly), the
-relay looks once a second, and it serves only the two commands hpc_ddp uses.
+relay looks once a second, and it serves only the commands hpc_ddp uses there (a requeue,
+squeue, a signal to the rank's own step: rank/services/lost_signal.py).
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ _MAX_POLL_S = 1.0
 # POSIX sh. $1: the request folder; $2: the pid it serves (the batch shell, or srun): the
 # relay ends after it. TERM is ignored: when `scontrol requeue` ends the job, Slurm signals
 # the batch script's processes, and the relay must still write the answer the rank waits
-# for (SIGKILL follows KillWait seconds later). Only `scontrol requeue` and `squeue` run.
+# for (SIGKILL follows KillWait seconds later). Only `scontrol requeue`, `squeue` and
+# `scancel -s` (a signal, never a cancel) run.
 RELAY = r"""hpc_ddp_slurm_relay_one() {
   base=${1%.req}
   set --
   while IFS= read -r arg; do set -- "$@" "$arg"; done < "$base.req"
   case "$1 $2" in
-    "scontrol requeue"|"squeue -h") "$@" > "$base.out" 2> "$base.err"; rc=$? ;;
+    "scontrol requeue"|"squeue -h"|"scancel -s") "$@" > "$base.out" 2> "$base.err"; rc=$? ;;
     *) echo "hpc_ddp relay: refused: $1 $2" > "$base.err"; : > "$base.out"; rc=2 ;;
   esac
   echo "$rc" > "$base.rc.tmp" && mv "$base.rc.tmp" "$base.rc"

@@ -24,7 +24,7 @@ from hpc_ddp.rank.join.distenv import DistEnv, detect
 from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.join.ranklog import masked
 from hpc_ddp.rank.join.tracebacks import RECORDED
-from hpc_ddp.rank.services import checkpoint, stopping
+from hpc_ddp.rank.services import checkpoint, lost_signal, stopping
 from hpc_ddp.rank.services.stopping import StopRequest, StopTraining
 from hpc_ddp.rank.supervise.outcome import after_failure, after_stop, write_summary
 from hpc_ddp.rundir import RunDir, parse_umask
@@ -98,6 +98,9 @@ def run(cfg: Config, run_dir: RunDir, environ: MutableMapping[str, str]) -> dict
     stop = signals_first(cfg, environ)
     os.umask(parse_umask(cfg.cluster.umask))  # every file this rank makes (rundir.py)
     env = detect(environ, cfg.cluster.tasks_per_node)
+    # Slurm's warning ahead of the time limit, again if it was sent before this step began.
+    lost_signal.watch(environ, env.rank, cfg.cluster.signal, cfg.cluster.signal_delay_s,
+                      lambda: stop.code != stopping.NONE)
     # Refuse a run dir that holds another run before anything joins (nothing is touched).
     # A start in place after a failure (its supervisor's generation > 0, or the driver's step
     # started again after a node was lost) resumes, and says why.
