@@ -25,9 +25,25 @@ def main() -> int:
         run(cfg, RunDir(Path(os.environ[PROGRAM_RUN_DIR_ENV])), os.environ)
     except Exception as exc:
         if recorded(exc):  # in this rank's log and error file already
-            return 1
+            code = exit_code(exc)
+            if code != 1:  # its supervisor's report names the cause from what it printed
+                from hpc_ddp.rank.join.ranklog import masked
+
+                print(masked(f"{type(exc).__name__}: {exc}"), file=sys.stderr, flush=True)
+            return code
         raise
     return 0
+
+
+def exit_code(exc: Exception) -> int:
+    """The code for a failure that reached this far: one while joining (a failure in
+    training is decided by outcome.fail, which exits itself). The network's (Gloo's full
+    mesh closed by a peer, a store connection lost) is one a new start may get past: its
+    supervisors start every rank again in place; anything else is final."""
+    from hpc_ddp.rank.contract import RESTART_EXIT_CODE
+    from hpc_ddp.rank.supervise.diagnose import is_comm_failure
+
+    return RESTART_EXIT_CODE if is_comm_failure(exc) else 1
 
 
 if __name__ == "__main__":
