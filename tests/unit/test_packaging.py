@@ -36,7 +36,7 @@ def test_the_optional_trackers_are_pinned_alike() -> None:
     commented = [line.split("#", 2)[1].strip().lstrip("- ").split()[0]
                  for line in (REPO / "environment.yml").read_text().splitlines()
                  if line.strip().startswith("# - ")]
-    for extra in ("wandb", "mlflow"):
+    for extra in ("wandb", "mlflow", "sweep"):
         assert _pins(extras[extra]).items() <= _pins(commented).items(), extra
         assert _pins(extras[extra]).items() <= _pins(extras["test"]).items(), extra
 

@@ -27,6 +27,7 @@ def main() -> int:
         if recorded(exc):  # in this rank's log and error file already
             code = exit_code(exc)
             if code != 1:  # its supervisor's report names the cause from what it printed
+                # deferred (start-up): rank.join.ranklog
                 from hpc_ddp.rank.join.ranklog import masked
 
                 print(masked(f"{type(exc).__name__}: {exc}"), file=sys.stderr, flush=True)
@@ -40,8 +41,9 @@ def exit_code(exc: Exception) -> int:
     training is decided by outcome.fail, which exits itself). The network's (Gloo's full
     mesh closed by a peer, a store connection lost) is one a new start may get past: its
     supervisors start every rank again in place; anything else is final."""
+    # deferred (start-up): rank.contract, rank.supervise.diagnose
     from hpc_ddp.rank.contract import RESTART_EXIT_CODE
-    from hpc_ddp.rank.supervise.diagnose import is_comm_failure
+    from hpc_ddp.rank.supervise.diagnose import is_comm_failure  # deferred (start-up): diagnose
 
     return RESTART_EXIT_CODE if is_comm_failure(exc) else 1
 
