@@ -32,6 +32,7 @@ from hpc_ddp.rundir import created_with, read_json, resume_command, write_json
 from hpc_ddp.sweep import arrays
 from hpc_ddp.sweep.arrays import MANIFEST, count
 from hpc_ddp.sweep.expand import Point, expand
+from hpc_ddp.sweep.study import is_adaptive
 from hpc_ddp.sweep.timing import Phases
 
 PREFLIGHT = "preflight"
@@ -120,6 +121,10 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     goes out; none of them submits anything it should not.
     """
     environ = os.environ if environ is None else environ
+    if is_adaptive(overrides):  # hydra/sweeper=optuna: a study and its workers
+        from hpc_ddp.sweep import adaptive  # deferred: optuna
+
+        return adaptive.launch(overrides, out, cwd or Path.cwd(), environ)
     phases = Phases()
     folder, points, plans = plan_points(overrides, cwd or Path.cwd(), environ, script_args,
                                         phases)

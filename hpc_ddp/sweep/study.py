@@ -1,0 +1,219 @@
+"""An adaptive sweep's study: its settings from the command line, Optuna's storage, the trials.
+
+    python -m hpc_ddp.submit -m hydra/sweeper=optuna 'optim.lr=tag(log, interval(1e-4, 1e-1))' \
+        'optim=choice(sgd, adamw)' hydra.sweeper.n_trials=64 hydra.sweeper.n_jobs=8
+
+The keys are the Optuna sweeper plugin's (``hydra.sweeper.*``:
+https://hydra.cc/docs/plugins/optuna_sweeper/), plus ``hydra.sweeper.pruner`` (the plugin has
+none) and ``sweep.objective``, the metric a trial is judged by. The study lives in Optuna's own
+storage: a journal file in the sweep's folder (on the cluster's shared file system) unless
+``hydra.sweeper.storage`` names a database URL. Workers (sweep/worker.py) draw trials from
+it, each the moment it is free; this module is what they share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.errors import UserError
+from hpc_ddp.sweep import study_parts
+from hpc_ddp.sweep.space import Space, search_space
+
+STUDY = "study.json"          # the sweep folder's manifest of an adaptive sweep
+JOURNAL = "study.journal"     # Optuna's journal storage, unless an URL is given
+_LOCK = "study.lock"          # held while a worker draws a trial (n_trials is never passed)
+_SWEEPER = "hydra/sweeper"
+# The plugin's keys this sweep reads; any other hydra.sweeper key is refused, not ignored.
+_KEYS = ("n_trials", "n_jobs", "direction", "study_name", "storage", "sampler", "pruner",
+         "params", "seed")
+# What the built-in trainer's summary holds of its last evaluation (eval_metrics).
+_EVAL = "eval/"
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    n_trials: int = 20
+    n_jobs: int = 2
+    direction: tuple[str, ...] = ("minimize",)
+    sampler: Any = None
+    pruner: Any = None
+    seed: int | None = None
+    study_name: str | None = None
+    storage: str | None = None
+    objective: tuple[str, ...] = ("eval/loss",)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StudySpec:
+        return cls(**{**data, "direction": tuple(data["direction"]),
+                      "objective": tuple(data["objective"])})
+
+
+def is_adaptive(overrides: Sequence[str]) -> bool:
+    """A multirun that asks for the Optuna sweeper (``hydra/sweeper=optuna``)."""
+    return any(o.replace(" ", "") in (f"{_SWEEPER}=optuna", f"override{_SWEEPER}=optuna")
+               for o in overrides)
+
+
+def split(overrides: Sequence[str]) -> tuple[StudySpec, list[str]]:
+    """The study's settings, and the overrides left for the trials (the space and the fixed
+    ones). Raises UserError naming a bad key or value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser  # deferred: hydra
+
+    settings: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {"sampler": {}, "pruner": {}, "params": {}}
+    rest: list[str] = []
+    for text in overrides:
+        key, _, raw = text.partition("=")
+        key = key.strip().lstrip("+~")
+        if key in (_SWEEPER, f"override {_SWEEPER}"):
+            if raw.strip() != "optuna":
+                raise UserError(_SWEEPER, raw, "is not a sweeper hpc_ddp runs.",
+                                "use hydra/sweeper=optuna (or leave it out for a grid).")
+            continue
+        if key == "sweep.objective":
+            settings["objective"] = raw
+            continue
+        if not key.startswith("hydra.sweeper."):
+            rest.append(text)
+            continue
+        name, _, sub = key.removeprefix("hydra.sweeper.").partition(".")
+        if name not in _KEYS:
+            raise UserError(key, raw, "is not a key of the Optuna sweeper.",
+                            f"use one of hydra.sweeper.{{{','.join(_KEYS)}}} "
+                            "(docs/sweeps.md#adaptive-sweeps).")
+        if name == "params" and sub:
+            nested["params"][sub] = raw  # the space's own syntax, read by search_space
+            continue
+        value = OverridesParser.create().parse_overrides([f"x={raw}"])[0].value()
+        if sub and name in nested:
+            nested[name][sub] = value
+        elif sub:
+            raise UserError(key, raw, f"hydra.sweeper.{name} has no keys of its own.",
+                            f"write hydra.sweeper.{name}=<value>.")
+        else:
+            settings[name] = value
+    for name in ("sampler", "pruner"):
+        if nested[name]:
+            given = settings.get(name)
+            base = {"_target_": given} if isinstance(given, str) else dict(given or {})
+            settings[name] = {**base, **nested[name]}
+    return _spec(settings, nested["params"]), rest
+
+
+def _spec(settings: dict[str, Any], params: dict[str, Any]) -> StudySpec:
+    for name in ("n_trials", "n_jobs"):
+        value = settings.get(name, getattr(StudySpec, name))
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise UserError(f"hydra.sweeper.{name}", value, "must be a whole number of 1 or "
+                            "more.", f"e.g. hydra.sweeper.{name}=8.")
+    direction = tuple(study_parts.directions(settings.get("direction")))
+    objective = settings.get("objective") or ",".join(
+        "eval/loss" if d == "minimize" else "eval/accuracy" for d in direction)
+    names = tuple(n.strip() for n in str(objective).split(",") if n.strip())
+    if len(names) != len(direction):
+        raise UserError("sweep.objective", objective, f"names {len(names)} metric(s) and "
+                        f"hydra.sweeper.direction {len(direction)}.",
+                        "give one metric per direction, e.g. sweep.objective=eval/loss.")
+    seed = settings.get("seed")
+    return StudySpec(settings.get("n_trials", 20), settings.get("n_jobs", 2), direction,
+                     settings.get("sampler"), settings.get("pruner"),
+                     seed if isinstance(seed, int) else None, settings.get("study_name"),
+                     settings.get("storage"), names, params)
+
+
+def space_of(spec: StudySpec, trial_overrides: Sequence[str]) -> Space:
+    return search_space(trial_overrides, spec.params)
+
+
+def storage_url(spec: StudySpec, folder: Path) -> str:
+    """Where the study is: the given URL, else the journal file in the sweep's folder."""
+    return spec.storage or f"journal:{folder / JOURNAL}"
+
+
+def storage(url: str) -> Any:
+    """Optuna's storage of ``url``: ``journal:<file>`` (a file on a shared file system, with
+    a lock that works over NFS: open(O_EXCL), not symlinks) or a database URL."""
+    import optuna  # deferred: optuna
+
+    if url.startswith("journal:"):
+        from optuna.storages.journal import (  # deferred: optuna
+            JournalFileBackend,
+            JournalFileOpenLock,
+        )
+
+        path = url.removeprefix("journal:")
+        return optuna.storages.JournalStorage(
+            JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+    except Exception as exc:  # a driver missing, a server not answering: its own words
+        raise UserError("hydra.sweeper.storage", url, f"cannot be opened: {exc}",
+                        "give a database URL the login node and the nodes can reach (e.g. "
+                        "mysql+pymysql://user@host/db), or leave it out for a journal file "
+                        "in the sweep's folder.") from None
+
+
+def open_study(spec: StudySpec, url: str, name: str, space: Space, create: bool) -> Any:
+    """The study (made when ``create``, else loaded), with its sampler and pruner."""
+    import optuna  # deferred: optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = study_parts.sampler(spec.sampler, space, len(spec.direction), spec.seed)
+    pruner = study_parts.pruner(spec.pruner, len(spec.direction))
+    kwargs = {"study_name": name, "storage": storage(url), "sampler": sampler, "pruner": pruner}
+    if create:
+        directions: Any = list(spec.direction)  # minimize/maximize, checked (study_parts)
+        return optuna.create_study(directions=directions, load_if_exists=True, **kwargs)
+    return optuna.load_study(**kwargs)
+
+
+@contextlib.contextmanager
+def locked(folder: Path) -> Iterator[None]:
+    """One worker at a time draws a trial (the count and the ask are one step)."""
+    with open(folder / _LOCK, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def objective_values(spec: StudySpec, summary: Mapping[str, Any] | None,
+                     result: Any = None) -> tuple[list[float] | None, str]:
+    """The trial's values for the study and what was read (or why there is none): the
+    built-in trainer's last evaluation (``eval/<name>``), or what an entry returned (a number,
+    or a dict with the objective's names)."""
+    found: list[float] = []
+    for name in spec.objective:
+        value = _metric(name, summary or {}, result)
+        if value is None:
+            offered = sorted(f"{_EVAL}{k}" for k in (summary or {}).get("eval_metrics") or {})
+            return None, (f"the run reported no {name} (its evaluations: "
+                          f"{', '.join(offered) or 'none'}; an entry returns a number or a "
+                          f"dict with {name}); the trial is FAILED, and the study goes on")
+        found.append(value)
+    return found, ", ".join(f"{n}={v:.6g}" for n, v in zip(spec.objective, found, strict=True))
+
+
+def _metric(name: str, summary: Mapping[str, Any], result: Any) -> float | None:
+    if isinstance(result, int | float) and not isinstance(result, bool) and len(name) > 0:
+        value: Any = result
+    elif isinstance(result, Mapping) and name in result:
+        value = result[name]
+    else:
+        value = (summary.get("eval_metrics") or {}).get(name.removeprefix(_EVAL))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

@@ -1,0 +1,162 @@
+"""A worker of an adaptive sweep: draws a trial the moment it is free, runs it, reports it.
+
+    python -m hpc_ddp.sweep.worker <sweep folder> <worker index>
+
+``n_jobs`` workers run at once, each on its own (locally: a process each; on Slurm: a job
+of the trials' nodes each, whose batch script runs this). A worker draws the next trial
+from the study (one at a time under a lock, so the study never passes ``n_trials``), runs
+it as a full hpc_ddp run in ``<folder>/trial-<n>`` (on Slurm: a step of the worker's own
+allocation, no queue wait between trials), and tells the study its objective, or that it
+failed or was pruned. A worker started again (its job requeued at the time limit or after a
+preemption) first resumes the trial it had, from that trial's checkpoint: the same trial,
+not a new one. No worker waits for another: there are no batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from pathlib import Path
+from typing import Any
+
+from hpc_ddp.errors import UserError
+from hpc_ddp.rundir import read_json, write_json
+from hpc_ddp.sweep import study as studies
+
+# What the trial's rank 0 reads to report its evaluations (pruning: trainer/pruning.py).
+TRIAL_ENV = "HPC_DDP_TRIAL"
+PRUNED_FILE = "pruned.json"  # a trial's run dir: the pruner stopped it (at which step)
+
+
+def worker_file(folder: Path, index: int) -> Path:
+    return folder / "workers" / f"{index}.json"
+
+
+def trial_dir(folder: Path, number: int) -> Path:
+    return folder / f"trial-{number}"
+
+
+def in_allocation(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("SLURM_JOB_ID"))
+
+
+def trial_overrides(manifest: Mapping[str, Any], space: studies.Space, params: Mapping[str, Any],
+                    run_dir: Path, environ: Mapping[str, str], resume: bool) -> list[str]:
+    """The trial's overrides: the fixed ones and its values; inside a worker's Slurm
+    allocation the trial runs as a step of it (cluster=step), never as a new job."""
+    from hpc_ddp.sweep.space import trial_overrides as with_values  # deferred (start-up): space
+
+    given = with_values(space, params)
+    if in_allocation(environ):
+        given = [o for o in given if not o.startswith("cluster=")] + ["cluster=step"]
+    return [*given, f"run_dir={run_dir}", *(["resume=true"] if resume else [])]
+
+
+def run(folder: Path, index: int, environ: MutableMapping[str, str]) -> int:
+    """Draw and run trials until the study has ``n_trials``; the number this worker ran."""
+    manifest = read_json(folder / studies.STUDY)
+    if not isinstance(manifest, dict):
+        raise UserError("sweep folder", str(folder), f"holds no {studies.STUDY}.",
+                        "give the folder an adaptive sweep printed when it started.")
+    spec = studies.StudySpec.from_json(manifest["spec"])
+    space = studies.space_of(spec, manifest["overrides"])
+    study = studies.open_study(spec, manifest["storage"], manifest["study_name"], space,
+                               create=False)
+    mine = worker_file(folder, index)
+    ran = 0
+    while (drawn := _next(study, spec, space, folder, mine)) is not None:
+        number, params, resume = drawn
+        _run_trial(study, spec, manifest, space, folder, number, params, resume, environ)
+        write_json(mine, {"trial": None, "ran": ran + 1, "time": time.time()})
+        ran += 1
+    return ran
+
+
+def _next(study: Any, spec: studies.StudySpec, space: studies.Space, folder: Path,
+          mine: Path) -> tuple[int, dict[str, Any], bool] | None:
+    """This worker's unfinished trial (after a requeue), else a new one; None when the study
+    has all its trials."""
+    import optuna  # deferred: optuna
+
+    had = read_json(mine) or {}
+    if isinstance(had.get("trial"), int):
+        frozen = study.trials[had["trial"]]
+        if frozen.state == optuna.trial.TrialState.RUNNING:
+            return had["trial"], dict(frozen.params), True
+    with studies.locked(folder):
+        if len(study.trials) >= spec.n_trials:
+            return None
+        trial = study.ask(space.params)
+        write_json(mine, {"trial": trial.number, "time": time.time()})
+    return trial.number, dict(trial.params), False
+
+
+def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
+               space: studies.Space, folder: Path, number: int, params: Mapping[str, Any],
+               resume: bool, environ: MutableMapping[str, str]) -> None:
+    import optuna  # deferred: optuna
+
+    run_dir = trial_dir(folder, number)
+    label = " ".join(f"{k}={v}" for k, v in params.items())
+    print(f"trial {number}: {label} -> {run_dir}", flush=True)
+    summary = read_json(run_dir / "summary.json") if resume else None
+    if not isinstance(summary, dict):  # not finished before the worker stopped: run it
+        summary = _train(number, trial_overrides(manifest, space, params, run_dir, environ,
+                                                 resume and run_dir.exists()),
+                         manifest, spec, environ)
+        if summary is None:
+            study.tell(number, state=optuna.trial.TrialState.FAIL)
+            return
+    result = summary.get("result")
+    pruned = read_json(run_dir / PRUNED_FILE)
+    if isinstance(pruned, dict):
+        print(f"trial {number}: pruned at step {pruned.get('step')}", flush=True)
+        study.tell(number, state=optuna.trial.TrialState.PRUNED)
+        return
+    values, said = studies.objective_values(spec, summary, result)
+    if values is None:
+        print(f"trial {number}: {said}", flush=True)
+        study.tell(number, state=optuna.trial.TrialState.FAIL)
+        return
+    print(f"trial {number}: {said}", flush=True)
+    study.tell(number, values if len(values) > 1 else values[0])
+
+
+def _train(number: int, overrides: list[str], manifest: Mapping[str, Any],
+           spec: studies.StudySpec, environ: MutableMapping[str, str]) -> dict[str, Any] | None:
+    """Run the trial to its end; its summary, or None when it failed (said why)."""
+    from hpc_ddp import api  # deferred (start-up): api
+
+    # Rank 0 reports each evaluation to the trial, and stops it when the pruner says so.
+    environ[TRIAL_ENV] = json.dumps({"storage": manifest["storage"],
+                                     "study": manifest["study_name"], "trial": number,
+                                     "objective": spec.objective[0]})
+    try:
+        plan = api.plan(overrides, Path(manifest["cwd"]), environ)
+        return api.submit(plan).wait(progress=False)
+    except (UserError, api.RunFailed) as exc:
+        print(f"trial {number}: FAILED: {str(exc).splitlines()[0]}", flush=True)
+        return None
+    finally:
+        environ.pop(TRIAL_ENV, None)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m hpc_ddp.sweep.worker <sweep folder> <worker index>",
+              file=sys.stderr)
+        return 2
+    try:
+        ran = run(Path(argv[0]).absolute(), int(argv[1]), os.environ)
+    except UserError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    print(f"worker {argv[1]}: done after {ran} trial(s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
