@@ -62,7 +62,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
         studies.open_study(spec, url, name, space, create=True)
         manifest = {"kind": "adaptive", "cluster": kind, "created": time.time(),
                     "spec": spec.to_json(), "overrides": rest, "storage": url,
-                    "study_name": name, "cwd": str(cwd), "workers": []}
+                    "study_name": name, "cwd": str(cwd), "folder": str(folder), "workers": []}
         write_json(folder / studies.STUDY, manifest)
         print(f"study {name}: {spec.n_trials} trials, {spec.n_jobs} at once, in {url}",
               file=out, flush=True)

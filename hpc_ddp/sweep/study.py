@@ -163,18 +163,61 @@ def storage(url: str) -> Any:
                         "in the sweep's folder.") from None
 
 
-def open_study(spec: StudySpec, url: str, name: str, space: Space, create: bool) -> Any:
-    """The study (made when ``create``, else loaded), with its sampler and pruner."""
+def open_study(spec: StudySpec, url: str, name: str, space: Space, create: bool,
+               stream: int = 0) -> Any:
+    """The study (made when ``create``, else loaded), with its sampler and pruner;
+    ``stream``: a worker's own random stream (study_parts.sampler)."""
     import optuna  # deferred: optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = study_parts.sampler(spec.sampler, space, len(spec.direction), spec.seed)
+    sampler = study_parts.sampler(spec.sampler, space, len(spec.direction), spec.seed, stream)
     pruner = study_parts.pruner(spec.pruner, len(spec.direction))
     kwargs = {"study_name": name, "storage": storage(url), "sampler": sampler, "pruner": pruner}
     if create:
         directions: Any = list(spec.direction)  # minimize/maximize, checked (study_parts)
         return optuna.create_study(directions=directions, load_if_exists=True, **kwargs)
     return optuna.load_study(**kwargs)
+
+
+def running_trial(folder: Path, number: int) -> Any:
+    """Trial ``number`` of the sweep in ``folder``, to report to and ask its pruner (a rank
+    of the trial's run); None when the study is gone."""
+    import optuna  # deferred: optuna
+
+    from hpc_ddp.rundir import read_json  # deferred (start-up): rundir
+
+    manifest = read_json(folder / STUDY)
+    if not isinstance(manifest, dict):
+        return None
+    spec = StudySpec.from_json(manifest["spec"])
+    store = storage(manifest["storage"])
+    study = optuna.load_study(
+        study_name=manifest["study_name"], storage=store,
+        pruner=study_parts.pruner(spec.pruner, len(spec.direction)))
+    trial_id = store.get_trial_id_from_study_id_trial_number(
+        store.get_study_id_from_name(manifest["study_name"]), number)
+    return optuna.trial.Trial(study, trial_id)
+
+
+def tell(study: Any, number: int, values: Any = None, state: Any = None) -> None:
+    """Record a trial's end. Optuna's grid sampler calls ``study.stop()`` once its grid is
+    done, which raises outside ``optimize``; the trial is stored by then (Optuna's tell
+    stores it in a ``finally``), and workers stop drawing on the grid's end themselves."""
+    try:
+        study.tell(number, values, state=state)
+    except RuntimeError as exc:
+        if "Study.stop" not in str(exc):
+            raise
+
+
+def drawn_all(study: Any, spec: StudySpec, space: Space) -> bool:
+    """The study has its trials: ``n_trials``, or as many as a grid has points (a grid's
+    end ends the study, as in Optuna's optimize; the grid sampler draws each point once
+    while any is left, running trials' points counted as taken)."""
+    limit = spec.n_trials
+    if type(study.sampler).__name__ == "GridSampler":
+        limit = min(limit, math.prod(len(v) for v in study_parts.grid_of(space).values()))
+    return len(study.trials) >= limit
 
 
 @contextlib.contextmanager

@@ -58,6 +58,8 @@ def _spec(kind: str, spec: Mapping[str, Any] | str | None, default: str,
     else:
         args = {k: v for k, v in spec.items() if k != "_target_"}
         target = str(spec.get("_target_", ""))
+        if not target and kind == "sampler":  # the plugin's default: TPE, its keys given
+            target = names[default]
         if not target:
             raise UserError(key, dict(spec), "has no _target_.",
                             f"give one, e.g. {key}._target_=optuna.{kind}s."
@@ -88,9 +90,11 @@ def _make(kind: str, name: str, args: dict[str, Any]) -> Any:
 
 
 def sampler(spec: Mapping[str, Any] | str | None, space: Space, objectives: int = 1,
-            seed: int | None = None) -> Any:
+            seed: int | None = None, stream: int = 0) -> Any:
     """The study's sampler (TPE unset); ``seed``: the plugin's own seed key, when the sampler
-    config gives none. A grid sampler draws from the space's choices and stepped ranges."""
+    config gives none. ``stream``: the worker's own (its index and start): workers seeded
+    alike would draw the same values side by side. A grid sampler draws from the space's
+    choices and stepped ranges."""
     name, args = _spec("sampler", spec, "tpe", SAMPLERS)
     if objectives > 1 and name not in MULTI_OBJECTIVE:
         raise UserError("hydra.sweeper.sampler", name, f"draws for one objective, and "
@@ -98,6 +102,8 @@ def sampler(spec: Mapping[str, Any] | str | None, space: Space, objectives: int 
                         "use tpe or nsgaii for several objectives.")
     if seed is not None and "seed" in inspect.signature(_class("sampler", name)).parameters:
         args.setdefault("seed", seed)
+    if stream and isinstance(args.get("seed"), int):
+        args["seed"] += 7919 * stream
     if name == "GridSampler" and "search_space" not in args:
         args["search_space"] = grid_of(space)
     return _make("sampler", name, args)

@@ -23,12 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.errors import UserError
+from hpc_ddp.rank.contract import PRUNED_FILE, TRIAL_ENV
 from hpc_ddp.rundir import read_json, write_json
 from hpc_ddp.sweep import study as studies
-
-# What the trial's rank 0 reads to report its evaluations (pruning: trainer/pruning.py).
-TRIAL_ENV = "HPC_DDP_TRIAL"
-PRUNED_FILE = "pruned.json"  # a trial's run dir: the pruner stopped it (at which step)
 
 
 def worker_file(folder: Path, index: int) -> Path:
@@ -63,8 +60,11 @@ def run(folder: Path, index: int, environ: MutableMapping[str, str]) -> int:
                         "give the folder an adaptive sweep printed when it started.")
     spec = studies.StudySpec.from_json(manifest["spec"])
     space = studies.space_of(spec, manifest["overrides"])
+    # Its own random stream: worker index and start (a requeued worker draws anew).
+    restart = environ.get("SLURM_RESTART_COUNT", "0")
+    stream = 1 + index + 1000 * (int(restart) if restart.isdigit() else 0)
     study = studies.open_study(spec, manifest["storage"], manifest["study_name"], space,
-                               create=False)
+                               create=False, stream=stream)
     mine = worker_file(folder, index)
     ran = 0
     while (drawn := _next(study, spec, space, folder, mine)) is not None:
@@ -87,7 +87,7 @@ def _next(study: Any, spec: studies.StudySpec, space: studies.Space, folder: Pat
         if frozen.state == optuna.trial.TrialState.RUNNING:
             return had["trial"], dict(frozen.params), True
     with studies.locked(folder):
-        if len(study.trials) >= spec.n_trials:
+        if studies.drawn_all(study, spec, space):
             return None
         trial = study.ask(space.params)
         write_json(mine, {"trial": trial.number, "time": time.time()})
@@ -108,21 +108,21 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
                                                  resume and run_dir.exists()),
                          manifest, spec, environ)
         if summary is None:
-            study.tell(number, state=optuna.trial.TrialState.FAIL)
+            studies.tell(study, number, state=optuna.trial.TrialState.FAIL)
             return
     result = summary.get("result")
     pruned = read_json(run_dir / PRUNED_FILE)
     if isinstance(pruned, dict):
         print(f"trial {number}: pruned at step {pruned.get('step')}", flush=True)
-        study.tell(number, state=optuna.trial.TrialState.PRUNED)
+        studies.tell(study, number, state=optuna.trial.TrialState.PRUNED)
         return
     values, said = studies.objective_values(spec, summary, result)
     if values is None:
         print(f"trial {number}: {said}", flush=True)
-        study.tell(number, state=optuna.trial.TrialState.FAIL)
+        studies.tell(study, number, state=optuna.trial.TrialState.FAIL)
         return
     print(f"trial {number}: {said}", flush=True)
-    study.tell(number, values if len(values) > 1 else values[0])
+    studies.tell(study, number, values if len(values) > 1 else values[0])
 
 
 def _train(number: int, overrides: list[str], manifest: Mapping[str, Any],
@@ -131,8 +131,7 @@ def _train(number: int, overrides: list[str], manifest: Mapping[str, Any],
     from hpc_ddp import api  # deferred (start-up): api
 
     # Rank 0 reports each evaluation to the trial, and stops it when the pruner says so.
-    environ[TRIAL_ENV] = json.dumps({"storage": manifest["storage"],
-                                     "study": manifest["study_name"], "trial": number,
+    environ[TRIAL_ENV] = json.dumps({"folder": manifest["folder"], "trial": number,
                                      "objective": spec.objective[0]})
     try:
         plan = api.plan(overrides, Path(manifest["cwd"]), environ)

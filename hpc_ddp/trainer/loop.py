@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import time
 from typing import Any
 
@@ -31,7 +32,7 @@ from hpc_ddp.rank.join.joined import Rank
 from hpc_ddp.rank.services import rng, sharded_norms, sharding, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.trainer import ddp_setup, sync_probe, throughput
+from hpc_ddp.trainer import ddp_setup, pruning, sync_probe, throughput
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
 from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
 from hpc_ddp.trainer.models import build_model, check_classes, describe_model
@@ -82,14 +83,12 @@ class Trainer:
         self.autocast_dtype = ddp_setup.autocast_dtype(self.tuning.precision, t.strategy)
         self.scaler = ddp_setup.grad_scaler(self.tuning, device)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
-        self.global_step = 0
-        self.epoch = 0
-        self.micro_in_epoch = 0
-        self.samples_seen = 0
+        self.global_step = self.epoch = self.micro_in_epoch = self.samples_seen = 0
+        # A trial of an adaptive sweep: pruned from its evaluations (trainer/pruning.py).
+        self.trial = pruning.from_environ(os.environ, env.is_master, run.root)
         # loss_sum: a float, on a GPU a float64 tensor (see _forward_backward).
         self.window: dict[str, Any] = {"loss_sum": 0.0, "count": 0, "samples": 0}
-        self.last_train_loss = float("nan")
-        self.last_eval: dict[str, float] = {}
+        self.last_train_loss, self.last_eval = float("nan"), dict[str, float]()
         self.checkpoint_step: int | None = None
         self._settled = False  # DDP's buckets (_settle_buckets)
         # Throughput (trainer/throughput.py): own time, the ranks' mean per step in the last
@@ -235,7 +234,7 @@ class Trainer:
         mid-epoch exactly as a resumed run starts there.
         """
         until = min(self.global_step + steps, self.total_steps)
-        while self.global_step < until:
+        while self.global_step < until and self.trial.pruned_at is None:
             self._train_epoch(until)
 
     def _train_epoch(self, until: int) -> None:
@@ -258,7 +257,7 @@ class Trainer:
                     self.epoch += 1
                     self.micro_in_epoch = 0
                 self._after_step(end_of_epoch)
-                if self.global_step >= until or end_of_epoch:
+                if self.global_step >= until or end_of_epoch or self.trial.pruned_at:
                     return
 
     def _forward_backward(self, images: Any, labels: Any, sync: bool) -> None:
@@ -390,6 +389,7 @@ class Trainer:
                      progress=False)
         log.info("eval at step %d: %s", self.global_step,
                  " ".join(f"{k} {v:.4f}" for k, v in means.items()))
+        self.trial.after_eval(self.global_step, means, self.device)  # a collective in a trial
         return self.last_eval
 
     def save_checkpoint(self) -> None:

@@ -1,0 +1,97 @@
+"""Adaptive sweeps without Slurm (hydra/sweeper=optuna): a real Optuna study in the sweep
+folder's journal file, workers that never wait for a batch, a real pruner stopping trials from
+the trainer's own evaluations, and bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+
+from hpc_ddp.sweep.study import JOURNAL
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+SMALL = ["cluster=local", "data.train_size=512", "data.eval_size=128", "trainer.log_interval=5"]
+
+
+def study_of(folder: Path) -> optuna.Study:
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(folder / JOURNAL)))
+    return optuna.load_study(study_name=folder.name, storage=storage)
+
+
+def test_workers_take_the_next_trial_without_waiting_for_a_batch(hpc_ddp: Run,
+                                                                 tmp_path: Path) -> None:
+    # Two workers, a grid of a short and two long trials. With seed 10 the first trial drawn
+    # is the short one whichever worker draws first (each worker's grid sampler has its own
+    # stream; a running trial's point counts as taken). Batched, trial 2 would wait for both
+    # of the first two; here the short trial's worker takes it while the long one trains.
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna",
+                              "trainer.max_steps=choice(10, 400, 401)",
+                              "hydra.sweeper.sampler=grid", "hydra.sweeper.sampler.seed=10",
+                              "hydra.sweeper.n_trials=5",
+                              "hydra.sweeper.n_jobs=2", "trainer.eval_interval=0",
+                              *SMALL, f"sweep.dir={sweep}"], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trials = study_of(sweep).trials
+    # n_trials=5, but a grid's end ends the study (as Optuna's optimize does): 3 trials.
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 3, done.stdout
+    short, long = trials[0], trials[1]
+    assert short.params["trainer.max_steps"] == 10 and long.params["trainer.max_steps"] > 10
+    assert short.datetime_complete <= trials[2].datetime_start < long.datetime_complete
+    # Each trial's value is its run's own last evaluation, in its own run dir.
+    for trial in trials:
+        summary = json.loads((sweep / f"trial-{trial.number}" / "summary.json").read_text())
+        assert summary["global_step"] == trial.params["trainer.max_steps"]
+        assert trial.value == pytest.approx(summary["eval_metrics"]["loss"])
+    assert f"best: trial {min(trials, key=lambda t: t.value).number}" in done.stdout
+
+
+def test_a_real_pruner_stops_a_hopeless_trial_at_its_evaluation(hpc_ddp: Run,
+                                                                tmp_path: Path) -> None:
+    # lr=1000 diverges: Optuna's ThresholdPruner prunes a NaN or a loss above 50 at the first
+    # evaluation (step 10); the trial ends there with its checkpoint, PRUNED in the study.
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "optim.lr=choice(0.05, 1000.0)",
+                              "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=2",
+                              "hydra.sweeper.n_jobs=1", "hydra.sweeper.pruner=threshold",
+                              "hydra.sweeper.pruner.upper=50", "trainer.max_steps=40",
+                              "trainer.eval_interval=10", "trainer.checkpoint_interval=100",
+                              *SMALL, f"sweep.dir={sweep}"], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    states = {t.params["optim.lr"]: t for t in study_of(sweep).trials}
+    assert states[0.05].state.name == "COMPLETE" and states[1000.0].state.name == "PRUNED"
+    pruned = sweep / f"trial-{states[1000.0].number}"
+    assert json.loads((pruned / "pruned.json").read_text())["step"] == 10
+    summary = json.loads((pruned / "summary.json").read_text())
+    assert summary["global_step"] == 10  # stopped there, and ended as a finished run does
+    assert (pruned / "checkpoints" / "latest").exists()  # its checkpoint kept
+    assert f"trial {states[1000.0].number}: pruned at step 10" in done.stdout
+
+
+@pytest.mark.parametrize("args, said", [
+    (["optim.lr=interval(0.1, 0.001)"], "optim.lr=interval(0.1, 0.001): has its low (0.1)"),
+    (["optim.lr=tag(log, interval(0, 1))"], "a log scale needs both bounds above 0"),
+    (["optim.lr=interval(0.001, 0.1)", "hydra.sweeper.sampler=annealing"],
+     "hydra.sweeper.sampler=annealing: is not one of Optuna's samplers"),
+    (["optim.lr=interval(0.001, 0.1)", "sweep.objective=eval/loss,eval/accuracy"],
+     "sweep.objective=eval/loss,eval/accuracy: names 2 metric(s)"),
+    (["optim.lr=interval(0.001, 0.1)", "hydra.sweeper.n_trails=5"],
+     "hydra.sweeper.n_trails=5: is not a key of the Optuna sweeper"),
+    (["optim.lr=interval(0.001, 0.1)", "trainer.batch_size=-1"], "trainer.batch_size"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(hpc_ddp: Run, tmp_path: Path,
+                                                                 args: list[str],
+                                                                 said: str) -> None:
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", *args, *SMALL,
+                              f"sweep.dir={sweep}"], timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
+    assert not (sweep / JOURNAL).exists()  # no study was made
