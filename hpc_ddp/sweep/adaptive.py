@@ -12,15 +12,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.errors import UserError
-from hpc_ddp.rundir import created_with, write_json
+from hpc_ddp.rundir import created_with, read_json, write_json
 from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep import worker
+from hpc_ddp.sweep.folder import sweep_dir_for
 
 
 def first_values(space: studies.Space) -> dict[str, Any]:
@@ -35,8 +37,7 @@ def first_values(space: studies.Space) -> dict[str, Any]:
 
 def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
            environ: Mapping[str, str]) -> int:
-    from hpc_ddp import api  # deferred (start-up): api
-    from hpc_ddp.sweep.launch import sweep_dir_for  # deferred (start-up): sweep.launch
+    from hpc_ddp import api  # deferred: the typed schemas
 
     spec, rest = studies.split(overrides)
     space = studies.space_of(spec, rest)
@@ -67,7 +68,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
         print(f"study {name}: {spec.n_trials} trials, {spec.n_jobs} at once, in {url}",
               file=out, flush=True)
         if kind == "slurm":
-            from hpc_ddp.sweep.workers_job import submit  # deferred (start-up): workers_job
+            from hpc_ddp.sweep.workers_job import submit  # deferred: the typed schemas
 
             job = submit(plan.cfg, folder, spec.n_jobs, environ)
             manifest["workers"] = [f"{job}_{i}" for i in range(spec.n_jobs)]
@@ -80,8 +81,6 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
 
 def _run_locally(folder: Path, n_jobs: int, out: TextIO, environ: Mapping[str, str]) -> int:
     """``n_jobs`` worker processes here, their lines passed on as they come."""
-    import threading  # deferred (start-up): threading
-
     procs = [subprocess.Popen([sys.executable, "-m", "hpc_ddp.sweep.worker", str(folder),
                                str(i)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=dict(environ), cwd=os.getcwd())
@@ -113,8 +112,6 @@ def _run_locally(folder: Path, n_jobs: int, out: TextIO, environ: Mapping[str, s
 
 def results(folder: Path) -> str:
     """The study's trials and its best, as text."""
-    from hpc_ddp.rundir import read_json  # deferred (start-up): rundir
-
     manifest = read_json(folder / studies.STUDY)
     if not isinstance(manifest, dict):
         return f"{folder}: no study"

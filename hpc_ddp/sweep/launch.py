@@ -9,7 +9,6 @@ Slurm the points run here, ``sweep.parallel`` at a time. Either way a manifest
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import shlex
 import shutil
@@ -23,7 +22,6 @@ from typing import Any, TextIO
 from hpc_ddp import api
 from hpc_ddp.config import secrets
 from hpc_ddp.config.compose import compose, compose_many, to_yaml
-from hpc_ddp.config.given import text, typed
 from hpc_ddp.config.secret_points import per_point
 from hpc_ddp.errors import UserError
 from hpc_ddp.launch import interrupts
@@ -32,20 +30,11 @@ from hpc_ddp.rundir import created_with, read_json, resume_command, write_json
 from hpc_ddp.sweep import arrays
 from hpc_ddp.sweep.arrays import MANIFEST, count
 from hpc_ddp.sweep.expand import Point, expand
+from hpc_ddp.sweep.folder import sweep_dir_for
 from hpc_ddp.sweep.study import is_adaptive
 from hpc_ddp.sweep.timing import Phases
 
 PREFLIGHT = "preflight"
-
-
-def sweep_dir_for(overrides: Sequence[str], cwd: Path) -> Path:
-    if (value := typed(overrides, "run_dir")) is not None:
-        raise UserError("run_dir", value, "is set per point in a sweep.",
-                        f"use sweep.dir={value} for the sweep's folder.")
-    if folder := text(overrides, "sweep.dir"):
-        return Path(folder).absolute()
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    return (cwd / "multirun" / stamp).absolute()
 
 
 def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
@@ -122,7 +111,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,
     """
     environ = os.environ if environ is None else environ
     if is_adaptive(overrides):  # hydra/sweeper=optuna: a study and its workers
-        from hpc_ddp.sweep import adaptive  # deferred: optuna
+        from hpc_ddp.sweep import adaptive  # deferred (start-up): sweep.adaptive
 
         return adaptive.launch(overrides, out, cwd or Path.cwd(), environ)
     phases = Phases()

@@ -58,6 +58,11 @@ class StudySpec:
                       "objective": tuple(data["objective"])})
 
 
+def trial_dir(folder: Path, number: int) -> Path:
+    """Trial ``number``'s run dir in the sweep's folder."""
+    return folder / f"trial-{number}"
+
+
 def is_adaptive(overrides: Sequence[str]) -> bool:
     """A multirun that asks for the Optuna sweeper (``hydra/sweeper=optuna``)."""
     return any(o.replace(" ", "") in (f"{_SWEEPER}=optuna", f"override{_SWEEPER}=optuna")

@@ -26,14 +26,28 @@ from hpc_ddp.errors import UserError
 from hpc_ddp.rank.contract import PRUNED_FILE, TRIAL_ENV
 from hpc_ddp.rundir import read_json, write_json
 from hpc_ddp.sweep import study as studies
+from hpc_ddp.sweep.space import trial_overrides as with_values
+from hpc_ddp.sweep.study import trial_dir
+
+
+class TrialStopped(Exception):
+    """The trial's run stopped with a checkpoint (the time limit ahead, a preemption,
+    Ctrl-C): the worker leaves it RUNNING, its own, to resume when it starts again."""
+
+    def __init__(self, number: int, run_dir: Path) -> None:
+        super().__init__(f"trial {number} stopped with its checkpoint ({run_dir})")
+        self.number = number
+
+
+def _stopped(run_dir: Path) -> bool:
+    from hpc_ddp import events  # deferred (start-up): events
+
+    found = events.read(run_dir)
+    return bool(found) and found[-1].get("kind") == events.STOP
 
 
 def worker_file(folder: Path, index: int) -> Path:
     return folder / "workers" / f"{index}.json"
-
-
-def trial_dir(folder: Path, number: int) -> Path:
-    return folder / f"trial-{number}"
 
 
 def in_allocation(environ: Mapping[str, str]) -> bool:
@@ -44,8 +58,6 @@ def trial_overrides(manifest: Mapping[str, Any], space: studies.Space, params: M
                     run_dir: Path, environ: Mapping[str, str], resume: bool) -> list[str]:
     """The trial's overrides: the fixed ones and its values; inside a worker's Slurm
     allocation the trial runs as a step of it (cluster=step), never as a new job."""
-    from hpc_ddp.sweep.space import trial_overrides as with_values  # deferred (start-up): space
-
     given = with_values(space, params)
     if in_allocation(environ):
         given = [o for o in given if not o.startswith("cluster=")] + ["cluster=step"]
@@ -107,6 +119,8 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
         summary = _train(number, trial_overrides(manifest, space, params, run_dir, environ,
                                                  resume and run_dir.exists()),
                          manifest, spec, environ)
+        if summary is None and _stopped(run_dir):
+            raise TrialStopped(number, run_dir)
         if summary is None:
             studies.tell(study, number, state=optuna.trial.TrialState.FAIL)
             return
@@ -128,7 +142,7 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
 def _train(number: int, overrides: list[str], manifest: Mapping[str, Any],
            spec: studies.StudySpec, environ: MutableMapping[str, str]) -> dict[str, Any] | None:
     """Run the trial to its end; its summary, or None when it failed (said why)."""
-    from hpc_ddp import api  # deferred (start-up): api
+    from hpc_ddp import api  # deferred: the typed schemas
 
     # Rank 0 reports each evaluation to the trial, and stops it when the pruner says so.
     environ[TRIAL_ENV] = json.dumps({"folder": manifest["folder"], "trial": number,
@@ -153,7 +167,24 @@ def main(argv: list[str]) -> int:
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
+    except TrialStopped as stopped:
+        return _after_stop(stopped, os.environ)
     print(f"worker {argv[1]}: done after {ran} trial(s)", flush=True)
+    return 0
+
+
+def _after_stop(stopped: TrialStopped, environ: Mapping[str, str]) -> int:
+    """A worker on Slurm requeues its own job (the restarted worker resumes the trial from
+    its checkpoint); elsewhere it ends, and the same sweep command resumes the trial."""
+    from hpc_ddp.slurm import requeue  # deferred (start-up): slurm.requeue
+
+    job = environ.get("SLURM_JOB_ID")
+    if job:
+        problem = requeue.requeue(job, environ)
+        print(f"{stopped}; " + (f"requeueing job {job} failed: {problem}" if problem
+                                else f"job {job} requeued to resume it"), flush=True)
+        return 1 if problem else 0
+    print(f"{stopped}; run the same sweep command to resume it", flush=True)
     return 0
 
 

@@ -74,7 +74,7 @@ def _agreed(flag: int, device: Any) -> bool:
 
 def _open(given: Mapping[str, Any]) -> Any:
     """The running trial, through the study's storage and its pruner (sweep/study.py)."""
-    from hpc_ddp.sweep import study as studies  # deferred: optuna
+    from hpc_ddp.sweep import study as studies  # deferred (start-up): sweep.study
 
     return studies.running_trial(Path(given["folder"]), int(given["trial"]))
 

@@ -17,7 +17,10 @@ LAYERS: list[tuple[str, ...]] = [
      "hpc_ddp.events", "hpc_ddp.owned", "hpc_ddp.ranklines", "hpc_ddp.version",
      "hpc_ddp.sockets"),
     # A sweep's expansion is the config's grammar: a remote sweep checks its first point.
-    ("hpc_ddp.config", "hpc_ddp.sweep.expand"),
+    # An adaptive sweep's study (its space, sampler, storage) is read by the trial's rank 0
+    # too, which reports its evaluations to it (trainer/pruning.py).
+    ("hpc_ddp.config", "hpc_ddp.sweep.expand", "hpc_ddp.sweep.space",
+     "hpc_ddp.sweep.study_parts", "hpc_ddp.sweep.study"),
     ("hpc_ddp.targets",),
     # The rank side: what runs on every rank.
     ("hpc_ddp.rank.contract",),
