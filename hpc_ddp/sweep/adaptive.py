@@ -97,7 +97,7 @@ def _run_locally(folder: Path, n_jobs: int, out: TextIO, environ: Mapping[str, s
         thread.start()
     try:
         codes = [p.wait() for p in procs]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # each worker's trial checkpoints and stays its own
         for proc in procs:
             proc.terminate()
         codes = [p.wait() for p in procs]

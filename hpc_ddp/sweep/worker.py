@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping, MutableMapping
@@ -147,14 +148,24 @@ def _train(number: int, overrides: list[str], manifest: Mapping[str, Any],
     # Rank 0 reports each evaluation to the trial, and stops it when the pruner says so.
     environ[TRIAL_ENV] = json.dumps({"folder": manifest["folder"], "trial": number,
                                      "objective": spec.objective[0]})
+    run = None
     try:
         plan = api.plan(overrides, Path(manifest["cwd"]), environ)
-        return api.submit(plan).wait(progress=False)
+        run = api.submit(plan)
+        return run.wait(progress=False)
     except (UserError, api.RunFailed) as exc:
         print(f"trial {number}: FAILED: {str(exc).splitlines()[0]}", flush=True)
         return None
+    except KeyboardInterrupt:  # the worker was stopped (SIGTERM): the trial checkpoints
+        if run is not None:
+            run.cancel(grace_s=60.0)
+        raise
     finally:
         environ.pop(TRIAL_ENV, None)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str]) -> int:
@@ -162,8 +173,15 @@ def main(argv: list[str]) -> int:
         print("usage: python -m hpc_ddp.sweep.worker <sweep folder> <worker index>",
               file=sys.stderr)
         return 2
+    # SIGTERM (Ctrl-C of a local study, scancel, a preemption): the running trial stops
+    # with a checkpoint and stays this worker's, RUNNING, for the next start to resume.
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         ran = run(Path(argv[0]).absolute(), int(argv[1]), os.environ)
+    except KeyboardInterrupt:
+        print(f"worker {argv[1]}: stopped; its trial resumes when the sweep starts again",
+              flush=True)
+        return 130
     except UserError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2

@@ -1,0 +1,148 @@
+"""Adaptive sweeps on the real cluster: a study's workers as one Slurm job array, each
+running its trials as steps of its own allocation; trials that start without waiting for a
+batch, a real pruner whose pruned trial's node takes the next trial at once, a worker whose
+job is requeued mid-trial resuming that trial from its checkpoint, and a study continued by
+a second submit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import optuna
+import pytest
+
+from hpc_ddp.sweep.study import JOURNAL
+from tests.cluster.slurm_final import assert_completed
+
+pytestmark = pytest.mark.cluster
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+SMALL = ["cluster=slurm", "nodes=1", "data.train_size=512", "data.eval_size=128",
+         "trainer.log_interval=5", "trainer.checkpoint_interval=10"]
+
+
+def study_of(folder: Path) -> optuna.Study:
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(folder / JOURNAL)))
+    return optuna.load_study(study_name=folder.name, storage=storage)
+
+
+def workers_of(folder: Path) -> list[str]:
+    return json.loads((folder / "study.json").read_text())["workers"]
+
+
+def wait_for_workers(folder: Path, env: dict[str, str], timeout: float = 600) -> None:
+    array = workers_of(folder)[0].split("_")[0]
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", array], env=env, capture_output=True,
+                         text=True, check=False).stdout.strip():
+        assert time.monotonic() < deadline, f"the workers ({array}) did not end"
+        time.sleep(1)
+
+
+def worker_output(folder: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((folder / "workers").glob("*.out")))
+
+
+def test_a_study_on_slurm_runs_trials_as_steps_without_batches_and_prunes(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    # Two workers (one node each), a grid of four trials: lr=1000 diverges and Optuna's
+    # ThresholdPruner stops it at its first evaluation; 10 or 300 steps. Seed 10: the first
+    # trial drawn is (10 steps, lr 0.05), whichever worker draws first (sweep docs).
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.max_steps=choice(10, 300)",
+                              "optim.lr=choice(0.05, 1000.0)", "hydra.sweeper.sampler=grid",
+                              "hydra.sweeper.sampler.seed=10", "hydra.sweeper.n_trials=4",
+                              "hydra.sweeper.n_jobs=2", "hydra.sweeper.pruner=threshold",
+                              "hydra.sweeper.pruner.upper=50", "trainer.eval_interval=10",
+                              *SMALL, f"sweep.dir={sweep}"], env=slurm_env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "workers: job array" in done.stdout  # it returned once the array was queued
+    wait_for_workers(sweep, slurm_env)
+    for worker in workers_of(sweep):  # each worker's job: COMPLETED 0:0
+        assert_completed(worker, slurm_env, worker_output(sweep))
+    trials = study_of(sweep).trials
+    assert len(trials) == 4, worker_output(sweep)
+    for trial in trials:
+        expected = "PRUNED" if trial.params["optim.lr"] == 1000.0 else "COMPLETE"
+        assert trial.state.name == expected, (trial, worker_output(sweep))
+        record = json.loads((sweep / f"trial-{trial.number}" / "job.json").read_text())
+        # A step of a worker's own allocation, not a job of its own.
+        assert str(record["job_id"]).split(".")[0] in _worker_jobs(sweep, slurm_env), record
+    # No batches: some trial started after one ended while another, started before it, ran.
+    assert any(a.datetime_complete <= c.datetime_start < b.datetime_complete
+               for a in trials for b in trials for c in trials
+               if len({a.number, b.number, c.number}) == 3
+               and b.datetime_start < c.datetime_start), [
+        (t.number, t.datetime_start, t.datetime_complete) for t in trials]
+    # A pruned trial's worker draws the next trial at once (its node is not left idle).
+    for pruned in (t for t in trials if t.state.name == "PRUNED"):
+        after = [t for t in trials if t.datetime_start >= pruned.datetime_complete]
+        if after:
+            gap = min(t.datetime_start for t in after) - pruned.datetime_complete
+            assert gap.total_seconds() < 10, (pruned.number, gap)
+    status = hpc_ddp("status", [str(sweep)], env=slurm_env)
+    assert status.returncode == 0, status.stderr
+    assert "4 of 4 trials drawn, 2 complete, 2 pruned, 0 failed, 0 running" in status.stdout
+
+
+def _worker_jobs(folder: Path, env: dict[str, str]) -> set[str]:
+    """The workers' own job ids (an array task's SLURM_JOB_ID), from sacct."""
+    array = workers_of(folder)[0].split("_")[0]
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", array, "-o", "JobIDRaw"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def test_a_requeued_worker_resumes_its_trial_and_a_second_submit_continues_the_study(
+        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+    from tests.cluster.test_fault_tolerance import progress_step
+
+    sweep = tmp_path / "study"
+    args = ["-m", "hydra/sweeper=optuna", "optim.lr=choice(0.05)", "hydra.sweeper.n_jobs=1",
+            "trainer.max_steps=400", "trainer.eval_interval=0", *SMALL, f"sweep.dir={sweep}"]
+    done = hpc_ddp("submit", [*args, "hydra.sweeper.n_trials=1"], env=slurm_env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    worker = workers_of(sweep)[0]
+    run_dir = sweep / "trial-0"
+    deadline = time.monotonic() + 300
+    while progress_step(run_dir) < 40:
+        assert time.monotonic() < deadline, worker_output(sweep)
+        time.sleep(0.5)
+    # Requeue the worker mid-trial (as a preemption would): its ranks checkpoint on the
+    # SIGTERM; the worker starts again and resumes trial 0, not a new one.
+    subprocess.run(["scontrol", "requeue", worker], env=slurm_env, check=True)
+    _release_when_pending(worker, slurm_env)
+    wait_for_workers(sweep, slurm_env)
+    trials = study_of(sweep).trials
+    assert [t.state.name for t in trials] == ["COMPLETE"], worker_output(sweep)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["global_step"] == 400 and summary["resumed_from_step"] >= 40, summary
+    # The same command, more trials: the study goes on to them.
+    again = hpc_ddp("submit", [*args, "hydra.sweeper.n_trials=2"], env=slurm_env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    wait_for_workers(sweep, slurm_env)
+    assert [t.state.name for t in study_of(sweep).trials] == ["COMPLETE"] * 2
+
+
+def _release_when_pending(job: str, env: dict[str, str], timeout: float = 120) -> None:
+    """A requeued job waits ~2 min for its begin time: release it once it is pending (as
+    tests/cluster/test_fault_tolerance.py does, 2 s later: the old credential's second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], env=env,
+                               capture_output=True, text=True, check=False).stdout.strip()
+        if state == "PENDING":
+            time.sleep(2)
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env,
+                           check=False)
+            return
+        assert time.monotonic() < deadline, f"job {job} never went back to pending"
+        time.sleep(0.5)
+
+
