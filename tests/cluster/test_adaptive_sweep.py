@@ -12,24 +12,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import optuna
 import pytest
 
-from hpc_ddp.sweep.study import JOURNAL
 from tests.cluster.slurm_final import assert_completed
+from tests.integration.test_adaptive_sweep import study_of
 
 pytestmark = pytest.mark.cluster
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 SMALL = ["cluster=slurm", "nodes=1", "data.train_size=512", "data.eval_size=128",
          "trainer.log_interval=5", "trainer.checkpoint_interval=10"]
-
-
-def study_of(folder: Path) -> optuna.Study:
-    from optuna.storages.journal import JournalFileBackend
-
-    storage = optuna.storages.JournalStorage(JournalFileBackend(str(folder / JOURNAL)))
-    return optuna.load_study(study_name=folder.name, storage=storage)
 
 
 def workers_of(folder: Path) -> list[str]:
