@@ -25,7 +25,7 @@ from typing import Any
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.contract import PRUNED_FILE, TRIAL_ENV
-from hpc_ddp.rundir import read_json, write_json
+from hpc_ddp.rundir import RunDir, read_json, write_json
 from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep.space import trial_overrides as with_values
 from hpc_ddp.sweep.study import trial_dir
@@ -117,6 +117,9 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
     print(f"trial {number}: {label} -> {run_dir}", flush=True)
     summary = read_json(run_dir / "summary.json") if resume else None
     if not isinstance(summary, dict):  # not finished before the worker stopped: run it
+        # TensorBoard's HPARAMS tab compares the trials (as a grid sweep's points).
+        write_json(RunDir(run_dir).hparams, {k: v if isinstance(v, int | float | str | bool)
+                                             else str(v) for k, v in params.items()})
         summary = _train(number, trial_overrides(manifest, space, params, run_dir, environ,
                                                  resume and run_dir.exists()),
                          manifest, spec, environ)
@@ -188,6 +191,11 @@ def main(argv: list[str]) -> int:
     except TrialStopped as stopped:
         return _after_stop(stopped, os.environ)
     print(f"worker {argv[1]}: done after {ran} trial(s)", flush=True)
+    from hpc_ddp.sweep import study_plot  # deferred (start-up): sweep.study_plot
+
+    drawn = study_plot.write(Path(argv[0]).absolute())
+    if drawn is not None:
+        print(f"worker {argv[1]}: the study drawn in {drawn}", flush=True)
     return 0
 
 

@@ -32,7 +32,7 @@ from hpc_ddp.api import JOB_FILE, Run
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.launch.control import NOT_SUBMITTED, ended, queried
 from hpc_ddp.rundir import RunDir, read_json, resume_command
-from hpc_ddp.watch import study_status
+from hpc_ddp.sweep import study_status
 from hpc_ddp.watch.recovery_lines import failure_lines, restarts_cell
 from hpc_ddp.watch.sync_lines import percent, status_lines
 
@@ -296,7 +296,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         if study_status.is_study(args.path.absolute()):  # an adaptive sweep's folder
             if args.cancel:
                 return study_status.cancel(args.path.absolute(), out, os.environ)
-            return study_status.show(args.path.absolute(), out, os.environ, args.json)
+            return study_status.show(args.path.absolute(), out, os.environ, args.json,
+                                     args.plot)
         runs, manifest = runs_of(args.path.absolute(), str(args.path))
         return _show(args, runs, manifest, out)
     except UserError as exc:

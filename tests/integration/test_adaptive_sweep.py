@@ -73,6 +73,18 @@ def test_a_real_pruner_stops_a_hopeless_trial_at_its_evaluation(hpc_ddp: Run,
     assert summary["global_step"] == 10  # stopped there, and ended as a finished run does
     assert (pruned / "checkpoints" / "latest").exists()  # its checkpoint kept
     assert f"trial {states[1000.0].number}: pruned at step 10" in done.stdout
+    # The picture in the sweep folder, and status's: the history and lr against the loss.
+    assert (sweep / "study.png").stat().st_size > 5000
+    status = hpc_ddp("status", [str(sweep), "--plot", str(tmp_path / "s.png")])
+    assert status.returncode == 0, status.stderr
+    assert "2 of 2 trials drawn, 1 complete, 1 pruned" in status.stdout
+    assert "pruned at step 10" in status.stdout and (tmp_path / "s.png").stat().st_size > 5000
+    # TensorBoard's HPARAMS tab: each trial's sampled values.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(sweep / f"trial-{states[0.05].number}" / "tb"))
+    acc.Reload()
+    assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
 
 
 @pytest.mark.parametrize("args, said", [

@@ -56,8 +56,16 @@ def workers_state(manifest: Mapping[str, Any], environ: Mapping[str, str]) -> di
     return {w: found.get(w, "ended") for w in manifest["workers"]}
 
 
-def show(folder: Path, out: TextIO, environ: Mapping[str, str], as_json: bool = False) -> int:
+def show(folder: Path, out: TextIO, environ: Mapping[str, str], as_json: bool = False,
+         plot: Path | None = None) -> int:
+    """The study's state; ``plot``: its picture there too (sweep/study_plot.py)."""
     manifest, found, best = rows(folder)
+    if plot is not None:
+        from hpc_ddp.sweep import study_plot  # deferred (start-up): sweep.study_plot
+
+        drawn = study_plot.write(folder, plot.absolute())
+        print(f"plot written to {drawn}" if drawn else "plot: no trial has a value yet",
+              file=out)
     workers = workers_state(manifest, environ)
     spec = manifest["spec"]
     if as_json:
