@@ -85,6 +85,43 @@ def test_a_real_pruner_stops_a_hopeless_trial_at_its_evaluation(hpc_ddp: Run,
     acc = EventAccumulator(str(sweep / f"trial-{states[0.05].number}" / "tb"))
     acc.Reload()
     assert "_hparams_/session_start_info" in acc.PluginTagToContent("hparams")
+    assert_the_dashboard_serves(sweep, trials=2)
+
+
+def assert_the_dashboard_serves(sweep: Path, trials: int) -> None:
+    """optuna-dashboard on the study's journal file (docs/sweeps.md), over HTTP on the
+    loopback: it lists the study and its trials."""
+    import socket
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:  # a free port on the loopback
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dashboard = Path(sys.executable).parent / "optuna-dashboard"
+    server = subprocess.Popen([str(dashboard), str(sweep / JOURNAL), "--host", "127.0.0.1",
+                               "--port", str(port), "--quiet"], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies",
+                                            timeout=5) as answer:
+                    studies = json.load(answer)["study_summaries"]
+                break
+            except OSError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < deadline, "optuna-dashboard never answered"
+                time.sleep(0.5)
+        assert [s["study_name"] for s in studies] == [sweep.name]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/"
+                                    f"{studies[0]['study_id']}", timeout=10) as answer:
+            assert len(json.load(answer)["trials"]) == trials
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 @pytest.mark.parametrize("args, said", [
