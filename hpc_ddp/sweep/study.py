@@ -248,7 +248,9 @@ def objective_values(spec: StudySpec, summary: Mapping[str, Any] | None,
             offered = sorted(f"{_EVAL}{k}" for k in (summary or {}).get("eval_metrics") or {})
             return None, (f"the run reported no {name} (its evaluations: "
                           f"{', '.join(offered) or 'none'}; an entry returns a number or a "
-                          f"dict with {name}); the trial is FAILED, and the study goes on")
+                          f"dict with {name}, a script writes one to "
+                          f"$HPC_DDP_RUN_DIR/objective.json); the trial is FAILED, and the "
+                          "study goes on")
         found.append(value)
     return found, ", ".join(f"{n}={v:.6g}" for n, v in zip(spec.objective, found, strict=True))
 

@@ -30,6 +30,8 @@ from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep.space import trial_overrides as with_values
 from hpc_ddp.sweep.study import trial_dir
 
+OBJECTIVE_FILE = "objective.json"  # a script's value, in its run dir
+
 
 class TrialStopped(Exception):
     """The trial's run stopped with a checkpoint (the time limit ahead, a preemption,
@@ -129,6 +131,8 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
             studies.tell(study, number, state=optuna.trial.TrialState.FAIL)
             return
     result = summary.get("result")
+    if not result:  # a script's own way, with no import of ours (docs/sweeps.md)
+        result = _written_objective(run_dir)
     pruned = read_json(run_dir / PRUNED_FILE)
     if isinstance(pruned, dict):
         print(f"trial {number}: pruned at step {pruned.get('step')}", flush=True)
@@ -141,6 +145,20 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
         return
     print(f"trial {number}: {said}", flush=True)
     studies.tell(study, number, values if len(values) > 1 else values[0])
+
+
+def _written_objective(run_dir: Path) -> Any:
+    """What a trial's script wrote to ``$HPC_DDP_RUN_DIR/objective.json`` (a number, or a
+    dict of metric -> value), read only as a file of this user's run dir (owned.py)."""
+    from hpc_ddp.owned import Untrusted, read_owned  # deferred (start-up): owned
+
+    try:
+        return json.loads(read_owned(run_dir / OBJECTIVE_FILE, run_dir))
+    except FileNotFoundError:
+        return None
+    except (Untrusted, ValueError, OSError) as exc:
+        print(f"{run_dir / OBJECTIVE_FILE} is not read: {exc}", flush=True)
+        return None
 
 
 def _train(number: int, overrides: list[str], manifest: Mapping[str, Any],

@@ -144,3 +144,21 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(hpc_ddp: Run, t
     assert done.returncode == 2, done.stdout + done.stderr
     assert said in done.stderr and "Traceback" not in done.stderr
     assert not (sweep / JOURNAL).exists()  # no study was made
+
+
+def test_a_script_reports_its_value_with_no_import_of_ours(hpc_ddp: Run, tmp_path: Path) -> None:
+    # A torchrun-style script run as a trial writes its value to $HPC_DDP_RUN_DIR/objective.json.
+    script = tmp_path / "train.py"
+    script.write_text("import json, os\n"
+                      "if os.environ['RANK'] == '0':\n"
+                      "    with open(os.path.join(os.environ['HPC_DDP_RUN_DIR'], "
+                      "'objective.json'), 'w') as f:\n"
+                      "        json.dump({'eval/loss': 0.25 * int(os.environ['WORLD_SIZE'])}, f)\n")
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.seed=choice(1)",
+                              "hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1",
+                              f"script={script}", "cluster=local", f"sweep.dir={sweep}"],
+                   timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (trial,) = study_of(sweep).trials
+    assert trial.state.name == "COMPLETE" and trial.value == 0.5  # two local ranks
