@@ -10,6 +10,7 @@ a grid sweep does); locally as processes it follows until the study is done.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -57,10 +58,16 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
         return 0
     kind = plan.cfg.cluster.kind
     with created_with(plan.cfg.cluster.umask):
+        created = not folder.exists()
         folder.mkdir(parents=True, exist_ok=True)
         url = studies.storage_url(spec, folder)
         name = spec.study_name or folder.name
-        studies.open_study(spec, url, name, space, create=True)
+        try:
+            studies.open_study(spec, url, name, space, create=True)
+        except UserError:
+            if created:  # nothing was made: leave nothing
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         manifest = {"kind": "adaptive", "cluster": kind, "created": time.time(),
                     "spec": spec.to_json(), "overrides": rest, "storage": url,
                     "study_name": name, "cwd": str(cwd), "folder": str(folder), "workers": []}

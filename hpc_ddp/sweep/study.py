@@ -159,13 +159,14 @@ def storage(url: str) -> Any:
         path = url.removeprefix("journal:")
         return optuna.storages.JournalStorage(
             JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
-    try:
-        return optuna.storages.RDBStorage(url, heartbeat_interval=60, grace_period=180)
+    try:  # no heartbeat: Optuna beats only inside optimize(); a worker resumes its own trial
+        return optuna.storages.RDBStorage(url)
     except Exception as exc:  # a driver missing, a server not answering: its own words
         raise UserError("hydra.sweeper.storage", url, f"cannot be opened: {exc}",
                         "give a database URL the login node and the nodes can reach (e.g. "
-                        "mysql+pymysql://user@host/db), or leave it out for a journal file "
-                        "in the sweep's folder.") from None
+                        "mysql+pymysql://user@host/db?read_default_file=~/.my.cnf: the "
+                        "password in your option file, not in the URL), or leave it out for "
+                        "a journal file in the sweep's folder.") from None
 
 
 def open_study(spec: StudySpec, url: str, name: str, space: Space, create: bool,

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import optuna
 import pytest
 
 from tests.cluster.slurm_final import assert_completed
@@ -138,3 +139,31 @@ def _release_when_pending(job: str, env: dict[str, str], timeout: float = 120) -
         time.sleep(0.5)
 
 
+
+
+def test_a_study_in_the_clusters_mariadb(hpc_ddp: Run, slurm_env: dict[str, str],
+                                         tmp_path: Path) -> None:
+    # Optuna's RDB storage against a real server: the test cluster's MariaDB (accounting's),
+    # its password in an option file named by the URL, not in the URL or in study.json.
+    db, user, password = "hpc_ddp_optuna_test", "hpc_ddp_optuna", "s3cret-pw"
+    subprocess.run(["mariadb", "-e", f"DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}; "
+                    f"CREATE USER IF NOT EXISTS '{user}'@'localhost' IDENTIFIED BY "
+                    f"'{password}'; GRANT ALL ON {db}.* TO '{user}'@'localhost';"],
+                   check=True, timeout=60)
+    option_file = tmp_path / "my.cnf"
+    option_file.write_text(f"[client]\npassword={password}\n")
+    option_file.chmod(0o600)
+    url = (f"mysql+pymysql://{user}@localhost/{db}?unix_socket=/run/mysqld/mysqld.sock"
+           f"&read_default_file={option_file}")
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "optim.lr=choice(0.05, 0.01)",
+                              "hydra.sweeper.sampler=grid", "hydra.sweeper.n_trials=2",
+                              "hydra.sweeper.n_jobs=2", f"hydra.sweeper.storage='{url}'",
+                              "cluster=local", "trainer.max_steps=10", "data.train_size=512",
+                              "data.eval_size=128", f"sweep.dir={sweep}"], env=slurm_env,
+                   timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="study", storage=url)
+    assert sorted(t.params["optim.lr"] for t in study.trials) == [0.01, 0.05]
+    assert all(t.state.name == "COMPLETE" for t in study.trials)
+    assert password not in (sweep / "study.json").read_text()

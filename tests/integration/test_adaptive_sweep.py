@@ -134,6 +134,8 @@ def assert_the_dashboard_serves(sweep: Path, trials: int) -> None:
     (["optim.lr=interval(0.001, 0.1)", "hydra.sweeper.n_trails=5"],
      "hydra.sweeper.n_trails=5: is not a key of the Optuna sweeper"),
     (["optim.lr=interval(0.001, 0.1)", "trainer.batch_size=-1"], "trainer.batch_size"),
+    (["optim.lr=interval(0.001, 0.1)", "hydra.sweeper.storage='mysql+pymysql://nobody@localhost"
+      "/none?unix_socket=/nonexistent/mysqld.sock'"], "cannot be opened: "),
 ])
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(hpc_ddp: Run, tmp_path: Path,
                                                                  args: list[str],
@@ -143,7 +145,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(hpc_ddp: Run, t
                               f"sweep.dir={sweep}"], timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert said in done.stderr and "Traceback" not in done.stderr
-    assert not (sweep / JOURNAL).exists()  # no study was made
+    assert not sweep.exists()  # nothing was made
 
 
 def test_a_script_reports_its_value_with_no_import_of_ours(hpc_ddp: Run, tmp_path: Path) -> None:
