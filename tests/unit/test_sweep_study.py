@@ -1,0 +1,59 @@
+"""An adaptive sweep's settings from the command line and a trial's value
+(hpc_ddp/sweep/study.py): the plugin's keys, ours, and what is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpc_ddp.errors import UserError
+from hpc_ddp.sweep import study as studies
+
+
+def test_the_plugins_keys_and_the_trials_overrides_are_told_apart() -> None:
+    spec, rest = studies.split([
+        "hydra/sweeper=optuna", "optim.lr=interval(0.001, 0.1)", "hydra.sweeper.n_trials=64",
+        "hydra.sweeper.n_jobs=8", "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.sampler._target_=optuna.samplers.TPESampler",
+        "hydra.sweeper.sampler.seed=123", "hydra.sweeper.pruner=hyperband",
+        "hydra.sweeper.params.trainer.batch_size=choice(32, 64)", "nodes=2"])
+    assert (spec.n_trials, spec.n_jobs, spec.direction) == (64, 8, ("maximize",))
+    assert spec.sampler == {"_target_": "optuna.samplers.TPESampler", "seed": 123}
+    assert spec.pruner == "hyperband" and spec.objective == ("eval/accuracy",)
+    assert spec.params == {"trainer.batch_size": "choice(32, 64)"}
+    assert rest == ["optim.lr=interval(0.001, 0.1)", "nodes=2"]
+    # The study's settings travel as JSON (study.json) and come back the same.
+    assert studies.StudySpec.from_json(spec.to_json()) == spec
+
+
+def test_defaults_and_several_objectives() -> None:
+    spec, _ = studies.split(["hydra/sweeper=optuna", "a=interval(0, 1)"])
+    assert (spec.n_trials, spec.n_jobs, spec.direction, spec.objective) == (
+        20, 2, ("minimize",), ("eval/loss",))
+    spec, _ = studies.split(["hydra.sweeper.direction=[minimize,maximize]",
+                             "sweep.objective=eval/loss,eval/accuracy"])
+    assert spec.direction == ("minimize", "maximize")
+    assert spec.objective == ("eval/loss", "eval/accuracy")
+
+
+@pytest.mark.parametrize("override, said", [
+    ("hydra/sweeper=basic", "is not a sweeper hpc_ddp runs"),
+    ("hydra.sweeper.n_trials=0", "must be a whole number of 1 or more"),
+    ("hydra.sweeper.n_jobs=two", "must be a whole number of 1 or more"),
+    ("hydra.sweeper.n_trails=5", "is not a key of the Optuna sweeper"),
+    ("hydra.sweeper.n_jobs.x=1", "hydra.sweeper.n_jobs has no keys of its own"),
+    ("hydra.sweeper.direction=up", "is not a direction"),
+])
+def test_bad_settings_are_refused_by_name(override: str, said: str) -> None:
+    with pytest.raises(UserError, match=said):
+        studies.split(["hydra/sweeper=optuna", override])
+
+
+def test_a_trials_value_from_its_evaluation_an_entry_or_nothing() -> None:
+    spec, _ = studies.split(["sweep.objective=eval/accuracy", "hydra.sweeper.direction=maximize"])
+    summary = {"eval_metrics": {"loss": 0.3, "accuracy": 0.9}}
+    assert studies.objective_values(spec, summary)[0] == [0.9]
+    assert studies.objective_values(spec, {}, 0.7)[0] == [0.7]  # an entry's number
+    assert studies.objective_values(spec, {}, {"eval/accuracy": 0.8})[0] == [0.8]
+    values, said = studies.objective_values(spec, {"eval_metrics": {"loss": 0.3}})
+    assert values is None and "reported no eval/accuracy (its evaluations: eval/loss" in said
+    assert studies.objective_values(spec, {"eval_metrics": {"accuracy": float("nan")}})[0] is None
