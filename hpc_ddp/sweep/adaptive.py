@@ -40,7 +40,7 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
            environ: Mapping[str, str]) -> int:
     from hpc_ddp import api  # deferred: the typed schemas
 
-    spec, rest = studies.split(overrides)
+    spec, rest = studies.split(overrides, environ)
     space = studies.space_of(spec, rest)
     if not space.params:
         raise UserError("hydra/sweeper", "optuna", "has no parameter to search.",

@@ -69,15 +69,23 @@ def is_adaptive(overrides: Sequence[str]) -> bool:
                for o in overrides)
 
 
-def split(overrides: Sequence[str]) -> tuple[StudySpec, list[str]]:
+def split(overrides: Sequence[str],
+          environ: Mapping[str, str] | None = None) -> tuple[StudySpec, list[str]]:
     """The study's settings, and the overrides left for the trials (the space and the fixed
-    ones). Raises UserError naming a bad key or value."""
+    ones). An ``hparams_search=NAME`` of your config folder (lightning-hydra-template's
+    ``hparams_search/*.yaml``) gives its ``hydra.sweeper`` settings first; the command line
+    wins. Raises UserError naming a bad key or value."""
     from hydra.core.override_parser.overrides_parser import OverridesParser  # deferred: hydra
 
+    from hpc_ddp.sweep.search_file import search_file  # deferred (start-up): search_file
+
+    overrides = [*search_file(overrides, environ or {}), *overrides]
     settings: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {"sampler": {}, "pruner": {}, "params": {}}
     rest: list[str] = []
     for text in overrides:
+        if text.partition("=")[0].strip() == "hparams_search":
+            continue
         key, _, raw = text.partition("=")
         key = key.strip().lstrip("+~")
         if key in (_SWEEPER, f"override {_SWEEPER}"):

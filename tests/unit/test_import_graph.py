@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     # An adaptive sweep's study (its space, sampler, storage) is read by the trial's rank 0
     # too, which reports its evaluations to it (trainer/pruning.py).
     ("hpc_ddp.config", "hpc_ddp.sweep.expand", "hpc_ddp.sweep.space",
-     "hpc_ddp.sweep.study_parts", "hpc_ddp.sweep.study"),
+     "hpc_ddp.sweep.study_parts", "hpc_ddp.sweep.search_file", "hpc_ddp.sweep.study"),
     ("hpc_ddp.targets",),
     # The rank side: what runs on every rank.
     ("hpc_ddp.rank.contract",),

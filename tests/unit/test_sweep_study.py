@@ -57,3 +57,20 @@ def test_a_trials_value_from_its_evaluation_an_entry_or_nothing() -> None:
     values, said = studies.objective_values(spec, {"eval_metrics": {"loss": 0.3}})
     assert values is None and "reported no eval/accuracy (its evaluations: eval/loss" in said
     assert studies.objective_values(spec, {"eval_metrics": {"accuracy": float("nan")}})[0] is None
+
+
+def test_an_hparams_search_file_is_used_unchanged(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.unit.test_sweep_space import TEMPLATE
+
+    (tmp_path / "hparams_search").mkdir()
+    (tmp_path / "hparams_search" / "mnist_optuna.yaml").write_text(TEMPLATE)
+    spec, rest = studies.split([f"config_dir={tmp_path}", "hparams_search=mnist_optuna",
+                                "hydra.sweeper.n_trials=8", "entry=pkg.train:main"])
+    assert (spec.n_trials, spec.n_jobs, spec.direction) == (8, 1, ("maximize",))  # line wins
+    assert spec.sampler == {"_target_": "optuna.samplers.TPESampler", "seed": 1234,
+                            "n_startup_trials": 10}
+    assert spec.params["model.optimizer.lr"] == "interval(0.0001, 0.1)"
+    assert spec.objective == ("val/acc_best",)
+    assert rest == [f"config_dir={tmp_path}", "entry=pkg.train:main"]
+    with pytest.raises(UserError, match="is not a file hparams_search/nope.yaml"):
+        studies.split([f"config_dir={tmp_path}", "hparams_search=nope"])
