@@ -93,8 +93,8 @@ def sampler(spec: Mapping[str, Any] | str | None, space: Space, objectives: int 
             seed: int | None = None, stream: int = 0) -> Any:
     """The study's sampler (TPE unset); ``seed``: the plugin's own seed key, when the sampler
     config gives none. ``stream``: the worker's own (its index and start): workers seeded
-    alike would draw the same values side by side. A grid sampler draws from the space's
-    choices and stepped ranges."""
+    alike would draw the same values side by side (not a grid's: see below). A grid sampler
+    draws from the space's choices and stepped ranges."""
     name, args = _spec("sampler", spec, "tpe", SAMPLERS)
     if objectives > 1 and name not in MULTI_OBJECTIVE:
         raise UserError("hydra.sweeper.sampler", name, f"draws for one objective, and "
@@ -102,7 +102,9 @@ def sampler(spec: Mapping[str, Any] | str | None, space: Space, objectives: int 
                         "use tpe or nsgaii for several objectives.")
     if seed is not None and "seed" in inspect.signature(_class("sampler", name)).parameters:
         args.setdefault("seed", seed)
-    if stream and isinstance(args.get("seed"), int):
+    # A grid sampler's seed orders its grid, and trial n takes point n of that order: every
+    # worker must order it alike, so it keeps the one seed.
+    if stream and isinstance(args.get("seed"), int) and name != "GridSampler":
         args["seed"] += 7919 * stream
     if name == "GridSampler" and "search_space" not in args:
         args["search_space"] = grid_of(space)

@@ -45,12 +45,14 @@ def worker_output(folder: Path) -> str:
 def test_a_study_on_slurm_runs_trials_as_steps_without_batches_and_prunes(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
     # Two workers (one node each), a grid of four trials: lr=1000 diverges and Optuna's
-    # ThresholdPruner stops it at its first evaluation; 10 or 300 steps. Seed 10: the first
-    # trial drawn is (10 steps, lr 0.05), whichever worker draws first (sweep docs).
+    # ThresholdPruner stops it at its first evaluation; 10 or 1500 steps. A grid sampler's
+    # seed orders the grid and trial n takes its point n: with seed 4, trials 0 and 1 (the
+    # first two, one a worker) are (10, 0.05) and (1500, 0.05), then (1500, 1000) and
+    # (10, 1000), both pruned at step 10.
     sweep = tmp_path / "study"
-    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.max_steps=choice(10, 300)",
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.max_steps=choice(10, 1500)",
                               "optim.lr=choice(0.05, 1000.0)", "hydra.sweeper.sampler=grid",
-                              "hydra.sweeper.sampler.seed=10", "hydra.sweeper.n_trials=4",
+                              "hydra.sweeper.sampler.seed=4", "hydra.sweeper.n_trials=4",
                               "hydra.sweeper.n_jobs=2", "hydra.sweeper.pruner=threshold",
                               "hydra.sweeper.pruner.upper=50", "trainer.eval_interval=10",
                               *SMALL, f"sweep.dir={sweep}"], env=slurm_env, timeout=120)
@@ -60,25 +62,22 @@ def test_a_study_on_slurm_runs_trials_as_steps_without_batches_and_prunes(
     for worker in workers_of(sweep):  # each worker's job: COMPLETED 0:0
         assert_completed(worker, slurm_env, worker_output(sweep))
     trials = study_of(sweep).trials
-    assert len(trials) == 4, worker_output(sweep)
+    assert [(t.params["trainer.max_steps"], t.params["optim.lr"], t.state.name)
+            for t in trials] == [(10, 0.05, "COMPLETE"), (1500, 0.05, "COMPLETE"),
+                                 (1500, 1000.0, "PRUNED"), (10, 1000.0, "PRUNED")], (
+        worker_output(sweep))
     for trial in trials:
-        expected = "PRUNED" if trial.params["optim.lr"] == 1000.0 else "COMPLETE"
-        assert trial.state.name == expected, (trial, worker_output(sweep))
         record = json.loads((sweep / f"trial-{trial.number}" / "job.json").read_text())
         # A step of a worker's own allocation, not a job of its own.
         assert str(record["job_id"]).split(".")[0] in _worker_jobs(sweep, slurm_env), record
-    # No batches: some trial started after one ended while another, started before it, ran.
-    assert any(a.datetime_complete <= c.datetime_start < b.datetime_complete
-               for a in trials for b in trials for c in trials
-               if len({a.number, b.number, c.number}) == 3
-               and b.datetime_start < c.datetime_start), [
-        (t.number, t.datetime_start, t.datetime_complete) for t in trials]
-    # A pruned trial's worker draws the next trial at once (its node is not left idle).
-    for pruned in (t for t in trials if t.state.name == "PRUNED"):
-        after = [t for t in trials if t.datetime_start >= pruned.datetime_complete]
-        if after:
-            gap = min(t.datetime_start for t in after) - pruned.datetime_complete
-            assert gap.total_seconds() < 10, (pruned.number, gap)
+    # No batches: in batches of two, trials 2 and 3 would wait for trial 1 (1500 steps);
+    # here they run while it trains, on the node trial 0 left.
+    long = trials[1]
+    assert trials[0].datetime_complete <= trials[2].datetime_start < long.datetime_complete
+    assert trials[3].datetime_start < long.datetime_complete
+    # The pruned trial's node takes the next trial at once (it is not left idle).
+    gap = trials[3].datetime_start - trials[2].datetime_complete
+    assert gap.total_seconds() < 10, gap
     status = hpc_ddp("status", [str(sweep)], env=slurm_env)
     assert status.returncode == 0, status.stderr
     assert "4 of 4 trials drawn, 2 complete, 2 pruned, 0 failed, 0 running" in status.stdout

@@ -27,10 +27,10 @@ def study_of(folder: Path) -> optuna.Study:
 
 def test_workers_take_the_next_trial_without_waiting_for_a_batch(hpc_ddp: Run,
                                                                  tmp_path: Path) -> None:
-    # Two workers, a grid of a short and two long trials. With seed 10 the first trial drawn
-    # is the short one whichever worker draws first (each worker's grid sampler has its own
-    # stream; a running trial's point counts as taken). Batched, trial 2 would wait for both
-    # of the first two; here the short trial's worker takes it while the long one trains.
+    # Two workers, a grid of a short and two long trials. A grid sampler's seed orders the
+    # grid and trial n takes its point n: with seed 10, trial 0 is the short one and trial
+    # 1 a long one. Batched, trial 2 would wait for both of the first two; here the short
+    # trial's worker takes it while the long one trains.
     sweep = tmp_path / "study"
     done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna",
                               "trainer.max_steps=choice(10, 400, 401)",
