@@ -52,9 +52,15 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
     probe = worker.trial_overrides({}, space, first_values(space), folder / "trial-check",
                                    {}, resume=False)
     plan = api.plan(probe, cwd, environ)
-    if plan.cfg.dry_run:
-        print(f"adaptive sweep: {spec.n_trials} trials, {spec.n_jobs} at once, "
-              f"{', '.join(f'{k}: {d}' for k, d in space.params.items())}", file=out)
+    if plan.cfg.dry_run:  # what would run, and on Slurm the workers' script; nothing made
+        print(f"adaptive sweep: {spec.n_trials} trials, {spec.n_jobs} at once, into "
+              f"{folder}; " + ", ".join(f"{k}: {d}" for k, d in space.params.items()), file=out)
+        if plan.cfg.cluster.kind == "slurm":
+            from hpc_ddp.sweep.workers_job import script  # deferred: the typed schemas
+
+            print(f"the workers' job array ({folder}/workers.sbatch):\n"
+                  f"{script(plan.cfg, folder, spec.n_jobs)}", file=out)
+        print("nothing was started.", file=out)
         return 0
     kind = plan.cfg.cluster.kind
     with created_with(plan.cfg.cluster.umask):

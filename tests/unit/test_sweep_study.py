@@ -74,3 +74,17 @@ def test_an_hparams_search_file_is_used_unchanged(tmp_path) -> None:  # type: ig
     assert rest == [f"config_dir={tmp_path}", "entry=pkg.train:main"]
     with pytest.raises(UserError, match="is not a file hparams_search/nope.yaml"):
         studies.split([f"config_dir={tmp_path}", "hparams_search=nope"])
+
+
+def test_the_workers_job_array_asks_for_a_trials_shape(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from hpc_ddp.api import compose
+    from hpc_ddp.sweep.workers_job import script
+
+    cfg = compose(["cluster=slurm", "nodes=2", "cluster.partition=gpu", "cluster.gpus_per_node=4",
+                   "cluster.time_min=90", "cluster.setup=[module load cuda]"])
+    text = script(cfg, tmp_path, 8, python="/env/bin/python")
+    for line in ("#SBATCH --array=0-7", "#SBATCH --nodes=2", "#SBATCH --partition=gpu",
+                 "#SBATCH --gpus-per-node=4", "#SBATCH --time=90", "#SBATCH --requeue",
+                 "#SBATCH --signal=USR2@120", "module load cuda",
+                 f'exec /env/bin/python -m hpc_ddp.sweep.worker {tmp_path} "$SLURM_ARRAY_TASK_ID"'):
+        assert line in text.splitlines(), (line, text)
