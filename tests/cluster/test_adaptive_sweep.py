@@ -91,13 +91,16 @@ def _worker_jobs(folder: Path, env: dict[str, str]) -> set[str]:
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
-def test_a_requeued_worker_resumes_its_trial_and_a_second_submit_continues_the_study(
+def test_a_requeued_worker_resumes_its_2_node_trial_and_a_second_submit_continues_the_study(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
     from tests.cluster.test_fault_tolerance import progress_step
 
+    # Each trial a 2-node DDP run (the worker's allocation is two nodes; rank 0 alone talks
+    # to the study, every rank trains the config the worker composed once).
     sweep = tmp_path / "study"
     args = ["-m", "hydra/sweeper=optuna", "optim.lr=choice(0.05)", "hydra.sweeper.n_jobs=1",
-            "trainer.max_steps=400", "trainer.eval_interval=0", *SMALL, f"sweep.dir={sweep}"]
+            "trainer.max_steps=400", "trainer.eval_interval=0", "nodes=2",
+            *[a for a in SMALL if a != "nodes=1"], f"sweep.dir={sweep}"]
     done = hpc_ddp("submit", [*args, "hydra.sweeper.n_trials=1"], env=slurm_env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     worker = workers_of(sweep)[0]
@@ -115,6 +118,7 @@ def test_a_requeued_worker_resumes_its_trial_and_a_second_submit_continues_the_s
     assert [t.state.name for t in trials] == ["COMPLETE"], worker_output(sweep)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == 400 and summary["resumed_from_step"] >= 40, summary
+    assert summary["num_nodes"] == 2 and summary["world_size"] == 2, summary
     # The same command, more trials: the study goes on to them.
     again = hpc_ddp("submit", [*args, "hydra.sweeper.n_trials=2"], env=slurm_env, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
