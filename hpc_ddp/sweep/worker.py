@@ -122,9 +122,11 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
         # TensorBoard's HPARAMS tab compares the trials (as a grid sweep's points).
         write_json(RunDir(run_dir).hparams, {k: v if isinstance(v, int | float | str | bool)
                                              else str(v) for k, v in params.items()})
+        # Resumed only where an attempt got as far as its config (a worker stopped between
+        # drawing the trial and starting it left nothing to resume).
+        started = resume and (run_dir / "config.yaml").exists()
         summary = _train(number, trial_overrides(manifest, space, params, run_dir, environ,
-                                                 resume and run_dir.exists()),
-                         manifest, spec, environ)
+                                                 started), manifest, spec, environ)
         if summary is None and _stopped(run_dir):
             raise TrialStopped(number, run_dir)
         if summary is None:
