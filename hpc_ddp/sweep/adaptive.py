@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp.errors import UserError
-from hpc_ddp.rundir import created_with, read_json, write_json
+from hpc_ddp.rundir import created_with, write_json
 from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep import worker
 from hpc_ddp.sweep.folder import sweep_dir_for
@@ -49,8 +49,8 @@ def launch(overrides: Sequence[str], out: TextIO, cwd: Path,
     rest = [o for o in rest if not o.startswith("sweep.dir=")]  # the trials' own overrides
     space = studies.space_of(spec, rest)
     # A first trial's config, checked as a single submit checks it (nothing is made).
-    probe = worker.trial_overrides({}, space, first_values(space), folder / "trial-check",
-                                   {}, resume=False)
+    probe = worker.trial_overrides(space, first_values(space), folder / "trial-check", {},
+                                   resume=False)
     plan = api.plan(probe, cwd, environ)
     if plan.cfg.dry_run:  # what would run, and on Slurm the workers' script; nothing made
         print(f"adaptive sweep: {spec.n_trials} trials, {spec.n_jobs} at once, into "
@@ -125,8 +125,8 @@ def _run_locally(folder: Path, n_jobs: int, out: TextIO, environ: Mapping[str, s
 
 def results(folder: Path) -> str:
     """The study's trials and its best, as text."""
-    manifest = read_json(folder / studies.STUDY)
-    if not isinstance(manifest, dict):
+    manifest = studies.read_study(folder)
+    if manifest is None:
         return f"{folder}: no study"
     spec = studies.StudySpec.from_json(manifest["spec"])
     space = studies.space_of(spec, manifest["overrides"])

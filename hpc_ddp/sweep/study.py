@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -165,6 +166,7 @@ def storage(url: str) -> Any:
         )
 
         path = url.removeprefix("journal:")
+        _check_journal(Path(path))
         return optuna.storages.JournalStorage(
             JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
     try:  # no heartbeat: Optuna beats only inside optimize(); a worker resumes its own trial
@@ -175,6 +177,20 @@ def storage(url: str) -> Any:
                         "mysql+pymysql://user@host/db?read_default_file=~/.my.cnf: the "
                         "password in your option file, not in the URL), or leave it out for "
                         "a journal file in the sweep's folder.") from None
+
+
+def _check_journal(path: Path) -> None:
+    """An existing journal is this user's, in a folder no one else can write: its records are
+    the trials every worker runs (owned.py)."""
+    from hpc_ddp.owned import Untrusted, open_owned  # deferred (start-up): owned
+
+    try:
+        open_owned(path, path.parent).close()
+    except FileNotFoundError:
+        return  # a new study: Optuna makes it
+    except Untrusted as exc:
+        raise UserError("hydra.sweeper.storage", f"journal:{path}", f"is not used: {exc}",
+                        "run the sweep in a folder of your own (sweep.dir=...).") from None
 
 
 def open_study(spec: StudySpec, url: str, name: str, space: Space, create: bool,
@@ -193,15 +209,32 @@ def open_study(spec: StudySpec, url: str, name: str, space: Space, create: bool,
     return optuna.load_study(**kwargs)
 
 
+def read_study(folder: Path) -> dict[str, Any] | None:
+    """The sweep's study.json, None where there is none. It names the storage every worker
+    and every trial's rank 0 opens, so it is read only as a file of this user's sweep folder
+    that no one else can write (owned.py; a shared group folder is refused with the fix)."""
+    from hpc_ddp.owned import Untrusted, read_owned  # deferred (start-up): owned
+
+    try:
+        data = json.loads(read_owned(folder / STUDY, folder))
+    except FileNotFoundError:
+        return None
+    except Untrusted as exc:
+        raise UserError("sweep folder", str(folder), f"is not used: {exc}",
+                        "run the sweep in a folder of your own (sweep.dir=...).") from None
+    except ValueError as exc:
+        raise UserError("sweep folder", str(folder), f"holds a {STUDY} that is not JSON "
+                        f"({exc}).", "use a new sweep.dir for a new study.") from None
+    return data if isinstance(data, dict) else None
+
+
 def running_trial(folder: Path, number: int) -> Any:
     """Trial ``number`` of the sweep in ``folder``, to report to and ask its pruner (a rank
     of the trial's run); None when the study is gone."""
     import optuna  # deferred: optuna
 
-    from hpc_ddp.rundir import read_json  # deferred (start-up): rundir
-
-    manifest = read_json(folder / STUDY)
-    if not isinstance(manifest, dict):
+    manifest = read_study(folder)
+    if manifest is None:
         return None
     spec = StudySpec.from_json(manifest["spec"])
     store = storage(manifest["storage"])

@@ -10,10 +10,10 @@ matplotlib is one of hpc_ddp's own dependencies.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.rundir import read_json
 from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep.plot import spans_decades
 
@@ -37,8 +37,8 @@ def points(trials: list[Any]) -> list[tuple[int, float, bool, dict[str, Any]]]:
 def write(folder: Path, out: Path | None = None) -> Path | None:
     """Draw the study in ``folder`` to ``out`` (default: its study.png); None when no trial
     has a value yet, or matplotlib is missing."""
-    manifest = read_json(folder / studies.STUDY)
-    if not isinstance(manifest, dict):
+    manifest = studies.read_study(folder)
+    if manifest is None:
         return None
     spec = studies.StudySpec.from_json(manifest["spec"])
     space = studies.space_of(spec, manifest["overrides"])
@@ -86,7 +86,8 @@ def write(folder: Path, out: Path | None = None) -> Path | None:
         axis.set_ylabel(spec.objective[0])
     target = out or folder / PICTURE
     fig.tight_layout()
-    partial = target.with_name(f".{target.name}.part")
+    # Its own temp name: workers leaving together each draw, and the last rename wins.
+    partial = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:  # in place at once: a worker drawing while another reads it never shows half
         fig.savefig(partial, dpi=100, format="png")
         partial.replace(target)

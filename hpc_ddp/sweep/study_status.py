@@ -23,8 +23,8 @@ def is_study(path: Path) -> bool:
 
 def rows(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
     """(manifest, a row per trial, the best trial or None)."""
-    manifest = read_json(folder / studies.STUDY)
-    assert isinstance(manifest, dict)
+    manifest = studies.read_study(folder)
+    assert manifest is not None  # is_study found it
     spec = studies.StudySpec.from_json(manifest["spec"])
     study = studies.open_study(spec, manifest["storage"], manifest["study_name"],
                                studies.space_of(spec, manifest["overrides"]), create=False)

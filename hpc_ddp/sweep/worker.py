@@ -57,8 +57,8 @@ def in_allocation(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID"))
 
 
-def trial_overrides(manifest: Mapping[str, Any], space: studies.Space, params: Mapping[str, Any],
-                    run_dir: Path, environ: Mapping[str, str], resume: bool) -> list[str]:
+def trial_overrides(space: studies.Space, params: Mapping[str, Any], run_dir: Path,
+                    environ: Mapping[str, str], resume: bool) -> list[str]:
     """The trial's overrides: the fixed ones and its values; inside a worker's Slurm
     allocation the trial runs as a step of it (cluster=step), never as a new job."""
     given = with_values(space, params)
@@ -69,8 +69,8 @@ def trial_overrides(manifest: Mapping[str, Any], space: studies.Space, params: M
 
 def run(folder: Path, index: int, environ: MutableMapping[str, str]) -> int:
     """Draw and run trials until the study has ``n_trials``; the number this worker ran."""
-    manifest = read_json(folder / studies.STUDY)
-    if not isinstance(manifest, dict):
+    manifest = studies.read_study(folder)
+    if manifest is None:
         raise UserError("sweep folder", str(folder), f"holds no {studies.STUDY}.",
                         "give the folder an adaptive sweep printed when it started.")
     spec = studies.StudySpec.from_json(manifest["spec"])
@@ -125,8 +125,8 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
         # Resumed only where an attempt got as far as its config (a worker stopped between
         # drawing the trial and starting it left nothing to resume).
         started = resume and (run_dir / "config.yaml").exists()
-        summary = _train(number, trial_overrides(manifest, space, params, run_dir, environ,
-                                                 started), manifest, spec, environ)
+        overrides = trial_overrides(space, params, run_dir, environ, started)
+        summary = _train(number, overrides, manifest, spec, environ)
         if summary is None and _stopped(run_dir):
             raise TrialStopped(number, run_dir)
         if summary is None:
@@ -213,7 +213,11 @@ def main(argv: list[str]) -> int:
     print(f"worker {argv[1]}: done after {ran} trial(s)", flush=True)
     from hpc_ddp.sweep import study_plot  # deferred (start-up): sweep.study_plot
 
-    drawn = study_plot.write(Path(argv[0]).absolute())
+    try:  # the picture is extra: a worker that ran its trials ends well without it
+        drawn = study_plot.write(Path(argv[0]).absolute())
+    except (OSError, UserError, ValueError) as exc:
+        print(f"worker {argv[1]}: the study's picture was not drawn: {exc}", flush=True)
+        return 0
     if drawn is not None:
         print(f"worker {argv[1]}: the study drawn in {drawn}", flush=True)
     return 0

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from hpc_ddp.errors import UserError
 from hpc_ddp.sweep import study as studies
+
+OTHER_UID = 4242  # a second user, made with chown (the tests run as root)
 
 
 def test_the_plugins_keys_and_the_trials_overrides_are_told_apart() -> None:
@@ -88,3 +93,28 @@ def test_the_workers_job_array_asks_for_a_trials_shape(tmp_path) -> None:  # typ
                  "#SBATCH --signal=USR2@120", "module load cuda",
                  f'exec /env/bin/python -m hpc_ddp.sweep.worker {tmp_path} "$SLURM_ARRAY_TASK_ID"'):
         assert line in text.splitlines(), (line, text)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a second user's files needs root")
+def test_a_study_another_user_could_have_written_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # study.json names the storage every worker and every trial's rank 0 opens; the journal
+    # holds the trials they run: a second user's file, or a folder others can write, is not
+    # used (owned.py), and the message says how to go on.
+    folder = tmp_path / "study"
+    folder.mkdir(mode=0o750)
+    spec, _ = studies.split(["optim.lr=interval(0.001, 0.1)"])
+    (folder / studies.STUDY).write_text(json.dumps({"spec": spec.to_json()}))
+    assert studies.StudySpec.from_json(studies.read_study(folder)["spec"]) == spec  # type: ignore[index]
+    os.chown(folder / studies.STUDY, OTHER_UID, OTHER_UID)
+    with pytest.raises(UserError, match="is not yours.*Fix: run the sweep in a folder"):
+        studies.read_study(folder)
+    os.chown(folder / studies.STUDY, 0, 0)
+    folder.chmod(0o770)
+    with pytest.raises(UserError, match="writable by your group"):
+        studies.read_study(folder)
+    folder.chmod(0o750)
+    journal = folder / studies.JOURNAL
+    journal.write_text("")
+    os.chown(journal, OTHER_UID, OTHER_UID)
+    with pytest.raises(UserError, match=r"hydra.sweeper.storage=journal:.*is not yours"):
+        studies.storage(f"journal:{journal}")
