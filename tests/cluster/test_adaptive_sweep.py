@@ -114,6 +114,7 @@ def test_a_requeued_worker_resumes_its_2_node_trial_and_a_second_submit_continue
     subprocess.run(["scontrol", "requeue", worker], env=slurm_env, check=True)
     _release_when_pending(worker, slurm_env)
     wait_for_workers(sweep, slurm_env)
+    assert_completed(worker, slurm_env, worker_output(sweep))  # its last start: COMPLETED 0:0
     trials = study_of(sweep).trials
     assert [t.state.name for t in trials] == ["COMPLETE"], worker_output(sweep)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -123,6 +124,8 @@ def test_a_requeued_worker_resumes_its_2_node_trial_and_a_second_submit_continue
     again = hpc_ddp("submit", [*args, "hydra.sweeper.n_trials=2"], env=slurm_env, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     wait_for_workers(sweep, slurm_env)
+    for second in workers_of(sweep):
+        assert_completed(second, slurm_env, worker_output(sweep))
     assert [t.state.name for t in study_of(sweep).trials] == ["COMPLETE"] * 2
 
 
