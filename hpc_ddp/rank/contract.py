@@ -49,6 +49,10 @@ STOP_FILE_ENV = "HPC_DDP_STOP_FILE"
 REQUEUE_EXIT_ENV = "HPC_DDP_REQUEUE_EXIT_CODE"
 REQUEUE_SIGNAL_ENV = "HPC_DDP_REQUEUE_SIGNAL"
 RESUME_CAUSE_ENV = "HPC_DDP_RESUME_CAUSE"
+# Set where a script's steps are probed for their gradient sync (several ranks, DDP):
+# rank 0 leaves the figures beside the stop file, SYNC_SUFFIX, for the summary.
+SYNC_PROBE_ENV = "HPC_DDP_SYNC_PROBE"
+SYNC_SUFFIX = ".sync.json"
 # The supervised child: a stop the supervisor was signalled for before the child ran
 # (stopping's code), so the child stops as if the signal had reached it.
 EARLY_STOP_ENV = "HPC_DDP_EARLY_STOP"

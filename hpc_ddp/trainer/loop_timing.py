@@ -108,12 +108,23 @@ class StepTimer:
 
     # -- attaching ---------------------------------------------------------------------------
     def attach(self, parameters: Iterable[Any], optimizer: Any) -> StepTimer:
-        for p in parameters:
-            if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        self.attach_parameters(parameters)
         self._handles.append(optimizer.register_step_pre_hook(self._on_step_begin))
         self._handles.append(optimizer.register_step_post_hook(self._on_step_end))
         return self
+
+    def attach_parameters(self, parameters: Iterable[Any]) -> None:
+        """The parameters' hooks alone, for a caller that reports the optimizer's step itself
+        (:meth:`step_begins`, :meth:`step_ends`: sync_probe.LoopProbe's global hooks)."""
+        for p in parameters:
+            if p.requires_grad:
+                self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+
+    def step_begins(self) -> None:
+        self._on_step_begin(None, (), {})
+
+    def step_ends(self) -> None:
+        self._on_step_end(None, (), {})
 
     def wrap(self, loader: Any) -> TimedLoader:
         """``loader`` with the time spent in each ``next`` counted as data wait."""

@@ -10,6 +10,9 @@ hide, DDP's finalisation waiting for it, and waiting for a slower rank to join i
 rank samples the same steps (the step count is the same everywhere), so none arrives late
 at the all-reduce because the others are being measured.
 
+A loop of your own (``entry=``, ``script=``) is followed the same way by :class:`LoopProbe`,
+through torch's global optimizer hooks (rank/main/entry.py, rank/main/script_runner.py).
+
 Cost: between samples one optimizer step hook (a counter) and a check per batch; the
 parameter hooks are attached only for a sampled step. On CUDA the marks are CUDA events and
 the sampled step is bracketed by two ``torch.cuda.synchronize`` calls (its wall time must be
@@ -160,6 +163,70 @@ class SyncProbe:
         self._open = False  # not timed: its marks are reset by the next start
 
 
+class LoopProbe:
+    """The sampled steps of a loop of your own (``entry=``, ``script=``), where no batch
+    iterator of ours tells a step's start: torch's global optimizer step hooks
+    (``torch.optim.optimizer.register_optimizer_step_pre_hook``/``post_hook``) follow the
+    first optimizer that steps, and a sampled step runs from the end of the step before it
+    to its own end (its wait for the next batch included, as in the trainer's split); its
+    gradient sync, as everywhere, from the last gradient of that optimizer's parameters to
+    its ``step``. Other optimizers (a GAN's second) are not followed."""
+
+    def __init__(self, every: int = MIN_EVERY) -> None:
+        import torch.optim.optimizer as optim  # deferred: torch
+
+        # Made for the first optimizer that steps, on its parameters' device (a CPU loop on
+        # a GPU node makes no CUDA events).
+        self.timer: StepTimer | None = None
+        self.every = max(1, every)
+        self.steps = 0
+        self._optimizer: Any = None
+        self._open = False
+        self._sums = (0.0, 0.0, 0)
+        # Removed at close, never inside a step: torch iterates these dicts while it calls them.
+        self._handles = [optim.register_optimizer_step_pre_hook(self._before),
+                         optim.register_optimizer_step_post_hook(self._after)]
+
+    def total(self) -> SyncFigures:
+        return _from_sums(*self._sums)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self.timer is not None:
+            self.timer.detach()
+        self._open = False
+
+    def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._open and optimizer is self._optimizer and self.timer is not None:
+            self.timer.step_begins()
+
+    def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._optimizer is None:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            if not params:
+                return
+            self._optimizer = optimizer
+            self.timer = StepTimer(params[0].device, memory=False)
+        if optimizer is not self._optimizer or self.timer is None:
+            return
+        if self._open:
+            self.timer.step_ends()
+            window = self.timer.stop(1)
+            self.timer.detach()  # the parameters' hooks only: a dict not being iterated
+            self._open = False
+            comm, wall, steps = self._sums
+            self._sums = (comm + window.comm_s, wall + window.wall_s, steps + 1)
+        self.steps += 1
+        if sampled(self.steps, self.every):
+            self.timer.attach_parameters(
+                p for group in optimizer.param_groups for p in group["params"])
+            self.timer.start()
+            self.timer.data_wait(0.0)  # compute is counted from here: no batch is seen
+            self._open = True
+
+
 def _from_sums(comm_s: float, wall_s: float, steps: int) -> SyncFigures:
     return figures([Window(steps, wall_s, 0.0, 0.0, comm_s, 0.0, None, "none", None)])
 
@@ -174,7 +241,13 @@ def for_trainer(model: Any, optimizer: Any, trainer: Any, world_size: int,
                      max(trainer.log_interval, MIN_EVERY), trainer.grad_accum)
 
 
-def summary_of(probe: SyncProbe | None) -> dict[str, Any]:
+def for_loop(world_size: int, strategy: str) -> LoopProbe | None:
+    """The probe of a loop of your own, or None where there is no DDP gradient sync to
+    measure (one rank; ``trainer.strategy=fsdp``)."""
+    return LoopProbe() if world_size >= 2 and strategy == "ddp" else None
+
+
+def summary_of(probe: SyncProbe | LoopProbe | None) -> dict[str, Any]:
     """summary.json's sync fields (null where not measured)."""
     return (probe.total() if probe is not None else figures(())).summary()
 

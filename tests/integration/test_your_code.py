@@ -59,6 +59,7 @@ def test_example_projects_readme_commands_do_what_they_say(hpc_ddp: Run,
                     cwd=PROJECT)
     assert entry.returncode == 0, entry.stdout + entry.stderr
     assert summary_of(tmp_path / "entry")["global_step"] == 20  # not app.steps' old 200
+    _assert_sync_measured(summary_of(tmp_path / "entry"))
     for attempt in ("first", "second"):
         run_dir = tmp_path / attempt
         done = hpc_ddp("submit", ["script=train_ddp.py", f"run_dir={run_dir}", "--",
@@ -67,7 +68,16 @@ def test_example_projects_readme_commands_do_what_they_say(hpc_ddp: Run,
         assert torch.load(run_dir / "ckpt.pt")["epoch"] == 1
         out = "".join(p.read_text() for p in (run_dir / "submitit").glob("*_0_log.out"))
         assert "epoch 0 loss" in out and "resumed at epoch" not in out, out
+        _assert_sync_measured(summary_of(run_dir))
     assert sorted(p.name for p in PROJECT.iterdir()) == before  # no ckpt.pt written there
+
+
+def _assert_sync_measured(summary: dict[str, Any]) -> None:
+    """A 2-rank loop of the user's own says how much of a step waits on gradient sync, as
+    the built-in trainer's runs do (trainer/sync_probe.LoopProbe)."""
+    assert summary["world_size"] == 2 and summary["sync_sampled_steps"] >= 1, summary
+    assert 0.0 <= summary["sync_share"] <= 1.0, summary
+    assert 0.0 <= summary["sync_ms"] <= summary["sync_step_ms"], summary
 
 
 def test_check_data_on_the_projects_data_and_an_iterable_one() -> None:

@@ -121,6 +121,34 @@ def test_accumulation_times_a_whole_step_and_a_skipped_step_is_dropped() -> None
     assert _hooked(model) == 0 and not optimizer._optimizer_step_post_hooks
 
 
+def test_a_loop_of_your_own_is_followed_through_torchs_global_optimizer_hooks() -> None:
+    # No batch clock and no hook of ours on the optimizer: entry= and script= loops.
+    model, optimizer = _parts()
+    other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)  # not followed
+    probe = sync_probe.LoopProbe(every=3)
+    for _ in range(9):
+        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+        F.cross_entropy(model(x), y).backward()
+        time.sleep(0.02)  # an all-reduce the backward did not hide
+        optimizer.step()
+        optimizer.zero_grad()
+        other.step()
+    total = probe.total()
+    # Steps 3, 6 and 9 of 1..9: after the 2 warm-up steps, one in 3.
+    assert probe.steps == 9 and total.steps == 3, total
+    assert total.sync_ms is not None and total.step_ms is not None
+    assert 20.0 <= total.sync_ms <= total.step_ms
+    probe.close()
+    assert _hooked(model) == 0
+    optimizer.step()
+    assert probe.steps == 9  # closed: torch's global hooks are gone
+    assert sync_probe.summary_of(probe)["sync_sampled_steps"] == 3
+    assert sync_probe.for_loop(1, "ddp") is None and sync_probe.for_loop(2, "fsdp") is None
+    loop = sync_probe.for_loop(2, "ddp")
+    assert isinstance(loop, sync_probe.LoopProbe)
+    loop.close()
+
+
 def test_only_a_multi_rank_ddp_run_is_probed() -> None:
     from hpc_ddp.config.compose import compose
 

@@ -26,6 +26,7 @@ from hpc_ddp.rank.services.stopping import StopRequest, StopTraining
 from hpc_ddp.rank.supervise.outcome import write_summary
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.targets import TargetError, locate
+from hpc_ddp.trainer import sync_probe
 
 log = logging.getLogger(__name__)
 # A callable given to the Python API that no node could import (a notebook's function) is
@@ -71,8 +72,14 @@ def call(cfg: Config, rank: Rank, run: RunDir, cause: str | None, stop: StopRequ
     started = time.perf_counter()
     log.info("running %s on %s (rank %d of %d)", name, rank.device, rank.env.rank,
              rank.env.world_size)
-    with active(ctx):
-        result = fn(ctx)
+    # How much of a step waits on gradient sync, as the built-in trainer says it.
+    probe = sync_probe.for_loop(rank.env.world_size, cfg.trainer.strategy)
+    try:
+        with active(ctx):
+            result = fn(ctx)
+    finally:
+        if probe is not None:
+            probe.close()
     if ctx.stop_code != stopping.NONE:
         if ctx.stopped_at is None:
             log.warning("%s returned after the agreed stop without ctx.save(): the requeued "
@@ -84,7 +91,8 @@ def call(cfg: Config, rank: Rank, run: RunDir, cause: str | None, stop: StopRequ
                "num_nodes": rank.env.num_nodes, "device": str(rank.device),
                "train_time_s": time.perf_counter() - started, "global_step": ctx.step,
                "resumed_from_step": ctx.resumed_from_step, "restarts": len(ctx.restarts),
-               "restart_history": ctx.restarts, **jsonable(ctx.summary)}
+               "restart_history": ctx.restarts, **sync_probe.summary_of(probe),
+               **jsonable(ctx.summary)}
     returned = jsonable(result if isinstance(result, dict) else {} if result is None
                         else {"result": result})
     summary = {**{k: v for k, v in returned.items() if k not in summary}, **summary,

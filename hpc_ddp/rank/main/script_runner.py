@@ -21,10 +21,14 @@ import runpy
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from hpc_ddp.config import secrets
+from hpc_ddp.rank.contract import STOP_FILE_ENV, SYNC_PROBE_ENV, SYNC_SUFFIX
 from hpc_ddp.rank.join import job_store
 from hpc_ddp.rank.services.process_exit import exit_code, leave
+from hpc_ddp.rundir import write_json
 
 
 def main(argv: Sequence[str]) -> int:
@@ -41,6 +45,7 @@ def main(argv: Sequence[str]) -> int:
                   "value is kept nowhere).", file=sys.stderr)
             return 2
         args[i] = value
+    probe = _sync_probe()
     try:
         if args[0] == "-m":
             sys.argv = [args[1], *args[2:]]  # runpy puts the module's path in argv[0]
@@ -59,7 +64,31 @@ def main(argv: Sequence[str]) -> int:
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb)
         return 1
+    finally:
+        _leave_figures(probe)
     return 0
+
+
+def _sync_probe() -> Any:
+    """How much of the script's steps wait on gradient sync (trainer/sync_probe.LoopProbe),
+    where the supervisor asks for it (several ranks, DDP)."""
+    if os.environ.get(SYNC_PROBE_ENV) != "1":
+        return None
+    from hpc_ddp.trainer import sync_probe  # deferred: torch
+
+    return sync_probe.LoopProbe()
+
+
+def _leave_figures(probe: Any) -> None:
+    """Rank 0's figures beside the stop file, which the supervisor adds to summary.json."""
+    if probe is None:
+        return
+    probe.close()
+    stop_file = os.environ.get(STOP_FILE_ENV)
+    if os.environ.get("RANK") == "0" and stop_file:
+        from hpc_ddp.trainer import sync_probe  # deferred: torch
+
+        write_json(Path(stop_file).with_suffix(SYNC_SUFFIX), sync_probe.summary_of(probe))
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ from hpc_ddp.rank.contract import (
     RESUME_CAUSE_ENV,
     RUN_DIR_ENV,
     STOP_FILE_ENV,
+    SYNC_PROBE_ENV,
+    SYNC_SUFFIX,
 )
 from hpc_ddp.rank.join.distenv import step_signals_every_process
 from hpc_ddp.rank.join.joined import Rank, joined
@@ -102,6 +104,8 @@ def script_environment(cfg: Config, rank: Rank, run: RunDir, cause: str | None,
         extra[RESUME_CAUSE_ENV] = cause
     if staged is not None:
         extra[DATA_ROOT_ENV] = staged["root"]
+    if rank.env.world_size >= 2 and cfg.trainer.strategy == "ddp":
+        extra[SYNC_PROBE_ENV] = "1"  # script_runner follows its steps' gradient sync
     return extra
 
 
@@ -221,7 +225,8 @@ def _outcome(ended: Supervised, stop: StopRequest, cfg: Config, rank: Rank, run:
                "train_time_s": time.perf_counter() - started,
                "exit_codes": exit_codes(ended.ends), "global_step": step,
                "restarts": rank.env.restart + ended.generation,
-               **({"data_stage": staged} if staged is not None else {})}
+               **({"data_stage": staged} if staged is not None else {}),
+               **(read_json(stopped_file.with_suffix(SYNC_SUFFIX)) or {})}
     return write_summary(rank, run, {**{k: v for k, v in result.items() if k not in summary},
                                      **summary, "result": result})
 
