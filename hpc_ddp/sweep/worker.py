@@ -26,6 +26,7 @@ from typing import Any
 from hpc_ddp.errors import UserError
 from hpc_ddp.rank.contract import PRUNED_FILE, TRIAL_ENV
 from hpc_ddp.rundir import RunDir, read_json, write_json
+from hpc_ddp.sweep import orphans
 from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep.space import trial_overrides as with_values
 from hpc_ddp.sweep.study import trial_dir
@@ -81,31 +82,44 @@ def run(folder: Path, index: int, environ: MutableMapping[str, str]) -> int:
     study = studies.open_study(spec, manifest["storage"], manifest["study_name"], space,
                                create=False, stream=stream)
     mine = worker_file(folder, index)
+    me = orphans.identity(environ)
     ran = 0
-    while (drawn := _next(study, spec, space, folder, mine)) is not None:
+    while (drawn := _next(study, spec, space, folder, mine, me, environ)) is not None:
         number, params, resume = drawn
         _run_trial(study, spec, manifest, space, folder, number, params, resume, environ)
-        write_json(mine, {"trial": None, "ran": ran + 1, "time": time.time()})
+        write_json(mine, {"trial": None, "ran": ran + 1, "time": time.time(), **me})
         ran += 1
     return ran
 
 
 def _next(study: Any, spec: studies.StudySpec, space: studies.Space, folder: Path,
-          mine: Path) -> tuple[int, dict[str, Any], bool] | None:
-    """This worker's unfinished trial (after a requeue), else a new one; None when the study
-    has all its trials."""
+          mine: Path, me: dict[str, Any], environ: Mapping[str, str]
+          ) -> tuple[int, dict[str, Any], bool] | None:
+    """This worker's unfinished trial (after a requeue), else one whose worker is gone for
+    good (sweep/orphans.py), else a new one; None when the study has all its trials."""
     import optuna  # deferred: optuna
 
     had = read_json(mine) or {}
     if isinstance(had.get("trial"), int):
         frozen = study.trials[had["trial"]]
         if frozen.state == optuna.trial.TrialState.RUNNING:
+            write_json(mine, {**had, "time": time.time(), **me})
             return had["trial"], dict(frozen.params), True
     with studies.locked(folder):
+        running = {t.number for t in study.get_trials(
+            deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+        found = orphans.orphan(folder, mine, running, environ) if running else None
+        if found is not None:
+            number, theirs, record = found
+            write_json(theirs, {**record, "trial": None, "taken_by": mine.stem})
+            write_json(mine, {"trial": number, "time": time.time(), **me})
+            print(f"trial {number}: its worker ({record.get('job') or record.get('pid')}) "
+                  "is gone; resumed here from its checkpoint", flush=True)
+            return number, dict(study.trials[number].params), True
         if studies.drawn_all(study, spec, space):
             return None
         trial = study.ask(space.params)
-        write_json(mine, {"trial": trial.number, "time": time.time()})
+        write_json(mine, {"trial": trial.number, "time": time.time(), **me})
     return trial.number, dict(trial.params), False
 
 

@@ -42,45 +42,81 @@ def worker_output(folder: Path) -> str:
     return "\n".join(p.read_text() for p in sorted((folder / "workers").glob("*.out")))
 
 
-def test_a_study_on_slurm_runs_trials_as_steps_without_batches_and_prunes(
+def test_eight_trials_on_three_workers_no_batches_pruned_a_node_down_and_a_worker_gone(
         hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    # Two workers (one node each), a grid of four trials: lr=1000 diverges and Optuna's
-    # ThresholdPruner stops it at its first evaluation; 10 or 1500 steps. A grid sampler's
-    # seed orders the grid and trial n takes its point n: with seed 4, trials 0 and 1 (the
-    # first two, one a worker) are (10, 0.05) and (1500, 0.05), then (1500, 1000) and
-    # (10, 1000), both pruned at step 10.
+    from tests.cluster.test_fault_tolerance import take_down, wait_for_step
+
+    # Three workers (one node each) and a grid of eight trials: lr=1000 diverges and Optuna's
+    # ThresholdPruner stops it at its first evaluation (step 10); 10 or 1500 steps; two
+    # seeds. A grid sampler's seed orders the grid and trial n takes its point n: with seed
+    # 15, trials 0 and 1 are the long ones (1500, 0.05), 2 and 7 short (10, 0.05), 3 to 6
+    # pruned.
     sweep = tmp_path / "study"
     done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.max_steps=choice(10, 1500)",
-                              "optim.lr=choice(0.05, 1000.0)", "hydra.sweeper.sampler=grid",
-                              "hydra.sweeper.sampler.seed=4", "hydra.sweeper.n_trials=4",
-                              "hydra.sweeper.n_jobs=2", "hydra.sweeper.pruner=threshold",
-                              "hydra.sweeper.pruner.upper=50", "trainer.eval_interval=10",
-                              *SMALL, f"sweep.dir={sweep}"], env=slurm_env, timeout=120)
+                              "optim.lr=choice(0.05, 1000.0)", "trainer.seed=choice(0, 1)",
+                              "hydra.sweeper.sampler=grid", "hydra.sweeper.sampler.seed=15",
+                              "hydra.sweeper.n_trials=8", "hydra.sweeper.n_jobs=3",
+                              "hydra.sweeper.pruner=threshold", "hydra.sweeper.pruner.upper=50",
+                              "trainer.eval_interval=10", *SMALL, f"sweep.dir={sweep}"],
+                   env=slurm_env, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "workers: job array" in done.stdout  # it returned once the array was queued
+    for long in (0, 1):
+        wait_for_step(sweep / f"trial-{long}", 20, timeout=300)
+    holder = {json.loads(p.read_text()).get("trial"): json.loads(p.read_text())["job"]
+              for p in (sweep / "workers").glob("*.json")}
+    downed, cancelled = holder[0], holder[1]
+    node = subprocess.run(["squeue", "-h", "-j", downed, "-o", "%N"], env=slurm_env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # Trial 1's worker is cancelled for good: its trial checkpoints and stays RUNNING, and a
+    # worker that is free takes it over from that checkpoint (sweep/orphans.py).
+    subprocess.run(["scancel", cancelled], env=slurm_env, check=True)
+    # Trial 0's worker's node goes down: Slurm requeues the worker, which resumes trial 0.
+    try:
+        take_down(node, slurm_env)
+        _release_when_pending(downed, slurm_env)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"],
+                       env=slurm_env, check=False)
     wait_for_workers(sweep, slurm_env)
-    for worker in workers_of(sweep):  # each worker's job: COMPLETED 0:0
-        assert_completed(worker, slurm_env, worker_output(sweep))
+    out = worker_output(sweep)
+    for worker in workers_of(sweep):
+        if worker != cancelled:  # each other worker's job: COMPLETED 0:0
+            assert_completed(worker, slurm_env, out)
     trials = study_of(sweep).trials
     assert [(t.params["trainer.max_steps"], t.params["optim.lr"], t.state.name)
-            for t in trials] == [(10, 0.05, "COMPLETE"), (1500, 0.05, "COMPLETE"),
-                                 (1500, 1000.0, "PRUNED"), (10, 1000.0, "PRUNED")], (
-        worker_output(sweep))
-    for trial in trials:
-        record = json.loads((sweep / f"trial-{trial.number}" / "job.json").read_text())
-        # A step of a worker's own allocation, not a job of its own.
-        assert str(record["job_id"]).split(".")[0] in _worker_jobs(sweep, slurm_env), record
-    # No batches: in batches of two, trials 2 and 3 would wait for trial 1 (1500 steps);
-    # here they run while it trains, on the node trial 0 left.
-    long = trials[1]
-    assert trials[0].datetime_complete <= trials[2].datetime_start < long.datetime_complete
-    assert trials[3].datetime_start < long.datetime_complete
-    # The pruned trial's node takes the next trial at once (it is not left idle).
-    gap = trials[3].datetime_start - trials[2].datetime_complete
-    assert gap.total_seconds() < 10, gap
+            for t in trials] == [
+        (1500, 0.05, "COMPLETE"), (1500, 0.05, "COMPLETE"), (10, 0.05, "COMPLETE"),
+        *[(s, 1000.0, "PRUNED") for s in (1500, 1500, 10, 10)], (10, 0.05, "COMPLETE")], out
+    for number in (0, 1):  # each resumed from its checkpoint, not run again
+        summary = json.loads((sweep / f"trial-{number}" / "summary.json").read_text())
+        assert summary["global_step"] == 1500 and summary["resumed_from_step"] >= 20, summary
+    assert f"trial 1: its worker ({cancelled}) is gone; resumed here" in out, out
+    jobs = {t.number: str(json.loads((sweep / f"trial-{t.number}" / "job.json").read_text())[
+        "job_id"]).split(".")[0] for t in trials}
+    assert set(jobs.values()) <= _worker_jobs(sweep, slurm_env)  # steps of the workers' jobs
+    assert jobs[1] != _raw_id(cancelled, slurm_env), jobs  # finished by another worker
+    # No batches: in batches of three, trials 3 to 5 would wait for trials 0 to 2; here they
+    # start while the long ones train.
+    first_long_end = min(trials[0].datetime_complete, trials[1].datetime_complete)
+    assert all(trials[n].datetime_start < first_long_end for n in (3, 4, 5)), out
+    # A pruned trial's node takes the next trial at once (it is not left idle).
+    for pruned in trials[3:7]:
+        after = [t for t in trials if jobs[t.number] == jobs[pruned.number]
+                 and t.datetime_start >= pruned.datetime_complete]
+        if after:
+            gap = min(t.datetime_start for t in after) - pruned.datetime_complete
+            assert gap.total_seconds() < 10, (pruned.number, gap)
     status = hpc_ddp("status", [str(sweep)], env=slurm_env)
     assert status.returncode == 0, status.stderr
-    assert "4 of 4 trials drawn, 2 complete, 2 pruned, 0 failed, 0 running" in status.stdout
+    assert "8 of 8 trials drawn, 4 complete, 4 pruned, 0 failed, 0 running" in status.stdout
+
+
+def _raw_id(array_task: str, env: dict[str, str]) -> str:
+    """An array task's own job id (``<array>_<task>`` -> JobIDRaw), from sacct."""
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", array_task, "-o", "JobIDRaw"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return out.split()[0].strip()
 
 
 def _worker_jobs(folder: Path, env: dict[str, str]) -> set[str]:
