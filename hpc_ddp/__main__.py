@@ -20,9 +20,10 @@ COMMANDS = """hpc_ddp: DDP training from a Hydra config to a (multi-node) Slurm 
   python -m hpc_ddp.doctor [key=value ...]       check the nodes of a job before training
   python -m hpc_ddp.env venv|conda DIR|NAME      build the environment every node activates
       container=pyxis|apptainer|podman, cluster.venv=DIR: see docs/containers.md
-  python -m hpc_ddp.bench comm|train|scaling|sweep|entries|data|scale|logs|recovery|\
-startup|warm|checkpoint
-      communication, training, scaling over nodes, submission, what your own code pays,
+  python -m hpc_ddp.bench comm|train|scaling|sweep|search|entries|data|scale|logs|\
+recovery|startup|warm|checkpoint
+      communication, training, scaling over nodes, submission, an adaptive search in
+      batches/asynchronous/pruned, what your own code pays,
       data loading, per-rank cost against world size, the logs command on 4,096 ranks,
       what a failure costs (in place vs requeue), checkpoint stalls and FSDP against DDP
   python -m hpc_ddp.data download cifar10 root=DIR   fetch a data set once, before training

@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "your training on 1..N nodes: efficiency, what limits it, the sync fix to use"),
     "sweep": ("hpc_ddp.bench.sweep",
               "submitting a big sweep (held jobs): arrays, one sbatch per point, bare sbatch"),
+    "search": ("hpc_ddp.bench.search",
+               "an adaptive search in batches, asynchronously, pruned: idle node-seconds"),
     "entries": ("hpc_ddp.bench.entries", "your code: what a function entry and a script cost"),
     "data": ("hpc_ddp.bench.data",
              "image loading: folder and shards loaders vs the textbook one; staging rates"),

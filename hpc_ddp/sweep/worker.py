@@ -32,6 +32,9 @@ from hpc_ddp.sweep.space import trial_overrides as with_values
 from hpc_ddp.sweep.study import trial_dir
 
 OBJECTIVE_FILE = "objective.json"  # a script's value, in its run dir
+# Set by ``python -m hpc_ddp.bench search`` alone: its workers draw in batches of n_jobs, each
+# waiting for the slowest trial of the last (the Optuna sweeper plugin's way), to compare.
+BATCHES_ENV = "HPC_DDP_SWEEP_BATCHES"
 
 
 class TrialStopped(Exception):
@@ -82,13 +85,15 @@ def run(folder: Path, index: int, environ: MutableMapping[str, str]) -> int:
     study = studies.open_study(spec, manifest["storage"], manifest["study_name"], space,
                                create=False, stream=stream)
     mine = worker_file(folder, index)
-    me = orphans.identity(environ)
+    # Who this worker is (sweep/orphans.py) and since when (bench search's node-seconds).
+    me = {**orphans.identity(environ), "began": time.time()}
     ran = 0
     while (drawn := _next(study, spec, space, folder, mine, me, environ)) is not None:
         number, params, resume = drawn
         _run_trial(study, spec, manifest, space, folder, number, params, resume, environ)
         write_json(mine, {"trial": None, "ran": ran + 1, "time": time.time(), **me})
         ran += 1
+    write_json(mine, {**(read_json(mine) or {}), "ended": time.time()})
     return ran
 
 
@@ -105,6 +110,8 @@ def _next(study: Any, spec: studies.StudySpec, space: studies.Space, folder: Pat
         if frozen.state == optuna.trial.TrialState.RUNNING:
             write_json(mine, {**had, "time": time.time(), **me})
             return had["trial"], dict(frozen.params), True
+    while environ.get(BATCHES_ENV) == "1" and _batch_open(study, spec.n_jobs):
+        time.sleep(0.5)  # the plugin's batches, for bench search's comparison only
     with studies.locked(folder):
         running = {t.number for t in study.get_trials(
             deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
@@ -121,6 +128,15 @@ def _next(study: Any, spec: studies.StudySpec, space: studies.Space, folder: Pat
         trial = study.ask(space.params)
         write_json(mine, {"trial": trial.number, "time": time.time(), **me})
     return trial.number, dict(trial.params), False
+
+
+def _batch_open(study: Any, n_jobs: int) -> bool:
+    """The next trial would start a new batch of ``n_jobs`` while the last one runs."""
+    import optuna  # deferred: optuna
+
+    trials = study.get_trials(deepcopy=False)
+    return (len(trials) % n_jobs == 0
+            and any(t.state == optuna.trial.TrialState.RUNNING for t in trials))
 
 
 def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
