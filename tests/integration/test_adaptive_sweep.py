@@ -164,3 +164,31 @@ def test_a_script_reports_its_value_with_no_import_of_ours(hpc_ddp: Run, tmp_pat
     assert done.returncode == 0, done.stdout + done.stderr
     (trial,) = study_of(sweep).trials
     assert trial.state.name == "COMPLETE" and trial.value == 0.5  # two local ranks
+
+
+def test_bench_search_compares_batches_asynchrony_and_pruning(hpc_ddp: Run,
+                                                              tmp_path: Path) -> None:
+    # A grid of four (seed 1: (150, 1000), (10, 1000), (10, 0.05), (150, 0.05), the best
+    # last) on two workers, one rank each. Batched, trial 1's worker waits for trial 0's 150
+    # diverging steps before trials 2 and 3 start; asynchronously it goes on at once; pruned,
+    # the diverging lr=1000 trials stop at their first evaluation instead of training to a
+    # NaN (FAILED then: no finite loss), and the best trial starts sooner still.
+    out = tmp_path / "search"
+    done = hpc_ddp("bench", ["search", f"--out={out}", "cluster=local",
+                             "cluster.tasks_per_node=1", "trainer.max_steps=choice(10, 150)",
+                             "optim.lr=choice(0.05, 1000.0)", "hydra.sweeper.sampler=grid",
+                             "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_jobs=2",
+                             "hydra.sweeper.pruner=threshold", "hydra.sweeper.pruner.upper=50",
+                             "trainer.eval_interval=10", *SMALL], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((out / "search.json").read_text())
+    batched, eager, pruned = result["ways"]
+    assert [w["trials"] for w in result["ways"]] == [4, 4, 4]
+    assert [w["pruned"] for w in result["ways"]] == [0, 0, 2]
+    assert batched["best"] == eager["best"] == pruned["best"] == result["target"]
+    # The batched way's first worker idled through the long trial; asynchronously it did not.
+    assert batched["idle_share"] > eager["idle_share"], result
+    assert pruned["to_target_node_s"] < eager["to_target_node_s"] < batched[
+        "to_target_node_s"], result
+    assert pruned["held_node_s"] < eager["held_node_s"], result
+    assert "batched (the plugin)" in done.stdout and "x batched" in done.stdout
