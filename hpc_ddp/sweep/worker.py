@@ -46,11 +46,14 @@ class TrialStopped(Exception):
         self.number = number
 
 
-def _stopped(run_dir: Path) -> bool:
+def _stopped(run_dir: Path, since: float) -> bool:
+    """The trial's run stopped with a checkpoint in this attempt (a stop recorded by an
+    earlier one says nothing of an attempt that failed since)."""
     from hpc_ddp import events  # deferred (start-up): events
 
     found = events.read(run_dir)
-    return bool(found) and found[-1].get("kind") == events.STOP
+    return (bool(found) and found[-1].get("kind") == events.STOP
+            and float(found[-1].get("time") or 0.0) >= since)
 
 
 def worker_file(folder: Path, index: int) -> Path:
@@ -156,8 +159,9 @@ def _run_trial(study: Any, spec: studies.StudySpec, manifest: Mapping[str, Any],
         # drawing the trial and starting it left nothing to resume).
         started = resume and (run_dir / "config.yaml").exists()
         overrides = trial_overrides(space, params, run_dir, environ, started)
+        began = time.time()
         summary = _train(number, overrides, manifest, spec, environ)
-        if summary is None and _stopped(run_dir):
+        if summary is None and _stopped(run_dir, began):
             raise TrialStopped(number, run_dir)
         if summary is None:
             studies.tell(study, number, state=optuna.trial.TrialState.FAIL)

@@ -51,5 +51,8 @@ def test_a_local_owner_is_checked_by_pid_on_its_own_host(tmp_path: Path) -> None
 def test_who_claims(tmp_path: Path) -> None:
     assert owner.me({"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0"}, "n1") == {
         "kind": "slurm", "job": "12", "host": "n1"}
+    # An array's task by its own name: squeue -j <array id> would list the whole array.
+    assert owner.me({"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "12",
+                     "SLURM_ARRAY_TASK_ID": "2"}, "n1")["job"] == "12_2"
     local = owner.me({"SUBMITIT_LOCAL_JOB_ID": str(os.getpid()), "SLURM_JOB_ID": "12"}, "box")
     assert local["kind"] == "local" and local["job"] == str(os.getpid())

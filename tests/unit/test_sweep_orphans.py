@@ -88,3 +88,15 @@ def test_the_orphan_is_a_running_trial_of_another_worker_that_is_gone(
     assert orphans.identity({"SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "2"})[
         "job"] == "41_2"
     assert orphans.identity({})["job"] is None and orphans.identity({})["pid"] == os.getpid()
+
+
+def test_a_trial_counts_as_stopped_only_by_a_stop_of_this_attempt(tmp_path: Path) -> None:
+    # An attempt that failed after an earlier attempt's checkpointed stop failed: it is not
+    # "stopped" (the worker would requeue itself for it again and again).
+    from hpc_ddp import events
+    from hpc_ddp.sweep.worker import _stopped
+
+    events.append(tmp_path, {"kind": events.STOP, "time": 100.0, "step": 120})
+    assert _stopped(tmp_path, since=50.0) and not _stopped(tmp_path, since=150.0)
+    events.append(tmp_path, {"kind": "failure", "time": 160.0})
+    assert not _stopped(tmp_path, since=50.0)

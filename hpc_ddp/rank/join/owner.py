@@ -26,9 +26,14 @@ FILE = "owner.json"
 
 def me(environ: Mapping[str, str], host: str) -> dict[str, Any]:
     """This job as a claim: the Slurm job (whichever step or attempt), else this run's local
-    job (submitit's local controller, or this process)."""
+    job (submitit's local controller, or this process). A task of a job array is named
+    ``<array>_<task>``: the array's first task has the array's own id, and ``squeue -j``
+    of that id lists every task of the array, so a dead task would look alive while
+    another runs (https://slurm.schedmd.com/job_array.html)."""
     if environ.get("SLURM_JOB_ID") and "SUBMITIT_LOCAL_JOB_ID" not in environ:
-        return {"kind": "slurm", "job": environ["SLURM_JOB_ID"], "host": host}
+        array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+        job = f"{array}_{task}" if array and task else environ["SLURM_JOB_ID"]
+        return {"kind": "slurm", "job": job, "host": host}
     pid = int(environ.get("SUBMITIT_LOCAL_JOB_ID") or os.getppid())
     return {"kind": "local", "job": str(pid), "host": host, "started": start_time(pid)}
 
