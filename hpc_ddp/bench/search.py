@@ -75,7 +75,7 @@ def _queued(array: str) -> bool:
 
 def _read(folder: Path) -> tuple[list[Trial], list[tuple[float, float]], int, bool]:
     """The way's trials, its workers' (start, end), nodes per worker, and minimize."""
-    from hpc_ddp.sweep import study as studies  # deferred: optuna
+    from hpc_ddp.sweep import study as studies  # deferred (start-up): sweep.study
 
     manifest = studies.read_study(folder)
     if manifest is None:

@@ -74,7 +74,7 @@ def _sync_probe() -> Any:
     where the supervisor asks for it (several ranks, DDP)."""
     if os.environ.get(SYNC_PROBE_ENV) != "1":
         return None
-    from hpc_ddp.trainer import sync_probe  # deferred: torch
+    from hpc_ddp.trainer import sync_probe  # deferred (start-up): trainer.sync_probe
 
     return sync_probe.LoopProbe()
 
@@ -86,7 +86,7 @@ def _leave_figures(probe: Any) -> None:
     probe.close()
     stop_file = os.environ.get(STOP_FILE_ENV)
     if os.environ.get("RANK") == "0" and stop_file:
-        from hpc_ddp.trainer import sync_probe  # deferred: torch
+        from hpc_ddp.trainer import sync_probe  # deferred (start-up): trainer.sync_probe
 
         write_json(Path(stop_file).with_suffix(SYNC_SUFFIX), sync_probe.summary_of(probe))
 
