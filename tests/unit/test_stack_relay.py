@@ -133,3 +133,29 @@ def test_a_supervisor_whose_store_goes_away_while_it_exits_exits_cleanly(
     done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
                           timeout=120, check=False, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_request_waits_until_every_asked_rank_wrote_its_stacks(tmp_path: Path) -> None:
+    # A loaded node's dump can take seconds: the report waits for it (up to wait_s), and
+    # returns as soon as every asked rank has written, not after the whole wait.
+    import threading
+
+    class NoStore:
+        def multi_set(self, keys: Any, values: Any) -> None:
+            pass
+
+    for r in (0, 1):
+        (tmp_path / f"rank{r}.stacks").write_text("")  # made at the rank's start, empty
+    late = threading.Timer(1.0, lambda: (tmp_path / "rank1.stacks").write_text("Thread 0x1"))
+    (tmp_path / "rank0.stacks").write_text("Current thread 0x2")
+    started = time.monotonic()
+    late.start()
+    stacks.request(NoStore(), [0, 1], tmp_path, "elsewhere", signal.SIGUSR1, wait_s=20,
+                   logs=tmp_path)
+    took = time.monotonic() - started
+    assert 1.0 <= took < 5, took
+    assert (tmp_path / "rank1.stacks").read_text() == "Thread 0x1"
+    started = time.monotonic()
+    stacks.request(NoStore(), [2], tmp_path, "elsewhere", signal.SIGUSR1, wait_s=1.0,
+                   logs=tmp_path)  # rank 2 never writes: the whole wait, then on
+    assert 1.0 <= time.monotonic() - started < 3

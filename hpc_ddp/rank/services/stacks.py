@@ -57,10 +57,13 @@ def enable(path: Path, signum: int) -> None:
 
 
 def request(store: Any, silent: list[int], ranks_dir: Path, host: str, signum: int,
-            wait_s: float = 3.0) -> None:
+            wait_s: float = 3.0, logs: Path | None = None) -> None:
     """Ask the silent ranks for their stacks: the store keys their supervisors wait on (one
     store call), and a signal to those on this host (found by pid in ranks/rank<N>.json);
-    then give them ``wait_s`` to write."""
+    then give them ``wait_s`` to write: with ``logs``, until every one of them has written
+    its ``rank<N>.stacks`` there (a loaded node's dump can take seconds: a report without
+    the rank that hangs would name the ones that wait for it)."""
+    asked = time.time()
     try:
         if silent:
             store.multi_set([request_key(r) for r in silent], [REQUEST] * len(silent))
@@ -73,7 +76,22 @@ def request(store: Any, silent: list[int], ranks_dir: Path, host: str, signum: i
                 os.kill(int(record["pid"]), signum)
         except (OSError, ValueError, KeyError):
             continue
-    time.sleep(wait_s)
+    if logs is None:
+        time.sleep(wait_s)
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(
+            _written_since(logs / f"rank{r}.stacks", asked) for r in silent):
+        time.sleep(0.1)
+    time.sleep(0.2)  # the dump's last lines (faulthandler writes it at once)
+
+
+def _written_since(path: Path, since: float) -> bool:
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    return stat.st_size > 0 and stat.st_mtime >= since - 1.0
 
 
 def where(stacks_file: Path) -> str | None:

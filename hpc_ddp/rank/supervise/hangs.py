@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 # The derived timeout: at least this, and this many times the longest pause seen.
 MIN_DERIVED_S, PAUSE_FACTOR = 300.0, 10.0
+# How long every rank gets to dump its stacks (the report returns once all have): the rank
+# that hangs must be among them, or the report names the ones that wait for it.
+STACKS_WAIT_S = 15.0
 # Before every rank's first step (torch.compile, a first batch's warm-up) the limit is this
 # many times longer.
 FIRST_STEP_FACTOR = 2.0
@@ -122,7 +125,8 @@ class HangWatch:
         places: dict[int, str | None] = {}
         if self.stack_signal is not None:
             stacks.request(PrefixedStore(self.prefix, own), list(range(world)),
-                           self.ranks_dir, self.rank.host, self.stack_signal)
+                           self.ranks_dir, self.rank.host, self.stack_signal,
+                           wait_s=STACKS_WAIT_S, logs=self.logs)
             places = {r: stacks.where(self.logs / f"rank{r}.stacks") for r in range(world)}
         named = culprits(places) if places else []
         hosts = hosts_of(self.ranks_dir, named[:8])

@@ -250,7 +250,7 @@ def _first_report(rank: Rank, generation: int = 0) -> bool:
 def _stacks_of(silent: list[int], cfg: Config, rank: Rank, run_dir: RunDir) -> dict[int, str]:
     """Ask the silent ranks for their Python stacks (services/stacks.py); where each one was."""
     stacks.request(rank.store, silent, run_dir.ranks, rank.host,
-                   stacks.stack_signal(cfg.cluster.signal))
+                   stacks.stack_signal(cfg.cluster.signal), logs=run_dir.logs)
     found = {r: stacks.where(run_dir.logs / f"rank{r}.stacks") for r in silent}
     return {r: place for r, place in found.items() if place}
 
