@@ -20,6 +20,7 @@ A worker whose files say nothing of who holds them (an older sweep) is never tak
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -78,6 +79,24 @@ def _run_alive(run_dir: Path) -> bool:
     return isinstance(pid, int) and pid_alive(pid, job.get("controller_start"))
 
 
+def read_worker_file(path: Path, folder: Path) -> dict[str, Any] | None:
+    """A worker's file, read only as this user's file in a sweep folder no one else can
+    write (owned.py): the trial it names is the one a worker resumes or takes over. None
+    when missing, unreadable, or someone else's (said once, on the worker's output)."""
+    from hpc_ddp.owned import Untrusted, read_owned  # deferred (start-up): owned
+
+    try:
+        data = json.loads(read_owned(path, folder))
+    except FileNotFoundError:
+        return None
+    except Untrusted as exc:
+        print(f"{path} is not read: {exc}", flush=True)
+        return None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _worker_alive(pid: int) -> bool:
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -92,8 +111,8 @@ def orphan(folder: Path, mine: Path, running: set[int],
     trial, that worker's file and what it says; None when there is none."""
     held = []
     for path in sorted((folder / "workers").glob("*.json")):
-        record = read_json(path)
-        if path == mine or not isinstance(record, dict):
+        record = None if path == mine else read_worker_file(path, folder)
+        if record is None:
             continue
         number = record.get("trial")
         if isinstance(number, int) and number in running:

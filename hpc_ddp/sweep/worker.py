@@ -96,7 +96,7 @@ def run(folder: Path, index: int, environ: MutableMapping[str, str]) -> int:
         _run_trial(study, spec, manifest, space, folder, number, params, resume, environ)
         write_json(mine, {"trial": None, "ran": ran + 1, "time": time.time(), **me})
         ran += 1
-    write_json(mine, {**(read_json(mine) or {}), "ended": time.time()})
+    write_json(mine, {**(orphans.read_worker_file(mine, folder) or {}), "ended": time.time()})
     return ran
 
 
@@ -107,7 +107,7 @@ def _next(study: Any, spec: studies.StudySpec, space: studies.Space, folder: Pat
     good (sweep/orphans.py), else a new one; None when the study has all its trials."""
     import optuna  # deferred: optuna
 
-    had = read_json(mine) or {}
+    had = orphans.read_worker_file(mine, folder) or {}
     if isinstance(had.get("trial"), int):
         frozen = study.trials[had["trial"]]
         if frozen.state == optuna.trial.TrialState.RUNNING:

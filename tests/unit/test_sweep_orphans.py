@@ -85,6 +85,10 @@ def test_the_orphan_is_a_running_trial_of_another_worker_that_is_gone(
     assert orphans.orphan(tmp_path, mine, {5, 6, 8}, env) == (
         8, gone, json.loads(gone.read_text()))
     assert orphans.orphan(tmp_path, mine, {5, 6}, env) is None
+    # A worker file another user wrote (a shared group folder) names no trial to take over.
+    os.chown(gone, 65534, 65534)
+    assert orphans.orphan(tmp_path, mine, {5, 6, 8}, env) is None
+    assert orphans.read_worker_file(gone, tmp_path) is None
     assert orphans.identity({"SLURM_ARRAY_JOB_ID": "41", "SLURM_ARRAY_TASK_ID": "2"})[
         "job"] == "41_2"
     assert orphans.identity({})["job"] is None and orphans.identity({})["pid"] == os.getpid()
