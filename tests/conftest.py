@@ -53,6 +53,10 @@ def compose_refusal(overrides: list[str]) -> str:
 _PHASE_SECONDS: dict[str, float] = {}
 _PHASE_TESTS: dict[str, int] = {}
 _PHASE_SPAN: dict[str, tuple[float, float]] = {}
+# Cluster modules' seconds and each chain's span (by xdist worker): CLUSTER_MODULE_SECONDS'
+# figures come from here.
+_MODULE_SECONDS: dict[str, float] = {}
+_CHAIN_SPAN: dict[str, tuple[float, float]] = {}
 
 
 def _phase(nodeid: str) -> str:
@@ -68,6 +72,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _PHASE_SPAN[phase] = (min(first, report.start), max(last, report.stop))
     if report.when == "call":
         _PHASE_TESTS[phase] = _PHASE_TESTS.get(phase, 0) + 1
+    if phase == "cluster":
+        module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+        _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
+        worker = getattr(getattr(report, "node", None), "gateway", None)
+        chain = getattr(worker, "id", "main")
+        first, last = _CHAIN_SPAN.get(chain, (report.start, report.stop))
+        _CHAIN_SPAN[chain] = (min(first, report.start), max(last, report.stop))
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -83,6 +94,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{phase:12s} {seconds:8.1f} s in tests, "
                                     f"{last - first:8.1f} s from first start to last end  "
                                     f"({_PHASE_TESTS.get(phase, 0)} tests)")
+    if _CHAIN_SPAN:
+        terminalreporter.write_line("cluster chains: " + ", ".join(
+            f"{chain} {last - first:.0f} s" for chain, (first, last) in sorted(
+                _CHAIN_SPAN.items())) + "; by module: " + ", ".join(
+            f"{module.removeprefix('test_').removesuffix('.py')} {seconds:.0f}"
+            for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])))
 
 
 # -- how the suite spreads over pytest-xdist's workers (scripts/test.sh: -n 2 --dist loadscope)
@@ -131,29 +148,109 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             os.setpriority(os.PRIO_PROCESS, 0, want)
 
 
+# The cluster's tests run as two chains, one per test cluster (hpc_ddp.testcluster's instances
+# 0 and 1, side by side on this machine), on workers gw0 and gw1; the other workers run the
+# unit and local tests, and a chain's worker joins them when no cluster module is left
+# (scripts/test.sh starts three). HPC_DDP_TEST_CLUSTERS=1: one chain, as before.
+CLUSTERS_ENV = "HPC_DDP_TEST_CLUSTERS"
+# Seconds per cluster module in CI (its tests' set-up, call and tear-down; the suite prints
+# them at the end, "cluster chains"): the longest is handed out first, so that the two chains
+# end close together (longest-processing-time first). A module not listed counts 60 s.
+CLUSTER_MODULE_SECONDS = {
+    "test_fault_tolerance.py": 500, "test_remote.py": 265, "test_your_code.py": 245,
+    "test_sharded.py": 231, "test_shrink.py": 220, "test_docs.py": 210,
+    "test_slurm_submit.py": 200, "test_adaptive_sweep.py": 160, "test_layouts.py": 150,
+    "test_testcluster.py": 100, "test_pending_reasons.py": 90, "test_scaling_report.py": 90,
+    "test_containers.py": 90, "test_gpus.py": 80, "test_sweeps.py": 80,
+}
+
+# Modules that must run on one cluster: docs/testcluster.md's blocks (tests/cluster/test_docs.py)
+# run `python -m hpc_ddp.testcluster shape` and `straggle` as a reader would, on the default
+# cluster, by its node names.
+CLUSTER_PINNED = {"tests/cluster/test_docs.py": 0}
+
+
 def work_unit(nodeid: str) -> str:
-    """What xdist hands one worker at a time: every cluster test together (they share the
-    one 4-node test cluster and each expects its nodes idle when it starts: one after another
-    on one worker), a module of ONE_WORKER_MODULES whole, any other test on its own."""
+    """What xdist hands one worker at a time: a cluster module whole (its tests expect the
+    cluster's nodes idle when they start: one after another on one cluster, and its
+    module-scoped runs are built once), a module of ONE_WORKER_MODULES whole, any other test
+    on its own."""
     path = nodeid.split("::")[0]
-    if path.startswith("tests/cluster/"):
-        return "tests/cluster"
-    return path if path in ONE_WORKER_MODULES else nodeid
+    if path.startswith("tests/cluster/") or path in ONE_WORKER_MODULES:
+        return path
+    return nodeid
+
+
+def cluster_seconds(unit: str) -> float:
+    """The expected cost of a cluster module (CLUSTER_MODULE_SECONDS), -1 for other units."""
+    if not unit.startswith("tests/cluster/"):
+        return -1.0
+    return float(CLUSTER_MODULE_SECONDS.get(unit.rsplit("/", 1)[-1], 60))
+
+
+def cluster_chains(workers: int, environ: dict[str, str] | None = None) -> int:
+    """How many workers run cluster modules: HPC_DDP_TEST_CLUSTERS (default 2), leaving at
+    least one worker for the other tests when there are two or more."""
+    wanted = int((environ if environ is not None else os.environ).get(CLUSTERS_ENV) or 2)
+    return max(1, min(wanted, workers - 1 if workers > 1 else 1))
+
+
+def cluster_instance(worker: str | None) -> int:
+    """The test cluster a worker's cluster tests use: gw0 (or no xdist) 0, gw1 1."""
+    return int(worker[2:]) if worker and worker.startswith("gw") else 0
+
+
+def next_unit(units: list[str], instance: int, chains: int) -> str | None:
+    """The unit the worker of ``instance`` (:func:`cluster_instance`) takes next from
+    ``units`` (the queue's order): a chain's worker (instance < chains) the costliest cluster
+    module it may run (CLUSTER_PINNED), or else the first other unit; any other worker the
+    first unit that is not a cluster module (None: nothing for it)."""
+    cluster = [u for u in units if cluster_seconds(u) >= 0
+               and CLUSTER_PINNED.get(u, instance) == instance]
+    if instance < chains and cluster:
+        return max(cluster, key=cluster_seconds)
+    return next((u for u in units if cluster_seconds(u) < 0), None)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``--dist loadscope``: xdist's scheduler over :func:`work_unit`'s units. The
-    cluster's unit comes first (tests/cluster is collected first) and keeps its worker for
-    the whole cluster phase; the other worker runs the unit and local tests in the cluster
-    tests' waits (scheduler cycles, time limits, timeouts), and both share what is left.
+    """With ``--dist loadscope``: xdist's scheduler over :func:`work_unit`'s units, where
+    workers gw0 and gw1 (:func:`cluster_chains`) each run a chain of cluster modules on their
+    own test cluster and the others never take one; every worker takes the other units in
+    the chains' waits (scheduler cycles, time limits, timeouts) and after them.
     (xdist's own ``loadgroup`` renames node ids, which pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling  # deferred: only under xdist
 
+    chains = cluster_chains(int(config.getvalue("numprocesses") or 1))
+
     class ByUnit(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _unit_for(self, node: Any) -> str | None:
+            return next_unit(list(self.workqueue), cluster_instance(node.gateway.id), chains)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            unit = self._unit_for(node)
+            assigned = self.assigned_work.setdefault(node, {})
+            if unit is None:
+                return
+            work = self.workqueue.pop(unit)
+            assigned[unit] = work
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid)
+                                    for nodeid, done in work.items() if not done])
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if self._unit_for(node) is None:  # nothing left that this worker may take
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work.setdefault(node, {})) > 2:
+                return
+            self._assign_work_unit(node)
 
     return ByUnit(config, log)

@@ -1,4 +1,7 @@
-"""``python -m hpc_ddp.testcluster up|down|status [--nodes 4] [--state-dir DIR]``.
+"""``python -m hpc_ddp.testcluster up|down|status [--nodes 4] [--state-dir DIR] [--instance K]``.
+
+``--instance 1`` is a second cluster beside the default one (nodes bnode1.., its own
+state folder, subnet and ports: config.instance_settings), as the test suite runs them.
 
 ``shape --rate 300mbit [--delay 1ms] [--node node2 ...]`` / ``shape --clear``: a slow fabric;
 ``straggle --node node3 --cpu 0.5`` / ``straggle --clear``: a slow node (docs/testcluster.md).
@@ -19,7 +22,7 @@ from typing import Any
 
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.testcluster.cluster import TestCluster, TestClusterError, requirements_missing
-from hpc_ddp.testcluster.config import STATE_DIR_ENV, default_state_dir
+from hpc_ddp.testcluster.config import MAX_INSTANCES, STATE_DIR_ENV, default_state_dir
 from hpc_ddp.testcluster.shaping import MachineLacks, ShapingError, delay_seconds, rate_bits
 from hpc_ddp.testcluster.straggler import check_cpu
 
@@ -45,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help=f"where everything is written (default ${STATE_DIR_ENV} or {default_state_dir()})",
     )
+    p.add_argument("--instance", type=int, default=0,
+                   help="which of the clusters that run side by side (0: the default; 1: "
+                   "nodes bnode1.. in 10.78.0.0/24 with its own state folder and ports)")
     p.add_argument("--fresh", action="store_true", help="up: restart even if healthy")
     p.add_argument("--timeout", type=float, default=120.0, help="up: seconds for nodes to idle")
     p.add_argument("--json", action="store_true", help="status: print JSON")
@@ -101,6 +107,9 @@ def check_args(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise UserError("--timeout", args.timeout, "must be a positive number of seconds.",
                         "e.g. --timeout 120 (the default).")
+    if not 0 <= args.instance < MAX_INSTANCES:
+        raise UserError("--instance", args.instance, f"must be 0 to {MAX_INSTANCES - 1}.",
+                        "use --instance 0 (the default cluster) or 1 (a second one beside it).")
     if args.state_dir is not None and Path(args.state_dir).is_file():
         raise UserError("--state-dir", args.state_dir, "is a file, not a folder.",
                         "choose a folder (it is made if missing).")
@@ -149,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             nodes=args.nodes,
             cpus=args.cpus,
             gpus=args.gpus,
+            instance=args.instance,
             say=lambda msg: print(msg, flush=True),
         )
     except UserError as exc:

@@ -9,6 +9,7 @@ restart at 1 with a wiped state folder, so the database must be wiped with it).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import stat
@@ -20,8 +21,11 @@ from typing import Any
 
 from hpc_ddp.testcluster import daemons, network, settle, shaping, straggler
 from hpc_ddp.testcluster.config import (
+    MAX_INSTANCES,
     ClusterConfig,
+    default_state_dir,
     fingerprint,
+    instance_settings,
     render_gres_conf,
     render_slurm_conf,
     render_slurmdbd_conf,
@@ -74,6 +78,32 @@ class TestClusterError(RuntimeError):
     """The cluster did not come up; the message carries the daemon logs' tails."""
 
 
+_LOCK_DEPTH = [0]  # machine_lock is reentrant within a process (flock is per open file)
+
+
+@contextlib.contextmanager
+def machine_lock() -> Iterator[None]:
+    """Held while a cluster changes what every cluster on this machine shares (/etc/hosts,
+    munged, MariaDB and its users, the fake GPU files): two clusters start side by side in
+    the test suite, and each reads and rewrites /etc/hosts."""
+    if _LOCK_DEPTH[0]:
+        _LOCK_DEPTH[0] += 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[0] -= 1
+        return
+    path = default_state_dir().parent / "hpc_ddp_testcluster.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _LOCK_DEPTH[0] = 1
+        try:
+            yield
+        finally:
+            _LOCK_DEPTH[0] = 0
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class TestCluster:
     """A Slurm cluster of ``nodes`` namespaced nodes on this machine (see docs/testcluster.md)."""
 
@@ -88,9 +118,11 @@ class TestCluster:
         *,
         real_memory_mb: int = 3000,
         task_affinity: bool = False,
+        instance: int = 0,
         say: Callable[[str], None] | None = None,
     ) -> None:
         kwargs: dict[str, Any] = {
+            **instance_settings(instance),
             "nodes": nodes,
             "cpus": cpus,
             "gpus": gpus,
@@ -173,11 +205,12 @@ class TestCluster:
             f"network: bridge {cfg.bridge} {cfg.controller_address}, namespaces "
             f"{cfg.netns(cfg.node_names[0])}..{cfg.netns(cfg.node_names[-1])}, /etc/hosts"
         )
-        network.setup(cfg)
-        self._make_fake_gpus()
-        self._say(f"munged: {daemons.ensure_munged(cfg)}")
-        self._say(f"mariadb: {daemons.ensure_mariadb(cfg)}; fresh database {cfg.db_name}")
-        daemons.reset_database(cfg)
+        with machine_lock():
+            network.setup(cfg)
+            self._make_fake_gpus()
+            self._say(f"munged: {daemons.ensure_munged(cfg)}")
+            self._say(f"mariadb: {daemons.ensure_mariadb(cfg)}; fresh database {cfg.db_name}")
+            daemons.reset_database(cfg)
         self._say("slurmdbd: starting")
         daemons.start_slurmdbd(cfg, env)
         daemons.add_cluster(cfg, env)
@@ -237,9 +270,23 @@ class TestCluster:
     # --- down --------------------------------------------------------------------------
     def down(self) -> None:
         """Stop every daemon we started (by pid file), then remove shaping, namespaces, hosts
-        block, straggler cgroups and the fake GPU device files."""
-        self._stop(keep_services=False)
-        self._remove_fake_gpus()
+        block, straggler cgroups and the fake GPU device files; munged, MariaDB and the GPU
+        files stay while another cluster on this machine runs (:meth:`others_running`)."""
+        with machine_lock():
+            shared = not self.others_running()
+            self._stop(keep_services=not shared)
+            if shared:
+                self._remove_fake_gpus()
+
+    def others_running(self) -> list[int]:
+        """The other instances (config.instance_settings) whose slurmctld runs now."""
+        found = []
+        for k in range(MAX_INSTANCES):
+            if k != self.config.instance:
+                other = ClusterConfig(**instance_settings(k))  # type: ignore[arg-type]
+                if other.state_dir != self.state_dir and daemons.daemon_pid(other, "slurmctld"):
+                    found.append(k)
+        return found
 
     def _stop(self, *, keep_services: bool) -> None:
         cfg = self.config
@@ -263,7 +310,8 @@ class TestCluster:
         # one kept alive by a leftover process would keep them: cleared first. The cgroup
         # folders of stragglers are not tied to anything and must be removed explicitly.
         shaping.clear(cfg)
-        network.teardown(cfg)
+        with machine_lock():
+            network.teardown(cfg)
         straggler.unstraggle(cfg)
 
     # --- a slow fabric and a straggler (docs/testcluster.md) ----------------------------

@@ -16,11 +16,40 @@ from pathlib import Path
 
 DEFAULT_STATE_DIR = Path("/tmp/hpc_ddp_testcluster")
 STATE_DIR_ENV = "HPC_DDP_TESTCLUSTER_DIR"
+# Clusters 0..MAX_INSTANCES-1 can run side by side on one machine (instance_settings).
+MAX_INSTANCES = 8
 
 
 def default_state_dir() -> Path:
     """The state folder: ``$HPC_DDP_TESTCLUSTER_DIR`` or /tmp/hpc_ddp_testcluster."""
     return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def instance_settings(instance: int) -> dict[str, object]:
+    """The :class:`ClusterConfig` fields of test cluster number ``instance``: 0 is the default
+    cluster (node1.., 10.77.0.0/24, ports 6817-6819); cluster 1 is ``hpcddpb`` with nodes
+    bnode1.. in 10.78.0.0/24 and ports 6827-6829, and so on. Every name the machine shares
+    (state folder, bridges, namespaces, veths, node names in /etc/hosts, ports, database,
+    straggler cgroups) differs, so the test suite runs two chains of cluster tests at once,
+    one cluster each (tests/conftest.py)."""
+    if not 0 <= instance < MAX_INSTANCES:
+        raise ValueError(f"instance must be 0..{MAX_INSTANCES - 1}, got {instance}")
+    if instance == 0:
+        return {}
+    letter = "abcdefgh"[instance]
+    return {
+        "instance": instance,
+        "state_dir": Path(f"{default_state_dir()}-{letter}"),
+        "subnet": f"10.{77 + instance}.0.0/24",
+        "fast_subnet": f"fd{77 + instance}::/64",
+        "bridge": f"hpcddp{letter}0",
+        "fast_bridge": f"hpcddp{letter}1",
+        "cluster_name": f"hpcddp{letter}",
+        "db_name": f"hpc_ddp_testcluster_{letter}_acct",
+        "node_prefix": f"{letter}node",
+        "ns_prefix": f"hpcddp{letter}",
+        "port_base": 6817 + 10 * instance,
+    }
 
 
 @dataclass(frozen=True)
@@ -82,6 +111,13 @@ class ClusterConfig:
     # --cpu-bind=none, so every node's 1-CPU task would run on the same physical core 0
     # (the suite ran ~1.5x slower).
     task_affinity: bool = False
+    # Which of the clusters that can run side by side this is (instance_settings), and the
+    # names and ports that keep it apart from the others.
+    instance: int = 0
+    node_prefix: str = "node"
+    ns_prefix: str = "hpcddp"
+    # slurmctld listens on port_base, slurmd on port_base + 1, slurmdbd on port_base + 2.
+    port_base: int = 6817
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -95,7 +131,7 @@ class ClusterConfig:
     # --- names and addresses -------------------------------------------------------------
     @property
     def node_names(self) -> list[str]:
-        return [f"node{i}" for i in range(1, self.nodes + 1)]
+        return [f"{self.node_prefix}{i}" for i in range(1, self.nodes + 1)]
 
     @property
     def node_addresses(self) -> dict[str, str]:
@@ -113,7 +149,7 @@ class ClusterConfig:
         }
 
     def fast_veth(self, node: str) -> str:
-        return f"hpcddpf-{node.removeprefix('node')}"
+        return f"{self.ns_prefix}f-{node.removeprefix(self.node_prefix)}"
 
     @property
     def controller_address(self) -> str:
@@ -124,11 +160,21 @@ class ClusterConfig:
         return ipaddress.ip_network(self.subnet).prefixlen
 
     def netns(self, node: str) -> str:
-        return f"hpcddp-{node}"
+        return f"{self.ns_prefix}-{node}"
 
     def host_veth(self, node: str) -> str:
         # The root-namespace end of the node's veth pair (IFNAMSIZ: at most 15 characters).
-        return f"hpcddp-{node.removeprefix('node')}"
+        return f"{self.ns_prefix}-{node.removeprefix(self.node_prefix)}"
+
+    @property
+    def hosts_marker(self) -> str:
+        """What marks this cluster's block in /etc/hosts (each cluster has its own)."""
+        suffix = "" if self.instance == 0 else f" {self.cluster_name}"
+        return f"hpc_ddp testcluster{suffix}"
+
+    @property
+    def slurmdbd_port(self) -> int:
+        return self.port_base + 2
 
     @property
     def gpu_devices(self) -> list[Path]:
@@ -234,8 +280,8 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         "SlurmUser=root",
         "SlurmdUser=root",
         "AuthType=auth/munge",
-        "SlurmctldPort=6817",
-        "SlurmdPort=6818",
+        f"SlurmctldPort={cfg.port_base}",
+        f"SlurmdPort={cfg.port_base + 1}",
         f"StateSaveLocation={cfg.ctld_state_dir}",
         # Recipe: %n makes per-node paths so several slurmds share one slurm.conf.
         f"SlurmdSpoolDir={s}/spool-%n",
@@ -264,7 +310,7 @@ def render_slurm_conf(cfg: ClusterConfig) -> str:
         # The bridge's address (slurmdbd listens on all of them), not localhost: sacct run
         # inside a namespace (the login node, a node's job) reaches it too.
         f"AccountingStorageHost={cfg.controller_address}",
-        "AccountingStoragePort=6819",
+        f"AccountingStoragePort={cfg.slurmdbd_port}",
         "JobAcctGatherType=jobacct_gather/linux",
         "JobCompType=jobcomp/none",
         # Recipe, "Preemption and requeue" (in 22.05 PreemptParameters= is not a valid key).
@@ -309,7 +355,7 @@ def render_slurmdbd_conf(cfg: ClusterConfig) -> str:
                 "# Written by hpc_ddp.testcluster.",
                 "AuthType=auth/munge",
                 "DbdHost=localhost",
-                "DbdPort=6819",
+                f"DbdPort={cfg.slurmdbd_port}",
                 "SlurmUser=root",
                 f"LogFile={cfg.log_file('slurmdbd')}",
                 f"PidFile={cfg.pid_file('slurmdbd')}",

@@ -16,8 +16,10 @@ from pathlib import Path
 from hpc_ddp.testcluster.config import ClusterConfig, render_hosts_block
 
 HOSTS_FILE = Path("/etc/hosts")
-HOSTS_BEGIN = "# BEGIN hpc_ddp testcluster"
-HOSTS_END = "# END hpc_ddp testcluster"
+# The default cluster's markers; another instance's carry its name (ClusterConfig.hosts_marker).
+HOSTS_MARKER = "hpc_ddp testcluster"
+HOSTS_BEGIN = f"# BEGIN {HOSTS_MARKER}"
+HOSTS_END = f"# END {HOSTS_MARKER}"
 NETNS_DIR = Path("/run/netns")
 
 
@@ -105,7 +107,7 @@ def teardown(cfg: ClusterConfig) -> None:
     for bridge in (cfg.bridge, cfg.fast_bridge):
         if _link_exists(bridge):
             _ip("link", "del", bridge, check=False)
-    remove_hosts_block()
+    remove_hosts_block(cfg)
 
 
 def is_up(cfg: ClusterConfig) -> bool:
@@ -114,23 +116,25 @@ def is_up(cfg: ClusterConfig) -> bool:
 
 
 # --- /etc/hosts ------------------------------------------------------------------------------
-def strip_block(lines: Sequence[str]) -> list[str]:
-    """``lines`` without our marked block (pure, so it is unit-tested)."""
+def strip_block(lines: Sequence[str], marker: str = HOSTS_MARKER) -> list[str]:
+    """``lines`` without the block marked ``marker`` (pure, so it is unit-tested)."""
     out: list[str] = []
     inside = False
     for line in lines:
-        if line.strip() == HOSTS_BEGIN:
+        if line.strip() == f"# BEGIN {marker}":
             inside = True
-        elif line.strip() == HOSTS_END and inside:
+        elif line.strip() == f"# END {marker}" and inside:
             inside = False
         elif not inside:
             out.append(line)
     return out
 
 
-def with_block(lines: Sequence[str], block: Sequence[str]) -> list[str]:
-    """``lines`` with our block replaced by ``block``, at the end (pure, idempotent)."""
-    return [*strip_block(lines), HOSTS_BEGIN, *block, HOSTS_END]
+def with_block(lines: Sequence[str], block: Sequence[str],
+               marker: str = HOSTS_MARKER) -> list[str]:
+    """``lines`` with the block marked ``marker`` replaced by ``block``, at the end (pure,
+    idempotent; other clusters' blocks stay)."""
+    return [*strip_block(lines, marker), f"# BEGIN {marker}", *block, f"# END {marker}"]
 
 
 def _write_hosts(lines: list[str]) -> None:
@@ -141,9 +145,10 @@ def _write_hosts(lines: list[str]) -> None:
 
 
 def write_hosts_block(cfg: ClusterConfig) -> None:
-    _write_hosts(with_block(HOSTS_FILE.read_text().splitlines(), render_hosts_block(cfg)))
+    _write_hosts(with_block(HOSTS_FILE.read_text().splitlines(), render_hosts_block(cfg),
+                            cfg.hosts_marker))
 
 
-def remove_hosts_block() -> None:
+def remove_hosts_block(cfg: ClusterConfig) -> None:
     if HOSTS_FILE.exists():
-        _write_hosts(strip_block(HOSTS_FILE.read_text().splitlines()))
+        _write_hosts(strip_block(HOSTS_FILE.read_text().splitlines(), cfg.hosts_marker))

@@ -182,14 +182,16 @@ def running_nodes(cfg: ClusterConfig) -> list[str]:
     """The nodes whose namespace exists (also of a cluster started with another --nodes);
     not the login node's."""
     return [n for n in network.known_nodes(cfg)
-            if re.fullmatch(r"node\d+", n) and network.netns_path(cfg, n).exists()]
+            if re.fullmatch(rf"{re.escape(cfg.node_prefix)}\d+", n)
+            and network.netns_path(cfg, n).exists()]
 
 
 def _targets(cfg: ClusterConfig, nodes: Sequence[str] | None) -> list[str]:
     running = running_nodes(cfg)
     if nodes is None:
         if not running:
-            raise ShapingError(f"the test cluster is not up (no namespace {cfg.netns('node*')});"
+            pattern = cfg.netns(cfg.node_prefix + "*")
+            raise ShapingError(f"the test cluster is not up (no namespace {pattern});"
                                " start it first: python -m hpc_ddp.testcluster up")
         return running
     for node in nodes:

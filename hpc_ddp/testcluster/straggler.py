@@ -149,9 +149,16 @@ def stragglers(cfg: ClusterConfig, *, root: Path = CPU_CGROUP) -> dict[str, floa
     """Node -> the CPUs it is capped at, for every straggler group in place."""
     if not root.is_dir():
         return {}
-    found = {p.name.removeprefix(PREFIX): cap_of(p)
-             for p in sorted(root.glob(f"{PREFIX}*")) if p.is_dir()}
+    found = {node: cap_of(root / f"{PREFIX}{node}") for node in _groups(cfg, root)}
     return {node: cpu for node, cpu in found.items() if cpu is not None}
+
+
+def _groups(cfg: ClusterConfig, root: Path) -> list[str]:
+    """The nodes of this cluster with a straggler group (another cluster on this machine
+    names its nodes with another prefix: config.instance_settings)."""
+    names = (p.name.removeprefix(PREFIX) for p in sorted(root.glob(f"{PREFIX}*")) if p.is_dir())
+    return [n for n in names if n.removeprefix(cfg.node_prefix).isdigit()
+            and n.startswith(cfg.node_prefix)]
 
 
 def unstraggle(cfg: ClusterConfig, nodes: Sequence[str] | None = None, *,
@@ -160,8 +167,7 @@ def unstraggle(cfg: ClusterConfig, nodes: Sequence[str] | None = None, *,
     remove their groups; returns the nodes released. Idempotent."""
     if not root.is_dir():
         return []
-    names = [p.name.removeprefix(PREFIX) for p in sorted(root.glob(f"{PREFIX}*"))
-             if p.is_dir()] if nodes is None else list(nodes)
+    names = _groups(cfg, root) if nodes is None else list(nodes)
     released = [n for n in names if group_of(n, root).is_dir()]
     for node in released:
         uncap(group_of(node, root), root)

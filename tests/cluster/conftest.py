@@ -2,6 +2,9 @@
 
 ``slurm_cluster`` (session) starts the cluster once, or reuses a healthy one, and stops it at
 the end of the session (``HPC_DDP_TESTCLUSTER_KEEP=1`` keeps it running for the next one).
+Under pytest-xdist each worker that runs cluster modules has a cluster of its own (gw0 the
+default one, gw1 instance 1, nodes bnode1..: tests/conftest.py's chains), so a test takes
+its node names from ``slurm_cluster``, never spells them.
 Without root or the Slurm packages the tests are skipped with the fix, except under
 ``CI=true``, where a skip would hide that nothing was tested: there they fail.
 """
@@ -20,6 +23,7 @@ from hpc_ddp.testcluster.cluster import (
     TestClusterError,
     requirements_missing,
 )
+from tests.conftest import cluster_instance
 
 KEEP_ENV = "HPC_DDP_TESTCLUSTER_KEEP"
 # Set once the session's cluster exists, so that the failure hook can print its logs.
@@ -58,7 +62,8 @@ def slurm_cluster() -> Iterator[TestCluster]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
-    cluster = TestCluster(say=print)
+    cluster = TestCluster(instance=cluster_instance(os.environ.get("PYTEST_XDIST_WORKER")),
+                          say=print)
     try:
         cluster.up()
     except TestClusterError as e:

@@ -61,7 +61,8 @@ def records(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def test_podman_trains_requeues_through_the_relay_and_sweeps(
-        hpc_ddp: Run, in_podman: tuple[list[str], dict[str, str], Any], tmp_path: Path) -> None:
+        hpc_ddp: Run, slurm_cluster: TestCluster,
+        in_podman: tuple[list[str], dict[str, str], Any], tmp_path: Path) -> None:
     overrides, env, setup = in_podman
     # A sweep of a function entry (2 points of 1 node) goes out first and returns at once;
     # its array runs beside the training job on the nodes' second CPUs.
@@ -84,7 +85,7 @@ def test_podman_trains_requeues_through_the_relay_and_sweeps(
     assert [e["kind"] for e in events.read(run_dir)] == ["stop", "requeue"]
     assert summary["environment"]["mixed"] == [] and summary["environment"]["torch"]
     assert {r["container"] for r in records(run_dir)} == {"podman"}
-    assert sorted(summary["nodes"]) == ["node1", "node2", "node3", "node4"]
+    assert sorted(summary["nodes"]) == slurm_cluster.node_names
     # scontrol requeue and squeue (the stop's cause) ran outside, through the relay.
     rank0 = (run_dir / "logs" / "rank0.log").read_text()
     assert f"relay: scontrol requeue {job} -> exit 0" in rank0, rank0[-3000:]
@@ -111,7 +112,8 @@ def assert_inside_podman(seen: dict[str, Any]) -> None:
 
 
 def test_podman_in_a_step_of_an_allocation(
-        in_podman: tuple[list[str], dict[str, str], Any], tmp_path: Path) -> None:
+        slurm_cluster: TestCluster, in_podman: tuple[list[str], dict[str, str], Any],
+        tmp_path: Path) -> None:
     overrides, env, setup = in_podman
     run_dir = tmp_path / "run"
     submit = shlex.join([sys.executable, "-m", "hpc_ddp.submit", "cluster=step", "nodes=2",
@@ -123,7 +125,7 @@ def test_podman_in_a_step_of_an_allocation(
     assert done.returncode == 0, done.stdout + done.stderr
     assert_step_completed(run_dir, env)
     ranks = summary_of(run_dir)["result"]["ranks"]
-    assert sorted(r["host"] for r in ranks) == ["node1", "node2"]
+    assert sorted(r["host"] for r in ranks) == slurm_cluster.node_names[:2]
     for seen in ranks:
         assert_inside_podman(seen)
     assert podman.leftover_containers(setup, env) == []

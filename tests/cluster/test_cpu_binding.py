@@ -25,7 +25,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="module")
 def bound_cluster(slurm_cluster: TestCluster) -> Iterator[TestCluster]:
-    bound = TestCluster(task_affinity=True, say=print)
+    bound = TestCluster(task_affinity=True, instance=slurm_cluster.config.instance, say=print)
     bound.up()
     try:
         yield bound

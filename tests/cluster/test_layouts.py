@@ -55,9 +55,10 @@ def assert_step_completed(run_dir: Path, env: dict[str, str]) -> None:
     assert_completed(step.split(".")[0], env)
 
 
-def test_steps_on_parts_of_an_allocation_train_side_by_side(slurm_env: dict[str, str],
+def test_steps_on_parts_of_an_allocation_train_side_by_side(slurm_cluster: TestCluster,
+                                                            slurm_env: dict[str, str],
                                                             tmp_path: Path) -> None:
-    # The 3rd and 4th nodes (rank 0 on node3, which is not the allocation's first host), and
+    # The 3rd and 4th nodes (rank 0 on the 3rd, which is not the allocation's first host), and
     # at the same time the 1st and 2nd: two rendezvous, one job id, two step ids.
     last, first = tmp_path / "last", tmp_path / "first"
     train = " ".join(map(shlex.quote, TRAIN))
@@ -66,7 +67,8 @@ def test_steps_on_parts_of_an_allocation_train_side_by_side(slurm_env: dict[str,
               "wait $a; x=$?; wait $b; y=$?; echo steps exited $x $y; [ $x$y = 00 ]")
     done = in_allocation(4, script, slurm_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    for run_dir, hosts in ((last, ["node3", "node4"]), (first, ["node1", "node2"])):
+    nodes = slurm_cluster.node_names
+    for run_dir, hosts in ((last, nodes[2:4]), (first, nodes[:2])):
         got = summary(run_dir)
         assert got["world_size"] == 2 and got["global_step"] == 10
         assert sorted(got["hosts"]) == hosts
@@ -95,7 +97,8 @@ def test_local_ranks_inside_an_allocation_are_their_own_world(
 
 
 @pytest.mark.parametrize("where", ["salloc shell", "srun shell on a node"])
-def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: dict[str, str],
+def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_cluster: TestCluster,
+                                                       slurm_env: dict[str, str],
                                                        tmp_path: Path) -> None:
     # cluster=auto inside an allocation: srun in it (no sbatch behind it, no queue wait). In
     # an `srun --pty bash`-like shell its own step holds CPUs (the new one needs --overlap);
@@ -118,7 +121,7 @@ def test_submit_inside_an_allocation_runs_a_step_of_it(where: str, slurm_env: di
     job = json.loads((run_dir / "job.json").read_text())
     assert job["kind"] == "step" and job["job_id"] == alloc
     got = summary(run_dir)
-    assert got["global_step"] == 100 and sorted(got["hosts"]) == ["node1", "node2"]
+    assert got["global_step"] == 100 and sorted(got["hosts"]) == slurm_cluster.node_names[:2]
     assert got["job_id"] == alloc  # as job.json: the allocation it ran in
     assert got["launch_id"].startswith(f"{alloc}.")  # a step of it, no other job
     if where != "salloc shell":

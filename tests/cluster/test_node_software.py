@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hpc_ddp.hostlist import collect
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_slurm_submit import SMALL, job_id_of
@@ -31,8 +32,9 @@ def start(args: list[str], env: dict[str, str], module: str = "submit",
 
 def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
         slurm_cluster: TestCluster, slurm_env: dict[str, str], tmp_path: Path) -> None:
-    # node3's tasks see one more distribution (a site's extra PYTHONPATH, set by the test
-    # cluster's TaskProlog on that node only).
+    # node3's tasks (the third node's) see one more distribution (a site's extra PYTHONPATH,
+    # set by the test cluster's TaskProlog on that node only).
+    node3 = slurm_cluster.node_names[2]
     extra = tmp_path / "node3-site"
     info = extra / "fake_drift-1.0.dist-info"
     info.mkdir(parents=True)
@@ -43,7 +45,7 @@ def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
     runs = {"trainer": ["trainer.max_steps=5"],
             "entry": ["entry=tests.usercode.entries:report"],
             "script": [f"script={script}", "--", str(started)]}
-    with slurm_cluster.node_environment("node3", {"PYTHONPATH": str(extra)}):
+    with slurm_cluster.node_environment(node3, {"PYTHONPATH": str(extra)}):
         procs = {kind: start(["cluster=slurm", "nodes=4", *SMALL, *FAST,
                               f"run_dir={tmp_path / kind}", *args], slurm_env)
                  for kind, args in runs.items()}
@@ -54,13 +56,13 @@ def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
         told = doctor.communicate(timeout=300)[0]
     assert doctor.returncode == 1, told
     assert "differs from the other nodes: fake-drift 1.0 (others not installed)" in told, told
-    assert "Bad node(s): node3" in told
+    assert f"Bad node(s): {node3}" in told
     assert_completed(job_id_of(told), slurm_env, told)  # it ran its checks to the end
     for kind, out in outs.items():
         run_dir = tmp_path / kind
         assert procs[kind].returncode == 1, out
         assert "the software differs between the job's nodes" in out, out
-        assert "node(s) node3 (1 rank(s), e.g. rank 2): fake-drift 1.0 (others not " \
+        assert f"node(s) {node3} (1 rank(s), e.g. rank 2): fake-drift 1.0 (others not " \
                "installed)" in out, out
         # Stopped before training: no step, no checkpoint; one error (rank 0's), no requeue.
         assert not (run_dir / "progress.json").exists(), kind
@@ -73,7 +75,7 @@ def test_a_node_with_other_software_stops_every_kind_of_run_before_training(
 
 
 def test_a_venv_is_activated_on_every_node_and_a_missing_one_named(
-        slurm_env: dict[str, str], tmp_path: Path) -> None:
+        slurm_cluster: TestCluster, slurm_env: dict[str, str], tmp_path: Path) -> None:
     venv = REPO / ".venv"
     # Nothing of the venv in the submitting environment: only the activation on each node
     # can make `python` the venv's there.
@@ -88,12 +90,13 @@ def test_a_venv_is_activated_on_every_node_and_a_missing_one_named(
     assert good.returncode == 0, out
     assert_completed(job_id_of(out), slurm_env, out)
     ranks = json.loads((tmp_path / "good" / "summary.json").read_text())["result"]["ranks"]
-    assert sorted(r["host"] for r in ranks) == ["node1", "node2", "node3", "node4"]
+    assert sorted(r["host"] for r in ranks) == slurm_cluster.node_names
     assert {r["python"] for r in ranks} == {str(venv / "bin" / "python")}
     assert {r["virtual_env"] for r in ranks} == {str(venv)}
     out, _ = bad.communicate(timeout=300)
     assert bad.returncode == 1, out
     assert_ended(job_id_of(out), slurm_env, "FAILED", out)
     # Every rank's error, said once for the four (failures.py).
-    assert (f"ranks 0-3 on node[1-4]: cluster.venv={tmp_path / 'no-venv'}: no virtual "
-            "environment there (no bin/activate) on node node[1-4].") in out, out
+    nodes = collect(slurm_cluster.node_names)  # node[1-4]
+    assert (f"ranks 0-3 on {nodes}: cluster.venv={tmp_path / 'no-venv'}: no virtual "
+            f"environment there (no bin/activate) on node {nodes}.") in out, out

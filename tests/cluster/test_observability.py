@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp import events, ranklines
+from hpc_ddp.hostlist import collect
+from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_ended
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,
@@ -217,7 +219,8 @@ raise ValueError(f"bad learning rate on rank {dist.get_rank()}")
 '''
 
 
-def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: dict[str, str],
+def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_cluster: TestCluster,
+                                                     slurm_env: dict[str, str],
                                                      tmp_path: Path) -> None:
     script = tmp_path / "failing.py"
     script.write_text(FAILING)
@@ -232,7 +235,8 @@ def test_a_script_failing_on_every_rank_is_said_once(hpc_ddp: Run, slurm_env: di
     out = done.stdout
     assert out.count("Traceback (most recent call last)") == 1, out
     assert out.count("ValueError: bad learning rate on rank") == 1, out
-    assert "ranks 0-3 of 4 on node[1-4]: the script exited with code 1" in out, out
+    nodes = collect(slurm_cluster.node_names)  # node[1-4]
+    assert f"ranks 0-3 of 4 on {nodes}: the script exited with code 1" in out, out
     assert "first to fail: rank " in out
     assert "the script exited with code 1; its last lines:" in out
     failures = [e for e in events.read(run_dir) if e["kind"] == "failure"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.hostlist import expand
+from hpc_ddp.hostlist import collect, expand
 from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.conftest import REPO
@@ -118,10 +118,13 @@ def test_a_supervised_entry_that_succeeds_ends_completed(
     assert_completed(job_id_of(done.stdout), slurm_env, done.stdout)
 
 
-def test_two_jobs_at_once_on_the_same_nodes(slurm_env: dict[str, str], tmp_path: Path) -> None:
+def test_two_jobs_at_once_on_the_same_nodes(slurm_cluster: TestCluster,
+                                            slurm_env: dict[str, str], tmp_path: Path) -> None:
     """Both rank 0s live on node1 at the same time; their rendezvous ports cannot collide."""
+    two = slurm_cluster.node_names[:2]
     procs = [subprocess.Popen([sys.executable, "-m", "hpc_ddp.submit", "cluster=slurm",
-                               "nodes=2", "cluster.nodelist='node[1-2]'", "trainer.max_steps=30",
+                               "nodes=2", f"cluster.nodelist='{collect(two)}'",
+                               "trainer.max_steps=30",
                                f"run_dir={tmp_path / name}", "wait=true", *SMALL],
                               cwd=REPO, env=slurm_env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for name in ("a", "b")]
@@ -133,7 +136,7 @@ def test_two_jobs_at_once_on_the_same_nodes(slurm_env: dict[str, str], tmp_path:
              for n in ("a", "b")}
     assert len(ports) == 2
     for name in ("a", "b"):
-        assert summary_of(tmp_path / name)["hosts"] == ["node1", "node2"]
+        assert summary_of(tmp_path / name)["hosts"] == two
 
 
 def activated(env: dict[str, str]) -> dict[str, str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.data import fake_images, pack
+from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,
@@ -34,7 +35,6 @@ pytestmark = pytest.mark.cluster
 # This user's folder under a stage_dir (hpc_ddp/data/stage_folders.py).
 TOP = f"hpc_ddp-stage-{os.geteuid()}"
 Run = Callable[..., subprocess.CompletedProcess[str]]
-NODES = ["node1", "node2", "node3", "node4"]
 COMMON = ["cluster=slurm", "trainer.collective_timeout_s=60", "trainer.rendezvous_timeout_s=60"]
 
 
@@ -64,7 +64,8 @@ def staged_lines(run_dir: Path) -> list[str]:
 
 
 def test_each_node_stages_once_shares_it_and_a_requeue_reuses_it(
-        hpc_ddp: Run, slurm_env: dict[str, str], data: Path, tmp_path: Path,
+        hpc_ddp: Run, slurm_cluster: TestCluster, slurm_env: dict[str, str], data: Path,
+        tmp_path: Path,
         request: pytest.FixtureRequest) -> None:
     stage_dir, run_dir = tmp_path / "stage", tmp_path / "run"
     # 8 ranks on the 2 shared cores: each in its own process, without a supervisor (staging is
@@ -83,8 +84,10 @@ def test_each_node_stages_once_shares_it_and_a_requeue_reuses_it(
     wait_for_step(run_dir, 10)
     first = reads(run_dir)
     lines = staged_lines(run_dir)
-    assert len(lines) == 4 and sorted(re.findall(r" on (node\d): ", " ".join(lines))) == NODES
-    for node in NODES:  # exactly one rank per node copied; both of its ranks read that copy
+    nodes = slurm_cluster.node_names
+    assert len(lines) == 4 and sorted(re.findall(rf" on ({slurm_cluster.config.node_prefix}\d): ",
+                                                  " ".join(lines))) == nodes
+    for node in nodes:  # exactly one rank per node copied; both of its ranks read that copy
         ranks = {r: v for r, v in first.items() if v[0] == node}
         assert len(ranks) == 2 and len({v[1] for v in ranks.values()}) == 1, ranks
         assert sorted(v[2] for v in ranks.values()) == ["copied here", "this node's copy"]
@@ -129,10 +132,11 @@ def test_a_function_entry_stages_through_its_context_and_reuses_other_jobs_copie
 
 
 @pytest.fixture
-def full_node3(tmp_path: Path) -> Iterator[Path]:
-    """A stage_dir whose node3 folder is a 16 KiB tmpfs (that node's small, full disk)."""
+def full_node3(tmp_path: Path, slurm_cluster: TestCluster) -> Iterator[Path]:
+    """A stage_dir whose third node's folder is a 16 KiB tmpfs (that node's small, full
+    disk)."""
     stage_dir = tmp_path / "stage"
-    mount = stage_dir / TOP / "node3"
+    mount = stage_dir / TOP / slurm_cluster.node_names[2]
     mount.mkdir(parents=True)
     # mode 0700: a stage folder must be private (hpc_ddp/data/stage_folders.py)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs", str(mount)],
@@ -143,9 +147,11 @@ def full_node3(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(mount)], check=False)
 
 
-def test_a_node_without_the_space_is_named(hpc_ddp: Run, slurm_env: dict[str, str],
-                                           data: Path, tmp_path: Path,
-                                           full_node3: Path) -> None:
+def test_a_node_without_the_space_is_named(hpc_ddp: Run, slurm_cluster: TestCluster,
+                                           slurm_env: dict[str, str], data: Path,
+                                           tmp_path: Path, full_node3: Path) -> None:
+    *others, node3 = slurm_cluster.node_names[:3]
+    others.append(slurm_cluster.node_names[3])
     archive = tmp_path / "images.tar"
     with tarfile.open(archive, "w") as tar:
         tar.add(data / "images", arcname="images")
@@ -157,13 +163,13 @@ def test_a_node_without_the_space_is_named(hpc_ddp: Run, slurm_env: dict[str, st
                    env=slurm_env, timeout=300)
     assert done.returncode != 0
     size = archive.stat().st_size
-    said = re.search(r"node node3 has ([\d.]+ [KM]iB) free there but the data set needs .* "
+    said = re.search(rf"node {node3} has ([\d.]+ [KM]iB) free there but the data set needs .* "
                      rf"\({size} bytes needed, (\d+) free\)", done.stdout)
     assert said, done.stdout
     assert int(said[2]) < size
     assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
     errors = {p.name: p.read_text() for p in (run_dir / "logs").glob("rank*.error")}
-    assert len(errors) == 4 and all("node node3 has" in e for e in errors.values())
-    for node in ("node1", "node2", "node4"):  # the others staged; node3 holds nothing
+    assert len(errors) == 4 and all(f"node {node3} has" in e for e in errors.values())
+    for node in others:  # the others staged; node3 holds nothing
         assert list((full_node3 / TOP / node).glob("images-*/*/manifest.json"))
-    assert not list((full_node3 / TOP / "node3").rglob("*.partial"))
+    assert not list((full_node3 / TOP / node3).rglob("*.partial"))

@@ -36,7 +36,7 @@ def test_sinfo_shows_idle_nodes_with_gpus_in_both_partitions(
     rows = {tuple(line.split()) for line in out.splitlines()}
     expected = {
         (node, part, "idle", "gpu:2")
-        for node in ["node1", "node2", "node3", "node4"]
+        for node in slurm_cluster.node_names
         for part in ["normal*", "urgent"]
     }
     assert rows == expected
@@ -63,13 +63,14 @@ def test_srun_spans_four_namespaced_nodes(
     )
     assert [int(r[0]) for r in rows] == list(range(8))
     hosts = {r[1] for r in rows}
-    assert hosts == {"node1", "node2", "node3", "node4"}
+    assert hosts == set(slurm_cluster.node_names)
     # Each node answers with its own address, the one in /etc/hosts and slurm.conf.
     assert {(r[1], r[3]) for r in rows} == set(slurm_cluster.node_addresses.items())
     assert all(r[1] == r[2] for r in rows)
 
 
-def test_sbatch_wait_then_sacct_completed(slurm_env: dict[str, str], tmp_path: Path) -> None:
+def test_sbatch_wait_then_sacct_completed(slurm_cluster: TestCluster, slurm_env: dict[str, str],
+                                          tmp_path: Path) -> None:
     out = run(
         [
             "sbatch",
@@ -83,7 +84,8 @@ def test_sbatch_wait_then_sacct_completed(slurm_env: dict[str, str], tmp_path: P
         slurm_env,
     )
     job_id = out.strip().split(";")[0]
-    assert (tmp_path / f"{job_id}.out").read_text().startswith("hello from node")
+    assert (tmp_path / f"{job_id}.out").read_text().startswith(
+        f"hello from {slurm_cluster.node_names[0]}")
     # slurmdbd records the end asynchronously: assert_completed reads until it has.
     assert_completed(job_id, slurm_env)
 
@@ -133,7 +135,7 @@ def test_gpus_per_task_each_task_its_own(slurm_env: dict[str, str]) -> None:
 GLOO_SCRIPT = """
 import os, socket, torch, torch.distributed as dist
 rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-dist.init_process_group("gloo", init_method="tcp://node1:{port}", rank=rank, world_size=world)
+dist.init_process_group("gloo", init_method="tcp://{first}:{port}", rank=rank, world_size=world)
 t = torch.tensor([float(rank + 1)])
 dist.all_reduce(t)
 print(rank, socket.gethostname(), int(t.item()), flush=True)
@@ -142,19 +144,20 @@ dist.destroy_process_group()
 
 
 def test_gloo_all_reduce_across_namespaces_without_ifname(
-    slurm_env: dict[str, str], tmp_path: Path
+    slurm_cluster: TestCluster, slurm_env: dict[str, str], tmp_path: Path
 ) -> None:
     # Nothing tells gloo which interface to use: it resolves the node's hostname through
     # /etc/hosts (the cluster's block) and finds eth0's address by itself.
     env = {k: v for k, v in slurm_env.items() if not k.startswith("GLOO_")}
     script = tmp_path / "allreduce.py"
-    script.write_text(GLOO_SCRIPT.format(port=29561))
+    two = slurm_cluster.node_names[:2]
+    script.write_text(GLOO_SCRIPT.format(first=two[0], port=29561))
     out = run(
         [
             "srun",
             "-N2",
             "--ntasks-per-node=2",
-            "--nodelist=node1,node2",
+            f"--nodelist={','.join(two)}",
             "--export=ALL",
             sys.executable,
             str(script),
@@ -164,7 +167,7 @@ def test_gloo_all_reduce_across_namespaces_without_ifname(
     )
     rows = sorted(line.split() for line in out.splitlines() if line.strip())
     assert [r[0] for r in rows] == ["0", "1", "2", "3"]
-    assert {r[1] for r in rows} == {"node1", "node2"}
+    assert {r[1] for r in rows} == set(two)
     assert {r[2] for r in rows} == {"10"}  # 1 + 2 + 3 + 4
 
 
@@ -186,6 +189,8 @@ def test_status_reports_up(slurm_cluster: TestCluster) -> None:
             "status",
             "--state-dir",
             str(slurm_cluster.state_dir),
+            "--instance",
+            str(slurm_cluster.config.instance),
         ],
         capture_output=True,
         text=True,
@@ -202,9 +207,10 @@ def test_a_nodes_own_variables_reach_only_its_tasks(slurm_cluster: TestCluster,
                               check=True)
         return sorted(line.split(": ", 1)[1] for line in done.stdout.splitlines())
 
-    with slurm_cluster.node_environment("node3", {"X": "a b"}):
-        assert seen() == ["node1 ", "node2 ", "node3 a b", "node4 "]
-    assert seen() == ["node1 ", "node2 ", "node3 ", "node4 "]
+    n1, n2, n3, n4 = slurm_cluster.node_names
+    with slurm_cluster.node_environment(n3, {"X": "a b"}):
+        assert seen() == [f"{n1} ", f"{n2} ", f"{n3} a b", f"{n4} "]
+    assert seen() == [f"{n1} ", f"{n2} ", f"{n3} ", f"{n4} "]
 
 
 def test_settle_cancels_what_a_test_left_and_resumes_a_drained_node(
@@ -212,12 +218,13 @@ def test_settle_cancels_what_a_test_left_and_resumes_a_drained_node(
     from hpc_ddp.testcluster import settle
 
     held = run(["sbatch", "--parsable", "--hold", "-N1", "--wrap", "sleep 300"], slurm_env)
-    run(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=left-by-a-test"],
+    node2 = slurm_cluster.node_names[1]
+    run(["scontrol", "update", f"NodeName={node2}", "State=DRAIN", "Reason=left-by-a-test"],
         slurm_env)
     found = settle.settle(slurm_cluster.env(), slurm_cluster.node_names, grace_s=2)
     assert len(found) == 2, found
     assert found[0].startswith("jobs still queued") and held.strip() in found[0], found
-    assert "node2 drain" in found[1] and "left-by-a-test" in found[1], found
+    assert f"{node2} drain" in found[1] and "left-by-a-test" in found[1], found
     assert settle.jobs(slurm_env) == []
     assert {n: s for n, (s, _) in settle.node_states(slurm_env).items()} == {
         n: "idle" for n in slurm_cluster.node_names}

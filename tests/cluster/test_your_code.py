@@ -18,6 +18,7 @@ import torch
 
 from hpc_ddp import events
 from hpc_ddp.rank.services import checkpoint
+from hpc_ddp.testcluster.cluster import TestCluster
 from tests.cluster.slurm_final import assert_completed, assert_ended
 from tests.cluster.test_fault_tolerance import (
     assert_completed_at_last,
@@ -88,7 +89,8 @@ def requeue_signal(job: str, env: dict[str, str]) -> None:
 
 
 def test_target_project_trains_requeues_and_resumes_bitwise(
-        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+        hpc_ddp: Run, slurm_cluster: TestCluster, slurm_env: dict[str, str],
+        tmp_path: Path) -> None:
     reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
     beside = start_beside(hpc_ddp, [*TARGET, *UNSUPERVISED], slurm_env, reference_dir)
     job = submit(hpc_ddp, TARGET, slurm_env, f"run_dir={run_dir}")
@@ -100,7 +102,7 @@ def test_target_project_trains_requeues_and_resumes_bitwise(
     reference = checkpoint.load_latest(reference_dir / "checkpoints")
     assert reference is not None
     summary = summary_of(reference_dir)
-    assert summary["nodes"] == ["node1", "node2", "node3", "node4"]
+    assert summary["nodes"] == slurm_cluster.node_names
     # The project's own metric, and no accuracy: a regression task.
     assert {"loss", "mae", "within_tenth"} == set(summary["eval_metrics"])
     assert summary["eval_accuracy"] is None and summary["eval_loss"] < 0.5
@@ -149,7 +151,8 @@ def _hparam_tags(run_dir: Path) -> set[str]:
 
 
 def test_function_entry_requeues_and_ends_as_uninterrupted(
-        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+        hpc_ddp: Run, slurm_cluster: TestCluster, slurm_env: dict[str, str],
+        tmp_path: Path) -> None:
     reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
     beside = start_beside(hpc_ddp, [*ENTRY, *UNSUPERVISED], slurm_env, reference_dir)
     job = submit(hpc_ddp, ENTRY, slurm_env, f"run_dir={run_dir}")
@@ -161,7 +164,7 @@ def test_function_entry_requeues_and_ends_as_uninterrupted(
     reference = _user_state(reference_dir)
     summary = summary_of(reference_dir)
     assert summary["program"] == "entry seqproj.loop:main" and summary["global_step"] == 150
-    assert summary["hosts"] == ["node1", "node2", "node3", "node4"]
+    assert summary["hosts"] == slurm_cluster.node_names
     assert isinstance(summary["final_loss"], float)
     state = _user_state(run_dir)
     assert state["step"] == reference["step"] == 150
@@ -324,7 +327,8 @@ def test_script_through_the_sbatch_wrapper(slurm_env: dict[str, str], tmp_path: 
     assert len({r["host"] for r in records}) == 2
 
 
-def test_a_node_whose_environment_differs_is_named(hpc_ddp: Run, slurm_env: dict[str, str],
+def test_a_node_whose_environment_differs_is_named(hpc_ddp: Run, slurm_cluster: TestCluster,
+                                                   slurm_env: dict[str, str],
                                                    tmp_path: Path) -> None:
     # The factory imports fine here and on three nodes; on node3 it fails, as a package
     # missing from one node's environment does.
@@ -334,7 +338,9 @@ def test_a_node_whose_environment_differs_is_named(hpc_ddp: Run, slurm_env: dict
                               "trainer.collective_timeout_s=20", f"run_dir={tmp_path / 'run'}"],
                    env=slurm_env, timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "rank 2 on node3: data._target_=tests.usercode.parts.differs_on_node3" in done.stdout
+    node3 = slurm_cluster.node_names[2]
+    assert (f"rank 2 on {node3}: data._target_=tests.usercode.parts.differs_on_node3"
+            in done.stdout), done.stdout
     assert "site_only_package" in done.stdout
     assert [e["kind"] for e in events.read(tmp_path / "run")].count("requeue") == 0
     assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)

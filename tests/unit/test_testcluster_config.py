@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from hpc_ddp.testcluster.config import (
+    MAX_INSTANCES,
     ClusterConfig,
     default_state_dir,
     fingerprint,
+    instance_settings,
     render_gres_conf,
     render_hosts_block,
     render_slurm_conf,
@@ -140,3 +142,48 @@ def test_hosts_block_is_replaced_idempotently(tmp_path: Path) -> None:
     assert with_block(once, block[:1]) == [*original, HOSTS_BEGIN, block[0], HOSTS_END]
     assert strip_block(once) == original
     assert strip_block(original) == original
+
+
+def test_a_second_instance_shares_nothing_the_machine_holds_once(tmp_path: Path) -> None:
+    """Two clusters side by side (the suite's two chains): every name and port differs."""
+    first = ClusterConfig(controller_name="ctl")
+    second = ClusterConfig(controller_name="ctl", **instance_settings(1))  # type: ignore[arg-type]
+    assert second.node_names == ["bnode1", "bnode2", "bnode3", "bnode4"]
+    assert second.node_addresses["bnode1"] == "10.78.0.11"
+    assert second.state_dir == Path(f"{default_state_dir()}-b")
+    names = {
+        "state": lambda c: {str(c.state_dir)},
+        "bridges": lambda c: {c.bridge, c.fast_bridge},
+        "nodes": lambda c: set(c.node_names),
+        "addresses": lambda c: set(c.node_addresses.values()) | {c.controller_address},
+        "fast": lambda c: set(c.fast_addresses.values()),
+        "namespaces": lambda c: {c.netns(n) for n in [*c.node_names, "login"]},
+        "veths": lambda c: {v(n) for n in [*c.node_names, "login"]
+                            for v in (c.host_veth, c.fast_veth)},
+        "database": lambda c: {c.db_name, c.cluster_name},
+        "hosts": lambda c: {c.hosts_marker},
+    }
+    for what, of in names.items():
+        assert not of(first) & of(second), what
+    # Neither cluster's teardown takes the other's namespaces (network.known_nodes: a prefix).
+    assert not second.netns("bnode1").startswith(first.netns(""))
+    assert not first.netns("node1").startswith(second.netns(""))
+    for cfg in (first, second):
+        assert all(len(v) <= 15 for n in [*cfg.node_names, "login"]  # IFNAMSIZ
+                   for v in (cfg.host_veth(n), cfg.fast_veth(n)))
+    ports = [{line for line in render_slurm_conf(c).splitlines() if "Port=" in line}
+             | {line for line in render_slurmdbd_conf(c).splitlines() if "Port=" in line}
+             for c in (first, second)]
+    assert ports[0] == {"SlurmctldPort=6817", "SlurmdPort=6818", "AccountingStoragePort=6819",
+                        "DbdPort=6819"}
+    assert ports[1] == {"SlurmctldPort=6827", "SlurmdPort=6828", "AccountingStoragePort=6829",
+                        "DbdPort=6829"}
+    # The hosts blocks of both live in one /etc/hosts; each cluster replaces only its own.
+    both = with_block(with_block(["127.0.0.1 localhost"], render_hosts_block(first),
+                                 first.hosts_marker),
+                      render_hosts_block(second), second.hosts_marker)
+    assert strip_block(both, second.hosts_marker) == with_block(
+        ["127.0.0.1 localhost"], render_hosts_block(first), first.hosts_marker)
+    assert "10.78.0.11\tbnode1" in strip_block(both, first.hosts_marker)
+    with pytest.raises(ValueError, match="instance must be"):
+        instance_settings(MAX_INSTANCES)

@@ -192,7 +192,8 @@ def test_down_and_a_fresh_up_clear_shaping_and_stragglers(monkeypatch: pytest.Mo
         known_nodes=record("known_nodes", []), netns_pids=record("netns_pids", []),
         teardown=record("teardown")))
     monkeypatch.setattr(cluster_mod, "daemons", SimpleNamespace(
-        stop_daemons=record("stop_daemons", []), kill_pids=record("kill_pids")))
+        stop_daemons=record("stop_daemons", []), kill_pids=record("kill_pids"),
+        daemon_pid=lambda cfg, name: None))  # no other cluster runs beside it
     monkeypatch.setattr(cluster_mod, "shaping", SimpleNamespace(clear=record("clear")))
     monkeypatch.setattr(cluster_mod, "straggler", SimpleNamespace(
         unstraggle=record("unstraggle")))

@@ -76,10 +76,11 @@ def shards(rank: int, world_size: int) -> tuple[Any, Any]:
 
 
 class NotOnNode3(Dataset):  # type: ignore[type-arg]
-    """A data set whose code fails on node3 only, as a package missing from one node would."""
+    """A data set whose code fails on node3 only (a test cluster's third node: node3, bnode3),
+    as a package missing from one node would."""
 
     def __init__(self) -> None:
-        if socket.gethostname() == "node3":
+        if socket.gethostname().endswith("node3"):
             raise ImportError("No module named 'site_only_package'")
         self.x, self.y = torch.randn(64, 8), torch.arange(64) % 3
 
