@@ -17,7 +17,7 @@ from typing import Any
 from hpc_ddp.version import VERSION as __version__
 
 # Re-exported lazily (PEP 562), so `import hpc_ddp` stays instant.
-_API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api",
+_API = {"compose": "hpc_ddp.api", "plan": "hpc_ddp.api", "plan_many": "hpc_ddp.api",
         # here, or with cluster.remote=HOST on a cluster over SSH (docs/remote.md)
         "submit": "hpc_ddp.remote.api", "open_run": "hpc_ddp.remote.api",
         "RemoteRun": "hpc_ddp.remote.run", "Run": "hpc_ddp.api", "RunFailed": "hpc_ddp.api",

@@ -8,20 +8,19 @@
     run = hpc_ddp.Run.from_dir("/tmp/r1")   # after a kernel restart: the same run
 
 ``python -m hpc_ddp.submit`` is a thin layer over :func:`plan` and :func:`submit`, so both
-accept the same overrides and refuse bad ones with the same :class:`~hpc_ddp.errors.UserError`.
+accept the same overrides and refuse bad ones with the same :class:`~hpc_ddp.errors.UserError`;
+:func:`plan_many` plans several runs at once as a sweep does (hpc_ddp/planning.py, the config
+pipeline).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import os
-import shlex
 import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -32,6 +31,11 @@ from hpc_ddp.launch.control import JOB_FILE as JOB_FILE  # job.json: its readers
 from hpc_ddp.launch.control import JobControl, control
 from hpc_ddp.launch.target import LaunchTarget
 from hpc_ddp.launch.target import target as launch_target
+from hpc_ddp.planning import Plan as Plan
+from hpc_ddp.planning import as_list
+from hpc_ddp.planning import plan as plan
+from hpc_ddp.planning import plan_many as plan_many
+from hpc_ddp.planning import program_overrides as program_overrides
 from hpc_ddp.rundir import RunDir, created_with, read_json, write_json
 
 if TYPE_CHECKING:
@@ -44,123 +48,12 @@ class RunFailed(RuntimeError):
     """The run ended without completing; the message has the failing rank's last lines."""
 
 
-@dataclass(frozen=True)
-class Plan:
-    """A submission resolved for its target, checked, not yet started."""
-
-    cfg: Config
-    overrides: list[str]
-    run_dir: RunDir
-    # A function entry no node could import by name (a notebook's): pickled into the run
-    # dir at submission (hpc_ddp.rank.main.entry.from_pickle runs it).
-    entry_callable: Any = None
-    # Why the run gets the ranks and devices it gets (the submit command's first line).
-    why: str = ""
-    # Secret literals taken out of the config (config/secrets.py), for the job's environment.
-    secrets: dict[str, str] = field(default_factory=dict)
-
-
 def compose(overrides: Sequence[str] | str = (), config_dir: Path | str | None = None) -> Config:
     """The checked config for these overrides (same grammar and errors as the CLI);
     ``config_dir``: your config folder, searched before hpc_ddp's conf/."""
     from hpc_ddp.config.compose import compose as _compose  # deferred (start-up): config.compose
 
-    return _compose(_as_list(overrides), config_dir)
-
-
-def program_overrides(entry: str | Callable[..., Any] | None = None,
-                      config_dir: Path | str | None = None) -> tuple[list[str], Any]:
-    """Overrides for the API's ``entry`` and ``config_dir`` arguments, and the callable to
-    pickle (a function no node could import by name, such as a notebook's)."""
-    from hpc_ddp.config.compose import quoted  # deferred (start-up): config.compose
-
-    extra: list[str] = []
-    pickled = None
-    if config_dir is not None:
-        extra.append(f"config_dir={quoted(str(Path(config_dir).expanduser().absolute()))}")
-    if callable(entry):
-        # deferred: hostlist; start-up: targets
-        from hpc_ddp.rank.main.entry import PICKLED_ENTRY
-        from hpc_ddp.targets import TargetError, locate
-
-        name = f"{getattr(entry, '__module__', '')}:{getattr(entry, '__qualname__', '')}"
-        try:
-            importable = "<" not in name and not name.startswith("__main__:") and (
-                locate(name, "entry") is entry)
-        except TargetError:
-            importable = False
-        extra.append(f"entry={name if importable else PICKLED_ENTRY}")
-        pickled = None if importable else entry
-    elif entry is not None:
-        extra.append(f"entry={entry}")
-    return extra, pickled
-
-
-def _as_list(overrides: Sequence[str] | str) -> list[str]:
-    """A list of overrides; one string is split as a shell would ("model=x trainer.seed=1")."""
-    if isinstance(overrides, str):
-        return shlex.split(overrides)
-    return list(overrides)
-
-
-def plan(overrides: Sequence[str] | str = (), cwd: Path | None = None,
-         environ: Mapping[str, str] | None = None, composed: Config | None = None, *,
-         config_dir: Path | str | None = None, entry: str | Callable[..., Any] | None = None,
-         script_args: Sequence[str] | None = None, check: bool = True) -> Plan:
-    """Compose, merge a resumed run's overrides, resolve the target, check inputs, your code
-    and the run dir.
-
-    ``composed``: the config of ``overrides`` when the caller composed it already (a sweep
-    composes all its points at once). ``config_dir``: your config folder; ``entry``: your
-    function ("pkg.module:main", or the function itself); ``script_args``: a script's
-    arguments (None: none, or on a resume the run's own); ``check`` false: leave your code
-    unchecked (--cfg shows a config whose `_target_` fails). Raises UserError on bad input;
-    touches no existing run.
-    """
-    # deferred (start-up): config.compose, inputs.command_line, inputs.resume_check, inputs.run_dir,
-    # launch.check_code, launch.resolve
-    from hpc_ddp.config.compose import check_overrides
-    from hpc_ddp.inputs import run_dir as run_inputs
-    from hpc_ddp.inputs.command_line import with_script_args
-    from hpc_ddp.inputs.resume_check import check_resumable
-    from hpc_ddp.launch import resolve as _resolve
-    from hpc_ddp.launch.check_code import check_code
-
-    extra, pickled = program_overrides(entry, config_dir)
-    given = _as_list(overrides) + extra
-    if composed is None:  # resume=2 must be refused as such, not read as resume=true here
-        check_overrides(given)
-    merged = _resolve.merge_resume_overrides(given)
-    environ = os.environ if environ is None else environ
-    cwd = cwd or Path.cwd()
-    cfg, layout = _resolve.resolve_with_layout(composed or compose(merged), environ, cwd)
-    cfg = with_script_args(cfg, script_args)
-    cfg, hidden = secrets.extract(cfg)  # literal secrets become references, values travel apart
-    merged = secrets.scrub_overrides(merged, secrets.marks_of(cfg))
-    with secrets.exported(hidden):  # where the checks build parts, as the ranks will
-        if check:
-            run_inputs.check_inputs(cfg)
-            check_code(cfg, cwd)
-        _resolve.check_local_gpus(cfg, environ)
-        run_dir = run_inputs.check_run_dir(cfg)
-        if cfg.resume:
-            _check_not_running(run_dir)
-        check_resumable(cfg, run_dir)
-    return Plan(cfg, merged, run_dir, pickled, layout.why, hidden)
-
-
-def _check_not_running(run: RunDir) -> None:
-    """A resume while the run's job still runs would train twice into the same files."""
-    record = read_json(run.root / JOB_FILE)
-    if not record:
-        return
-    current = Run(run.root, record)
-    if not current.done():
-
-        raise UserError("run_dir", str(run.root), f"its {current.kind} job {current.job_id} is "
-                        "still running; a second one would train into the same files.",
-                        "wait for it to end, or stop it first: python -m hpc_ddp.status "
-                        f"{shlex.quote(str(run.root))} --cancel (it checkpoints), then resume.")
+    return _compose(as_list(overrides), config_dir)
 
 
 def target(cfg: Config) -> LaunchTarget:

@@ -41,3 +41,12 @@ class UserError(Exception):
         if self.fix:
             text += f" Fix: {self.fix}"
         return redact.mask_shapes(" ".join(text.split()))  # one line, whatever the parts held
+
+
+class PointError(UserError):
+    """The UserError of one of several runs planned together (a sweep's points, by index
+    in the order given); its message is the run's own."""
+
+    def __init__(self, index: int, error: UserError) -> None:
+        self.index = index
+        super().__init__(error.key, error.value, error.problem, error.fix)

@@ -25,7 +25,7 @@ from hpc_ddp.config.overrides import check_override, check_overrides, quoted
 from hpc_ddp.config.schema import FREE_FORM, GROUPS, PARTS, Config, compose_schema, register_schemas
 from hpc_ddp.config.secrets import references_kept
 from hpc_ddp.config.validate import validate
-from hpc_ddp.errors import UserError
+from hpc_ddp.errors import PointError, UserError
 from hpc_ddp.redact import Marks
 
 # A user's config folder for commands that take no --config-dir (srun entries in sbatch files).
@@ -194,8 +194,11 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     Hydra composes the defaults tree once per distinct choice of config groups; the other
     overrides are applied to a copy with Hydra's own override logic; each distinct override
     is parsed once (the grammar costs ~0.5 ms an override, the points share most of theirs).
-    Any list this fast path cannot take goes through compose() (and raises its UserError).
+    A list this fast path cannot take goes through compose(); a bad list raises PointError
+    (its UserError, with its index in ``override_lists``) at once.
     """
+    if len(override_lists) == 1:  # one run: compose() itself, nothing to share
+        return [_one(0, override_lists[0], config_dir)]
     # deferred: hydra, omegaconf
     from hydra import compose as hydra_compose
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -205,7 +208,7 @@ def compose_many(override_lists: Sequence[Sequence[str]],
         # optional: hydra
         from hydra._internal.config_loader_impl import ConfigLoaderImpl
     except ImportError:
-        return [compose(o, config_dir) for o in override_lists]
+        return [_one(i, o, config_dir) for i, o in enumerate(override_lists)]
     # deferred: hydra, omegaconf
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -226,29 +229,42 @@ def compose_many(override_lists: Sequence[Sequence[str]],
     users = [user_config_dir(o, config_dir) for o in override_lists]
     for user in dict.fromkeys(users):
         check_yaml_folders(user)
-        with _hydra(user), references_kept():
-            for index, overrides in enumerate(override_lists):
-                if users[index] != user:
-                    continue
-                try:
-                    for override in parse(list(overrides)):
-                        check_override(override)
-                    parsed = parse(_for_hydra(overrides, user))
-                    choices = tuple(str(o.input_line) for o in parsed if o.key_or_group in GROUPS)
-                    if (user, *choices) not in bases:
-                        base = hydra_compose("config", overrides=list(choices))
-                        reject_unknown_keys(OmegaConf.to_container(base, resolve=False),
-                                             Config, "", choices)  # its YAML files, once
-                        bases[(user, *choices)] = _Base(base)
-                    node = bases[(user, *choices)].copy()
-                    values = [o for o in parsed if o.key_or_group not in GROUPS]
-                    ConfigLoaderImpl._apply_overrides_to_config(values, node)
-                    with references_kept(marks_in(node)):
-                        results[index] = _finish(node, overrides, whole=False)
-                except (HydraException, OmegaConfBaseException, UserError):
-                    pass  # compose() below says what is wrong, in one line
-    return [cfg if cfg is not None else compose(o, config_dir)
-            for cfg, o in zip(results, override_lists, strict=True)]
+        todo = [i for i, u in enumerate(users) if u == user]
+        while todo:
+            slow = None
+            with _hydra(user), references_kept():
+                while todo:
+                    index = todo.pop(0)
+                    overrides = override_lists[index]
+                    try:
+                        for override in parse(list(overrides)):
+                            check_override(override)
+                        parsed = parse(_for_hydra(overrides, user))
+                        choices = tuple(str(o.input_line) for o in parsed
+                                        if o.key_or_group in GROUPS)
+                        if (user, *choices) not in bases:
+                            base = hydra_compose("config", overrides=list(choices))
+                            reject_unknown_keys(OmegaConf.to_container(base, resolve=False),
+                                                 Config, "", choices)  # its YAML files, once
+                            bases[(user, *choices)] = _Base(base)
+                        node = bases[(user, *choices)].copy()
+                        values = [o for o in parsed if o.key_or_group not in GROUPS]
+                        ConfigLoaderImpl._apply_overrides_to_config(values, node)
+                        with references_kept(marks_in(node)):
+                            results[index] = _finish(node, overrides, whole=False)
+                    except (HydraException, OmegaConfBaseException, UserError):
+                        slow = index
+                        break
+            if slow is not None:  # compose() takes it or says what is wrong, in one line
+                results[slow] = _one(slow, override_lists[slow], config_dir)
+    return [cfg for cfg in results if cfg is not None]
+
+
+def _one(index: int, overrides: Sequence[str], config_dir: Path | str | None) -> Config:
+    try:
+        return compose(overrides, config_dir)
+    except UserError as exc:
+        raise PointError(index, exc) from None
 
 
 class _Base:

@@ -36,20 +36,45 @@ def is_reference(text: str) -> bool:
     return bool(REFERENCE.fullmatch(text))
 
 
+class Names:
+    """The variables of several runs that share one environment (a sweep's job array): a
+    name whose value differs from an earlier run's is carried by a variable of its own,
+    ``HPC_DDP_SECRET_P<point>_NAME``, in that run's config and overrides alike."""
+
+    def __init__(self) -> None:
+        self.point = 0  # the run being planned (api.plan_many sets it)
+        self._taken: dict[str, str] = {}
+        self._renamed: dict[tuple[str, str], str] = {}
+
+    def variable(self, name: str, value: str) -> str:
+        if self._taken.setdefault(name, value) == value:
+            return name
+        key = (name, value)
+        if key not in self._renamed:
+            self._renamed[key] = f"{PREFIX}P{self.point}_{name.removeprefix(PREFIX)}"
+            self._taken[self._renamed[key]] = value
+        return self._renamed[key]
+
+
 class Found:
     """name -> literal of what a config or a command line gives; ``strict``: a second,
-    different value for one name is refused (one variable of the job carries it)."""
+    different value for one name is refused (one variable of the job carries it).
+    ``names``: the variables shared with other runs (:class:`Names`); ``values`` then maps
+    the variables that carry the literals."""
 
-    def __init__(self, marks: Marks, strict: bool = True) -> None:
+    def __init__(self, marks: Marks, strict: bool = True, names: Names | None = None) -> None:
         self.values: dict[str, str] = {}
-        self.marks, self.strict = marks, strict
+        self.marks, self.strict, self.names = marks, strict, names
+        self._given: dict[str, str] = {}
 
     def take(self, name: str, value: str, where: str) -> str:
-        if self.strict and self.values.get(name, value) != value:
+        if self.strict and self._given.get(name, value) != value:
             raise UserError(where, MASK, f"gives {name} a second, different value.",
                             f"give {name} one value (or pass it as ${{oc.env:{name}}}).")
-        self.values[name] = value
-        return reference(name)
+        self._given[name] = value
+        variable = self.names.variable(name, value) if self.names else name
+        self.values[variable] = value
+        return reference(variable)
 
     def variable(self, name: str) -> str:
         """The variable that carries the value of ``name``: its own for a secret name

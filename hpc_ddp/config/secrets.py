@@ -42,6 +42,7 @@ from hpc_ddp.config.secret_channels import (
     REFERENCE,
     TREES,
     Found,
+    Names,
     loose_literals,
     named_secrets,
     open_literals,
@@ -128,11 +129,12 @@ def _refuse_in_the_open(cfg: Any) -> None:
                                 "cluster.container.env (docs/security.md).")
 
 
-def extract(cfg: Any) -> tuple[Any, dict[str, str]]:
+def extract(cfg: Any, names: Names | None = None) -> tuple[Any, dict[str, str]]:
     """``cfg`` with every literal secret replaced by its reference, and name -> value of
-    those literals (to be exported to the job's environment)."""
+    those literals (to be exported to the job's environment); ``names``: shared with the
+    other points of a sweep (:class:`Names`)."""
     _refuse_in_the_open(cfg)
-    found = Found(marks_of(cfg))
+    found = Found(marks_of(cfg), names=names)
     c = cfg.cluster
     setup = scrub_setup(c.setup, found, "cluster.setup")
     nccl = {s: scrub_env(f"nccl.{s}", getattr(cfg.nccl, s), found) for s in ("env", "extra_env")}
@@ -285,10 +287,11 @@ def _scrub_sweep(override: str, parsed: Any, found: Found) -> str:
                         listed if len(texts) > 1 else f"choice({listed})")
 
 
-def scrub_overrides(overrides: Sequence[str], marks: Marks = NO_MARKS) -> list[str]:
+def scrub_overrides(overrides: Sequence[str], marks: Marks = NO_MARKS,
+                    names: Names | None = None) -> list[str]:
     """The overrides as overrides.yaml and a sweep's manifest keep them: secret literals as
-    the references of :func:`extract`."""
-    found = Found(marks, strict=False)
+    the references of :func:`extract` (given the same ``names``)."""
+    found = Found(marks, strict=False, names=names)
     return [scrub_override(o, found) for o in overrides]
 
 

@@ -150,11 +150,13 @@ def _target(overrides: list[str], multirun: bool, previous: handles.Handle | Non
         return _Target(previous.host, previous.python, previous.ssh_config,
                        previous.root or DEFAULT_ROOT, None, tuple(previous.secrets))
     # deferred: the typed schemas; hpc_ddp.config.secrets
-    from hpc_ddp.config.compose import compose
     from hpc_ddp.config.secrets import referenced
+    from hpc_ddp.planning import composed
     from hpc_ddp.remote import trust  # deferred (start-up): remote.trust
 
-    cfg = compose(_first_point(overrides) if multirun else overrides)
+    # The config pipeline's first half (hpc_ddp/planning.py): the rest runs on the login
+    # node, where the cluster, the run dir and the code are.
+    _, (cfg,) = composed([_first_point(overrides) if multirun else overrides])
     python = remote_python(cfg.cluster.python, cfg.cluster.venv)
     trust.python_path(python[0], "cluster.python" if cfg.cluster.python else "cluster.venv")
     if cfg.cluster.ssh_config:

@@ -15,15 +15,13 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from hpc_ddp import api
 from hpc_ddp.config import secrets
-from hpc_ddp.config.compose import compose, compose_many, to_yaml
-from hpc_ddp.config.secret_points import per_point
-from hpc_ddp.errors import UserError
+from hpc_ddp.config.compose import to_yaml
+from hpc_ddp.errors import PointError, UserError
 from hpc_ddp.launch import interrupts
 from hpc_ddp.launch.interrupts import exit_code
 from hpc_ddp.rundir import created_with, read_json, resume_command, write_json
@@ -52,34 +50,16 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
         from hpc_ddp.inputs.run_dir import check_owned_folder
 
         check_owned_folder(folder, "sweep.dir", str(folder))
-    lists = [[*p.overrides, f"run_dir={folder / f'{p.index:03d}'}"] for p in points]
-    plans: list[api.Plan] = []
-    point = points[0]
-    auto_kind: str | None = None
+    # Where each point writes, as overrides (--cfg and config.yaml show where it is).
+    lists = [[*(o for o in p.overrides if _key(o) not in ("run_dir", "sweep.dir")),
+              f"run_dir={folder / f'{p.index:03d}'}", f"sweep.dir={folder}"] for p in points]
     phases = phases or Phases()
-    try:
-        with phases.timed("composition"):
-            configs = compose_many(lists)
-        for current, overrides, cfg in zip(points, lists, configs, strict=True):
-            point = current  # named in the error below if planning this point fails
-            if cfg.sweep.dir != str(folder):  # --cfg and config.yaml show where the point is
-                cfg = replace(cfg, sweep=replace(cfg.sweep, dir=str(folder)))
-            auto = cfg.cluster.kind == "auto"
-            if auto and auto_kind:  # resolve cluster=auto once (scontrol ping), not per point
-                cfg = replace(cfg, cluster=replace(cfg.cluster, kind=auto_kind))
-            with phases.timed("planning"):
-                plans.append(api.plan(overrides, cwd, environ, composed=cfg,
-                                      script_args=script_args))
-            if auto:
-                auto_kind = plans[-1].cfg.cluster.kind
-    except UserError as exc:
-        where = _failing_point(points, lists)
-        point = where if where is not None else point
+    try:  # the config pipeline (hpc_ddp/planning.py), its secrets one environment's
+        plans = api.plan_many(lists, cwd, environ, script_args=script_args, timed=phases.timed)
+    except PointError as exc:
+        point = points[exc.index]
         raise UserError(exc.key, exc.value, f"(sweep point {point.index}: {point.label()}) "
                         f"{exc.problem}", exc.fix) from None
-    # One environment per job array: a secret that differs between points is renamed.
-    plans = [replace(p, cfg=c, overrides=o, secrets=h) for p, (c, o, h) in zip(
-        plans, per_point([(p.cfg, p.overrides, p.secrets) for p in plans]), strict=True)]
     kinds = {p.cfg.cluster.kind for p in plans}
     if len(kinds) > 1:
         raise UserError("cluster", "/".join(sorted(kinds)), "differs between sweep points.",
@@ -91,13 +71,8 @@ def plan_points(overrides: Sequence[str], cwd: Path, environ: Mapping[str, str],
     return folder, points, plans
 
 
-def _failing_point(points: list[Point], lists: list[list[str]]) -> Point | None:
-    for point, overrides in zip(points, lists, strict=True):
-        try:
-            compose(overrides)
-        except UserError:
-            return point
-    return None
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
 
 
 def launch(overrides: Sequence[str], out: TextIO, cwd: Path | None = None,

@@ -44,6 +44,8 @@ LAYERS: list[tuple[str, ...]] = [
     # After submission (watch/): a run's cost and failures, followed; status, logs, stop.
     ("hpc_ddp.watch", "hpc_ddp.watch.runcost", "hpc_ddp.watch.recovery_lines"),
     ("hpc_ddp.watch.follow", "hpc_ddp.watch.failures"),
+    # The config pipeline: one run's or a sweep's plan (compose, resolve, secrets, checks).
+    ("hpc_ddp.planning",),
     ("hpc_ddp.api", "hpc_ddp.datacheck", "hpc_ddp.checkpoint"),
     ("hpc_ddp.doctor",),
     ("hpc_ddp.remote",),  # a cluster reached over SSH: status and logs forward through it

@@ -79,7 +79,7 @@ def test_a_remote_sweep_checks_its_first_point_as_hydra_splits_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     seen: list[list[str]] = []
 
-    def composed(overrides: list[str]) -> object:
+    def composed(overrides: list[str], config_dir: object = None) -> object:
         seen.append(list(overrides))
         raise _Reached
 

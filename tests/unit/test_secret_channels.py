@@ -174,21 +174,30 @@ def test_errors_show_no_secret(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_sweep_points_with_different_secrets_get_variables_of_their_own() -> None:
-    items = []
-    for value in ("tok-a-000001", "tok-b-000002", "tok-a-000001"):
+    names = secrets.Names()  # what api.plan_many shares between a sweep's points
+    done = []
+    for index, value in enumerate(("tok-a-000001", "tok-b-000002", "tok-a-000001")):
+        names.point = index
         cfg = compose(["model._target_=tests.usercode.parts.image_data",
                        f"model.api_token={value}"])
-        scrubbed, found = secrets.extract(cfg)
-        items.append((scrubbed, secrets.scrub_overrides([f"model.api_token={value}"]), found))
-    from hpc_ddp.config.secret_points import per_point
-
-    done = per_point(items)
+        scrubbed, found = secrets.extract(cfg, names)
+        done.append((scrubbed, secrets.scrub_overrides([f"model.api_token={value}"],
+                                                       names=names), found))
     hidden = [h for _, _, h in done]
     assert hidden == [{"HPC_DDP_SECRET_MODEL_API_TOKEN": "tok-a-000001"},
                       {"HPC_DDP_SECRET_P1_MODEL_API_TOKEN": "tok-b-000002"},
                       {"HPC_DDP_SECRET_MODEL_API_TOKEN": "tok-a-000001"}]
     assert done[1][0].model.kwargs["api_token"] == "${oc.env:HPC_DDP_SECRET_P1_MODEL_API_TOKEN}"
     assert done[1][1] == ["model.api_token='${oc.env:HPC_DDP_SECRET_P1_MODEL_API_TOKEN}'"]
+    # A value a later point repeats keeps the variable it was first given.
+    names.point = 3
+    again = secrets.extract(compose(["model._target_=tests.usercode.parts.image_data",
+                                     "model.api_token=tok-b-000002"]), names)[1]
+    assert again == {"HPC_DDP_SECRET_P1_MODEL_API_TOKEN": "tok-b-000002"}
+    # Within one run a second value for one name is still refused.
+    with pytest.raises(UserError, match="a second, different value"):
+        secrets.extract(compose(["cluster.setup=['export A_TOKEN=x1234567','export "
+                                 "A_TOKEN=y7654321']"]), secrets.Names())
 
 
 def test_the_sbatch_wrappers_tasks_refuse_a_secret_on_their_command_line(
