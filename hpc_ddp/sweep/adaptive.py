@@ -24,6 +24,7 @@ from hpc_ddp.rundir import created_with, write_json
 from hpc_ddp.sweep import study as studies
 from hpc_ddp.sweep import worker
 from hpc_ddp.sweep.folder import sweep_dir_for
+from hpc_ddp.sweep.study_status import best_lines, best_of
 
 
 def first_values(space: studies.Space) -> dict[str, Any]:
@@ -137,19 +138,6 @@ def results(folder: Path) -> str:
         values = ", ".join(f"{v:.6g}" for v in trial.values or [])
         params = " ".join(f"{k}={v}" for k, v in trial.params.items())
         lines.append(f"  trial {trial.number:3d}  {trial.state.name:8s} {values:>12s}  {params}")
-    best = _best(study, spec)
-    if best is not None:
-        lines.append(f"best: trial {best.number} ({', '.join(spec.objective)} = "
-                     f"{', '.join(f'{v:.6g}' for v in best.values)}), "
-                     f"{worker.trial_dir(folder, best.number)}")
+    lines += best_lines(folder, spec.objective, best_of(study, spec.direction), so_far=False)
     return "\n".join(lines)
-
-
-def _best(study: Any, spec: studies.StudySpec) -> Any:
-    if len(spec.direction) > 1:
-        return None  # several objectives: a front, not one best (study.best_trials)
-    try:
-        return study.best_trial
-    except ValueError:  # no trial completed
-        return None
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,8 +21,34 @@ def is_study(path: Path) -> bool:
     return (path / studies.STUDY).is_file()
 
 
-def rows(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
-    """(manifest, a row per trial, the best trial or None)."""
+def best_of(study: Any, directions: Sequence[str]) -> list[Any]:
+    """The best trial (one objective) or the best trade-offs (several: the Pareto front,
+    Optuna's ``best_trials``); empty while no trial has completed."""
+    if len(directions) == 1:
+        try:
+            return [study.best_trial]
+        except ValueError:  # nothing completed yet
+            return []
+    return sorted(study.best_trials, key=lambda t: t.number)
+
+
+def best_lines(folder: Path, objective: Sequence[str], best: Sequence[Any],
+               so_far: bool = True) -> list[str]:
+    """What the best trial, or each trial of the front, scored and where its run dir is."""
+    when = " so far" if so_far else ""
+    if not best:
+        return []
+    scores = [f"trial {t.number} ({', '.join(objective)} = "
+              f"{', '.join(f'{v:.6g}' for v in t.values)}): {trial_dir(folder, t.number)}"
+              for t in best]
+    if len(objective) == 1:
+        return [f"best{when}: {scores[0]}"]
+    return [f"best trade-offs{when} (the Pareto front of {', '.join(objective)}, "
+            f"{len(best)} trial(s)):", *(f"  {line}" for line in scores)]
+
+
+def rows(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]], list[Any]]:
+    """(manifest, a row per trial, the best trial or the front: :func:`best_of`)."""
     manifest = studies.read_study(folder)
     assert manifest is not None  # is_study found it
     spec = studies.StudySpec.from_json(manifest["spec"])
@@ -32,13 +58,7 @@ def rows(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
               "params": t.params, "run_dir": str(trial_dir(folder, t.number)),
               "pruned_at": (read_json(trial_dir(folder, t.number) / "pruned.json") or {}
                             ).get("step")} for t in study.trials]
-    best = None
-    if len(spec.direction) == 1:
-        try:
-            best = study.best_trial
-        except ValueError:  # nothing completed yet
-            best = None
-    return manifest, found, best
+    return manifest, found, best_of(study, spec.direction)
 
 
 def workers_state(manifest: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
@@ -70,7 +90,9 @@ def show(folder: Path, out: TextIO, environ: Mapping[str, str], as_json: bool = 
     spec = manifest["spec"]
     if as_json:
         print(json.dumps({"study": manifest["study_name"], "trials": found, "workers": workers,
-                          "best": None if best is None else best.number}, indent=2), file=out)
+                          "best": best[0].number if len(best) == 1 and len(
+                              spec["direction"]) == 1 else None,
+                          "front": [t.number for t in best]}, indent=2), file=out)
         return 0
     states = [r["state"] for r in found]
     print(f"study {manifest['study_name']} ({folder}): {len(found)} of {spec['n_trials']} "
@@ -82,10 +104,8 @@ def show(folder: Path, out: TextIO, environ: Mapping[str, str], as_json: bool = 
         note = f"pruned at step {r['pruned_at']}" if r["pruned_at"] is not None else values
         params = " ".join(f"{k}={v}" for k, v in r["params"].items())
         print(f"  trial {r['trial']:3d}  {r['state']:8s} {note:>22s}  {params}", file=out)
-    if best is not None:
-        print(f"best so far: trial {best.number} ({', '.join(spec['objective'])} = "
-              f"{', '.join(f'{v:.6g}' for v in best.values)}): "
-              f"{trial_dir(folder, best.number)}", file=out)
+    for line in best_lines(folder, spec["objective"], best):
+        print(line, file=out)
     if workers:
         print("workers: " + ", ".join(f"{w} {s}" for w, s in workers.items()), file=out)
     return 0

@@ -166,6 +166,52 @@ def test_a_script_reports_its_value_with_no_import_of_ours(hpc_ddp: Run, tmp_pat
     assert trial.state.name == "COMPLETE" and trial.value == 0.5  # two local ranks
 
 
+def test_several_objectives_a_real_nsga_ii_study_and_its_front(hpc_ddp: Run,
+                                                               tmp_path: Path) -> None:
+    # Trials whose two values trade off by the seed (a script writes both): seed 1 has the
+    # lowest loss, seed 3 the highest accuracy, seed 2 neither. NSGA-II draws the seeds;
+    # the front is what no other trial beats on both. (A trial's values: its hparams.json.)
+    script = tmp_path / "train.py"
+    script.write_text("import json, os\n"
+                      "run = os.environ['HPC_DDP_RUN_DIR']\n"
+                      "seed = json.load(open(os.path.join(run, 'hparams.json')))['trainer.seed']\n"
+                      "if os.environ['RANK'] == '0':\n"
+                      "    with open(os.path.join(run, 'objective.json'), 'w') as f:\n"
+                      "        json.dump({'eval/loss': {1: 0.1, 2: 0.5, 3: 0.4}[seed], "
+                      "'eval/accuracy': {1: 0.2, 2: 0.3, 3: 0.9}[seed]}, f)\n")
+    sweep = tmp_path / "study"
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.seed=choice(1, 2, 3)",
+                              "hydra.sweeper.sampler=nsgaii", "hydra.sweeper.sampler.seed=4",
+                              "hydra.sweeper.n_trials=3",
+                              "hydra.sweeper.direction=[minimize,maximize]",
+                              "sweep.objective=eval/loss,eval/accuracy",
+                              "hydra.sweeper.n_jobs=1", "cluster.tasks_per_node=1",
+                              f"script={script}", "cluster=local", f"sweep.dir={sweep}"],
+                   timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = study_of(sweep)
+    assert [len(t.values) for t in study.trials] == [2, 2, 2], done.stdout
+    values = {1: (0.1, 0.2), 2: (0.5, 0.3), 3: (0.4, 0.9)}
+    for t in study.trials:
+        assert tuple(t.values) == values[t.params["trainer.seed"]]
+
+    def beaten(t: optuna.trial.FrozenTrial) -> bool:
+        return any(o.values[0] <= t.values[0] and o.values[1] >= t.values[1]
+                   and o.values != t.values for o in study.trials)
+
+    front = sorted(t.number for t in study.trials if not beaten(t))
+    assert sorted(t.number for t in study.best_trials) == front
+    said = done.stdout[done.stdout.index("best trade-offs"):]
+    assert f"(the Pareto front of eval/loss, eval/accuracy, {len(front)} trial(s))" in said
+    for t in study.best_trials:
+        assert f"trial {t.number} (eval/loss, eval/accuracy = {t.values[0]:.6g}, " \
+               f"{t.values[1]:.6g}): {sweep / f'trial-{t.number}'}" in said, said
+    status = hpc_ddp("status", [str(sweep), "--json"], timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["best"] is None and sorted(shown["front"]) == front
+
+
 def test_bench_search_compares_batches_asynchrony_and_pruning(hpc_ddp: Run,
                                                               tmp_path: Path) -> None:
     # A grid of four (seed 1: (2000, 1000), (10, 1000), (10, 0.05), (2000, 0.05), the best
