@@ -148,20 +148,29 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(hpc_ddp: Run, t
     assert not sweep.exists()  # nothing was made
 
 
-def test_a_script_reports_its_value_with_no_import_of_ours(hpc_ddp: Run, tmp_path: Path) -> None:
-    # A torchrun-style script run as a trial writes its value to $HPC_DDP_RUN_DIR/objective.json.
+def script_study(hpc_ddp: Run, tmp_path: Path, values: str, *args: str
+                 ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """A local study whose trials run a torchrun-style script: rank 0 writes ``values`` (a
+    Python expression of ``run``, its run dir, and os) to $HPC_DDP_RUN_DIR/objective.json."""
     script = tmp_path / "train.py"
     script.write_text("import json, os\n"
+                      "run = os.environ['HPC_DDP_RUN_DIR']\n"
                       "if os.environ['RANK'] == '0':\n"
-                      "    with open(os.path.join(os.environ['HPC_DDP_RUN_DIR'], "
-                      "'objective.json'), 'w') as f:\n"
-                      "        json.dump({'eval/loss': 0.25 * int(os.environ['WORLD_SIZE'])}, f)\n")
+                      "    with open(os.path.join(run, 'objective.json'), 'w') as f:\n"
+                      f"        json.dump({values}, f)\n")
     sweep = tmp_path / "study"
-    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.seed=choice(1)",
-                              "hydra.sweeper.n_trials=1", "hydra.sweeper.n_jobs=1",
+    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_jobs=1", *args,
                               f"script={script}", "cluster=local", f"sweep.dir={sweep}"],
                    timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done, sweep
+
+
+def test_a_script_reports_its_value_with_no_import_of_ours(hpc_ddp: Run, tmp_path: Path) -> None:
+    # A torchrun-style script run as a trial writes its value to $HPC_DDP_RUN_DIR/objective.json.
+    _, sweep = script_study(hpc_ddp, tmp_path,
+                            "{'eval/loss': 0.25 * int(os.environ['WORLD_SIZE'])}",
+                            "trainer.seed=choice(1)", "hydra.sweeper.n_trials=1")
     (trial,) = study_of(sweep).trials
     assert trial.state.name == "COMPLETE" and trial.value == 0.5  # two local ranks
 
@@ -171,24 +180,14 @@ def test_several_objectives_a_real_nsga_ii_study_and_its_front(hpc_ddp: Run,
     # Trials whose two values trade off by the seed (a script writes both): seed 1 has the
     # lowest loss, seed 3 the highest accuracy, seed 2 neither. NSGA-II draws the seeds;
     # the front is what no other trial beats on both. (A trial's values: its hparams.json.)
-    script = tmp_path / "train.py"
-    script.write_text("import json, os\n"
-                      "run = os.environ['HPC_DDP_RUN_DIR']\n"
-                      "seed = json.load(open(os.path.join(run, 'hparams.json')))['trainer.seed']\n"
-                      "if os.environ['RANK'] == '0':\n"
-                      "    with open(os.path.join(run, 'objective.json'), 'w') as f:\n"
-                      "        json.dump({'eval/loss': {1: 0.1, 2: 0.5, 3: 0.4}[seed], "
-                      "'eval/accuracy': {1: 0.2, 2: 0.3, 3: 0.9}[seed]}, f)\n")
-    sweep = tmp_path / "study"
-    done = hpc_ddp("submit", ["-m", "hydra/sweeper=optuna", "trainer.seed=choice(1, 2, 3)",
-                              "hydra.sweeper.sampler=nsgaii", "hydra.sweeper.sampler.seed=4",
-                              "hydra.sweeper.n_trials=3",
-                              "hydra.sweeper.direction=[minimize,maximize]",
-                              "sweep.objective=eval/loss,eval/accuracy",
-                              "hydra.sweeper.n_jobs=1", "cluster.tasks_per_node=1",
-                              f"script={script}", "cluster=local", f"sweep.dir={sweep}"],
-                   timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    seed = "json.load(open(os.path.join(run, 'hparams.json')))['trainer.seed']"
+    done, sweep = script_study(
+        hpc_ddp, tmp_path, f"{{'eval/loss': {{1: 0.1, 2: 0.5, 3: 0.4}}[{seed}], "
+        f"'eval/accuracy': {{1: 0.2, 2: 0.3, 3: 0.9}}[{seed}]}}",
+        "trainer.seed=choice(1, 2, 3)", "hydra.sweeper.sampler=nsgaii",
+        "hydra.sweeper.sampler.seed=4", "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.direction=[minimize,maximize]", "sweep.objective=eval/loss,eval/accuracy",
+        "cluster.tasks_per_node=1")
     study = study_of(sweep)
     assert [len(t.values) for t in study.trials] == [2, 2, 2], done.stdout
     values = {1: (0.1, 0.2), 2: (0.5, 0.3), 3: (0.4, 0.9)}
