@@ -77,7 +77,6 @@ class RankPool:
     def __init__(self, world: int, environ: dict[str, str] | None = None) -> None:
         self.world = world
         self.environ = dict(environ or {})
-        self._composed: dict[tuple[str, ...], Any] = {}
         self._start()
 
     def _start(self) -> None:
@@ -108,22 +107,13 @@ class RankPool:
         self._start()
 
     def run(self, overrides: Sequence[str], run_dir: Path, cwd: Path | None = None) -> Outcome:
-        """Plan ``overrides`` as the submit command does, then run it on every rank. A row's
-        runs (reference, stopped, resumed) differ only in run_dir and resume: the config is
-        composed once per row and planned for each (api.plan's ``composed``, as a sweep's
-        points are), which spares two Hydra compositions a row."""
-        from dataclasses import replace
-
+        """Plan ``overrides`` as the submit command does (api.plan), then run it on every
+        rank."""
         from hpc_ddp import api
         from hpc_ddp.inputs.run_dir import write_run_config
 
         given = [*overrides, "cluster=local", f"cluster.tasks_per_node={self.world}"]
-        row = tuple(o for o in given if o != "resume=true")
-        if row not in self._composed:
-            self._composed = {row: api.compose(list(row))}  # the current row's only
-        composed = replace(self._composed[row], run_dir=str(run_dir),
-                           resume="resume=true" in given)
-        plan = api.plan([*given, f"run_dir={run_dir}"], cwd=cwd, composed=composed)
+        plan = api.plan([*given, f"run_dir={run_dir}"], cwd=cwd)
         config = write_run_config(plan.run_dir, plan.cfg, plan.overrides)
         self.runs += 1
         environ = {**self.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
