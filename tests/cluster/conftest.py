@@ -96,3 +96,10 @@ def _cluster_left_settled(request: pytest.FixtureRequest) -> Iterator[None]:
 def slurm_env(slurm_cluster: TestCluster) -> dict[str, str]:
     """The full environment for a Slurm client subprocess (os.environ + SLURM_CONF)."""
     return {**os.environ, **slurm_cluster.env()}
+
+
+@pytest.fixture
+def node_names(slurm_cluster: TestCluster) -> list[str]:
+    """The cluster's node names in order (node1.. on the default cluster, bnode1.. on the
+    second one): a test spells none."""
+    return slurm_cluster.node_names

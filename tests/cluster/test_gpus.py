@@ -47,7 +47,8 @@ def test_colliding_tasks_are_refused_before_submission(hpc_ddp: Run, slurm_env: 
     assert set(after.split()) <= set(before.split())  # nothing was submitted
 
 
-def test_gpu_allocated_but_no_cuda_fails_at_once(hpc_ddp: Run, slurm_env: dict[str, str],
+def test_gpu_allocated_but_no_cuda_fails_at_once(hpc_ddp: Run, node_names: list[str],
+                                                 slurm_env: dict[str, str],
                                                  tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     done = hpc_ddp("submit", ["cluster=slurm", "nodes=2", "cluster.gpus_per_node=2",
@@ -56,7 +57,7 @@ def test_gpu_allocated_but_no_cuda_fails_at_once(hpc_ddp: Run, slurm_env: dict[s
     assert done.returncode == 1
     error = (run_dir / "logs" / "rank0.error").read_text()
     assert "Slurm allocated a GPU (SLURM_" in error and "sees no CUDA device" in error
-    assert "trainer.device=cpu" in error and error.startswith("rank 0 on node")
+    assert "trainer.device=cpu" in error and error.startswith(f"rank 0 on {node_names[0]}")
     assert not (run_dir / "summary.json").exists()
     assert_ended(job_id_of(done.stdout), slurm_env, "FAILED", done.stdout)
 

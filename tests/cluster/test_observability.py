@@ -115,7 +115,7 @@ def _sacct_starts(job: str, env: dict[str, str]) -> list[dict[str, str]]:
 
 
 def test_every_rank_through_a_requeue_followed_live_and_its_cost(
-        hpc_ddp: Run, slurm_env: dict[str, str], tmp_path: Path) -> None:
+        hpc_ddp: Run, node_names: list[str], slurm_env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "steps.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "run"
@@ -148,9 +148,10 @@ def test_every_rank_through_a_requeue_followed_live_and_its_cost(
     markers = [ln for ln in lines if ln.startswith("--- attempt:")]
     assert [m.split(", ")[1] for m in markers] == ["restart 0", "restart 1"], markers
     for rank in range(4):
-        assert f"[rank {rank} node{rank + 1}] OUT step 59 on rank {rank}" in shown.stdout
-        assert f"[rank {rank} node{rank + 1}] OUT resumed at step" in shown.stdout
-        assert f"[rank {rank} node{rank + 1}] ERR warning: rank {rank} is done" in shown.stdout
+        node = node_names[rank]
+        assert f"[rank {rank} {node}] OUT step 59 on rank {rank}" in shown.stdout
+        assert f"[rank {rank} {node}] OUT resumed at step" in shown.stdout
+        assert f"[rank {rank} {node}] ERR warning: rank {rank} is done" in shown.stdout
     stamps = [ln.split(" ", 1)[0] for ln in lines if not ln.startswith("---")]
     assert stamps == sorted(stamps)
     after = lines.index(markers[1])

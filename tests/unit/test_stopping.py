@@ -154,3 +154,35 @@ def test_a_rank_takes_the_signals_first_and_a_child_its_supervisors_stop(
     finally:
         signal.signal(signal.SIGUSR2, saved[0])
         signal.signal(signal.SIGTERM, saved[1])
+
+
+def test_a_signal_before_the_stop_request_is_acted_on_when_it_is_installed() -> None:
+    """submitit's task handlers are replaced (rank/main/submitted.py): a requeue signal that
+    comes while the program starts is recorded, not taken as a time-out, and the stop
+    request installed later acts on it."""
+    import os
+    import signal as signals
+
+    from hpc_ddp.rank.main.submitted import held_until_ours
+    from hpc_ddp.rank.services import stopping
+
+    class Env:
+        @staticmethod
+        def _usr_sig() -> int:
+            return int(signals.SIGUSR2)
+
+    before = {s: signals.getsignal(s) for s in (signals.SIGUSR2, signals.SIGTERM)}
+    try:
+        held_until_ours(Env(), None, None)
+        os.kill(os.getpid(), signals.SIGUSR2)
+        assert stopping.EARLY == [signals.SIGUSR2]
+        stop = stopping.StopRequest()
+        stop.install("USR2")
+        assert stop.code == stopping.REQUEUE and [n for n, _ in stop.received] == ["SIGUSR2"]
+        assert stopping.EARLY == []  # acted on once
+        os.kill(os.getpid(), signals.SIGTERM)  # from now on the request's own handlers
+        assert [n for n, _ in stop.received] == ["SIGUSR2", "SIGTERM"] and not stopping.EARLY
+    finally:
+        stopping.EARLY.clear()
+        for signum, handler in before.items():
+            signals.signal(signum, handler)

@@ -13,6 +13,7 @@ this user on every node.
 from __future__ import annotations
 
 import pickle
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,10 +51,11 @@ def main(argv: Sequence[str]) -> int:
             if reconfigure is not None:
                 reconfigure(write_through=True)
     # deferred: submitit
-    from submitit.core import submission, utils
+    from submitit.core import job_environment, submission, utils
 
     # The one place submitit unpickles a task: ours checks the file first (see above).
     utils.DelayedSubmission.load = classmethod(checked_load)  # type: ignore[method-assign,assignment]
+    job_environment.JobEnvironment._handle_signals = held_until_ours  # type: ignore[method-assign,assignment]
     try:
         submission.process_job(args[-1])
     except Untrusted as exc:
@@ -66,6 +68,19 @@ def main(argv: Sequence[str]) -> int:
     finally:
         release()  # the node's warm process, if this task started it (rank/warm/client.py)
     return 0
+
+
+def held_until_ours(env: Any, paths: Any, submission: Any) -> None:
+    """In place of submitit's signal handlers, set before the task's program runs: the
+    requeue signal and SIGTERM are recorded, and the rank's stop request acts on them once it
+    is installed (rank/services/stopping.py). submitit's own would take a requeue signal that
+    comes while the program starts (a short time limit, a slow start on a loaded node) as a
+    time-out "not checkpointable" and end the rank (seen in CI), and its SIGCONT handler only
+    logs what the default does."""
+    from hpc_ddp.rank.services.stopping import record_early  # deferred (start-up): stopping
+
+    for signum in {env._usr_sig(), signal.SIGTERM}:
+        signal.signal(signum, record_early)
 
 
 def recorded(exc: BaseException) -> bool:

@@ -37,6 +37,15 @@ class StopTraining(Exception):
         self.step = step
 
 
+# Signals this process got before its stop request was installed: rank/main/submitted.py
+# records them in place of submitit's handlers, and StopRequest.install acts on them then.
+EARLY: list[int] = []
+
+
+def record_early(signum: int, frame: Any) -> None:
+    EARLY.append(signum)
+
+
 class StopRequest:
     """The flag the signal handlers set (handlers do nothing else, besides passing the signal
     on where asked: to a script's process, or to the handler a script installed before)."""
@@ -67,6 +76,13 @@ class StopRequest:
         # Child): one that came while it started is pending, and handled now.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal_number(requeue_signal),
                                                     signal.SIGTERM})
+        # One that came before, while submitit's task started (rank/main/submitted.py).
+        early, EARLY[:] = list(EARLY), []
+        for signum in early:
+            if signum == signal_number(requeue_signal):
+                self._on_requeue(signum, None)
+            elif signum == signal.SIGTERM:
+                self._on_term(signum, None)
 
     def forward_to(self, forward: Callable[[int], None] | None) -> None:
         """Pass each signal handled from now on to ``forward`` too (installed already)."""
