@@ -11,13 +11,14 @@ from tests.conftest import (
     work_unit,
 )
 
-UNITS = ["tests/cluster/test_docs.py", "tests/cluster/test_gpus.py",
+UNITS = ["tests/cluster/test_docs.py", "tests/cluster/test_layouts.py",
          "tests/unit/test_a.py::test_x", "tests/cluster/test_fault_tolerance.py",
          "tests/integration/test_matrix.py", "tests/cluster/test_new_module.py"]
 
 
 def test_units_are_cluster_modules_and_single_tests() -> None:
-    assert work_unit("tests/cluster/test_gpus.py::test_one[a]") == "tests/cluster/test_gpus.py"
+    assert work_unit("tests/cluster/test_layouts.py::test_one[a]") == \
+        "tests/cluster/test_layouts.py"
     assert work_unit("tests/integration/test_matrix.py::test_row[3]") == \
         "tests/integration/test_matrix.py"
     assert work_unit("tests/unit/test_a.py::test_x") == "tests/unit/test_a.py::test_x"
@@ -33,15 +34,15 @@ def test_chains_leave_a_worker_for_the_other_tests() -> None:
 
 def test_chain_workers_take_the_costliest_cluster_module_they_may_run() -> None:
     assert CLUSTER_MODULE_SECONDS["test_fault_tolerance.py"] > \
-        CLUSTER_MODULE_SECONDS["test_docs.py"] > CLUSTER_MODULE_SECONDS["test_gpus.py"]
+        CLUSTER_MODULE_SECONDS["test_docs.py"] > CLUSTER_MODULE_SECONDS["test_layouts.py"] > 60
     assert next_unit(UNITS, 0, 2) == "tests/cluster/test_fault_tolerance.py"
     rest = [u for u in UNITS if u != "tests/cluster/test_fault_tolerance.py"]
     # test_docs.py runs the testcluster page's commands on the default cluster only.
-    assert next_unit(rest, 1, 2) == "tests/cluster/test_gpus.py"
+    assert next_unit(rest, 1, 2) == "tests/cluster/test_layouts.py"
     assert next_unit(rest, 0, 2) == "tests/cluster/test_docs.py"
     # A module the table does not know counts 60 s.
-    assert next_unit(["tests/cluster/test_gpus.py", "tests/cluster/test_new_module.py"], 1,
-                     2) == "tests/cluster/test_gpus.py"
+    assert next_unit(["tests/cluster/test_layouts.py", "tests/cluster/test_new_module.py"], 1,
+                     2) == "tests/cluster/test_layouts.py"
     # With no cluster module left for it, a chain's worker takes the other tests in order.
     assert next_unit(["tests/cluster/test_docs.py", "tests/unit/test_a.py::test_x"], 1, 2) \
         == "tests/unit/test_a.py::test_x"
@@ -49,6 +50,6 @@ def test_chain_workers_take_the_costliest_cluster_module_they_may_run() -> None:
 
 def test_other_workers_never_take_a_cluster_module() -> None:
     assert next_unit(UNITS, 2, 2) == "tests/unit/test_a.py::test_x"
-    assert next_unit(["tests/cluster/test_gpus.py"], 2, 2) is None
-    assert next_unit(["tests/cluster/test_gpus.py"], 1, 1) is None  # one chain: gw0's
+    assert next_unit(["tests/cluster/test_layouts.py"], 2, 2) is None
+    assert next_unit(["tests/cluster/test_layouts.py"], 1, 1) is None  # one chain: gw0's
     assert next_unit([], 0, 2) is None
