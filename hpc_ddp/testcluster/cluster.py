@@ -22,6 +22,7 @@ from typing import Any
 from hpc_ddp.testcluster import daemons, network, settle, shaping, straggler
 from hpc_ddp.testcluster.config import (
     MAX_INSTANCES,
+    STATE_DIR_ENV,
     ClusterConfig,
     default_state_dir,
     fingerprint,
@@ -93,8 +94,18 @@ def machine_lock() -> Iterator[None]:
         finally:
             _LOCK_DEPTH[0] -= 1
         return
+    # In /tmp by default, where anyone can plant a link or a file of theirs: neither is used.
     path = default_state_dir().parent / "hpc_ddp_testcluster.lock"
-    with open(path, "a") as f:
+    fix = f"remove it (or set ${STATE_DIR_ENV} to a folder of yours)"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:  # a link (ELOOP) among them
+        raise TestClusterError(f"{path} cannot be the clusters' lock ({exc.strerror}): "
+                               f"{fix}.") from None
+    if os.fstat(fd).st_uid != os.geteuid():
+        os.close(fd)
+        raise TestClusterError(f"{path} belongs to another user: {fix}.")
+    with os.fdopen(fd, "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         _LOCK_DEPTH[0] = 1
         try:

@@ -383,3 +383,27 @@ def test_a_straggler_gets_its_cap_until_released(two_nodes: ShapeTestConfig) -> 
         straggler.unstraggle(cfg, root=parent)
         straggler.uncap(parent)
     assert not parent.exists()
+
+
+def test_the_machine_lock_takes_no_link_and_no_other_users_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The clusters' lock lives beside the state folder (/tmp by default): a link or a file
+    another user planted there is refused by name, never followed or used."""
+    from hpc_ddp.testcluster.cluster import TestClusterError, machine_lock
+
+    monkeypatch.setenv("HPC_DDP_TESTCLUSTER_DIR", str(tmp_path / "state"))
+    lock = tmp_path / "hpc_ddp_testcluster.lock"
+    with machine_lock(), machine_lock():  # reentrant in one process
+        assert lock.is_file() and (lock.stat().st_mode & 0o777) == 0o600
+    lock.unlink()
+    target = tmp_path / "elsewhere"
+    lock.symlink_to(target)
+    with pytest.raises(TestClusterError, match="cannot be the clusters' lock"), machine_lock():
+        pass
+    assert not target.exists()
+    lock.unlink()
+    if os.geteuid() == 0:  # a second user's file (as root: chown it to nobody)
+        lock.write_text("")
+        os.chown(lock, 65534, 65534)
+        with pytest.raises(TestClusterError, match="belongs to another user"), machine_lock():
+            pass
