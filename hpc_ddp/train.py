@@ -27,6 +27,7 @@ from hpc_ddp.inputs.run_dir import (
     write_run_config,
 )
 from hpc_ddp.inputs.run_dir import check_run_dir as check_run_dir_as_submit_does
+from hpc_ddp.rank.services import early_signals
 from hpc_ddp.rundir import RunDir, created_with, default_root, read_json, write_json
 
 
@@ -67,6 +68,9 @@ def record_job(run_dir: RunDir, job: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Slurm's requeue signal or SIGTERM may come while this task composes its config:
+    # recorded, and acted on by the rank's stop request (rank/services/early_signals.py).
+    early_signals.hold(os.environ)
     # deferred: hostlist; start-up: config.compose, config.secrets, inputs.command_line,
     # rank.join.device, rank.join.distenv, config.supervision, rank.warm.client
     from hpc_ddp.config import secrets

@@ -165,7 +165,7 @@ CLUSTER_MODULE_SECONDS = {  # CI of 2026-12-07, two chains
     "test_no_accounting.py": 62, "test_gpus.py": 54, "test_checkpoints_and_secrets.py": 54,
     "test_failure_story.py": 44, "test_run_reports.py": 44, "test_cpu_binding.py": 44,
     "test_sweep_scale.py": 33, "test_doctor.py": 25, "test_testcluster.py": 17,
-    "test_bench_comm.py": 16, "test_pending_reasons.py": 4,
+    "test_bench_comm.py": 16, "test_pending_reasons.py": 4, "test_early_signals.py": 25,
 }
 
 # Modules that must run on one cluster: docs/testcluster.md's blocks (tests/cluster/test_docs.py)

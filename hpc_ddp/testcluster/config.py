@@ -231,9 +231,12 @@ def render_task_prolog(cfg: ClusterConfig) -> str:
     """TaskProlog: a node's own variables (node-env/<node>, lines ``export NAME=value``) for
     every task started on it, as a site's node-local setup would give them; a test makes one
     node differ this way (https://slurm.schedmd.com/prolog_epilog.html: TaskProlog's
-    ``export`` lines become the task's environment)."""
+    ``export`` lines become the task's environment). A requeue signal that reaches the step
+    while it runs (a 1-minute limit's warning can come at the step's start) is not its end,
+    nor the task's: slurmstepd fails a task whose TaskProlog dies, and the task that does not
+    exist yet is left to the rank's own resend (rank/services/lost_signal.py)."""
     return (
-        "#!/bin/sh\n# Written by hpc_ddp.testcluster.\n"
+        "#!/bin/sh\n# Written by hpc_ddp.testcluster.\ntrap '' USR1 USR2\n"
         f'f={cfg.node_env_dir}/"$(hostname)"\n'
         '[ -f "$f" ] && cat "$f"\nexit 0\n'
     )

@@ -164,25 +164,53 @@ def test_a_signal_before_the_stop_request_is_acted_on_when_it_is_installed() -> 
     import signal as signals
 
     from hpc_ddp.rank.main.submitted import held_until_ours
-    from hpc_ddp.rank.services import stopping
+    from hpc_ddp.rank.services import early_signals, stopping
 
     class Env:
         @staticmethod
         def _usr_sig() -> int:
             return int(signals.SIGUSR2)
 
-    before = {s: signals.getsignal(s) for s in (signals.SIGUSR2, signals.SIGTERM)}
-    try:
-        held_until_ours(Env(), None, None)
-        os.kill(os.getpid(), signals.SIGUSR2)
-        assert stopping.EARLY == [signals.SIGUSR2]
-        stop = stopping.StopRequest()
-        stop.install("USR2")
-        assert stop.code == stopping.REQUEUE and [n for n, _ in stop.received] == ["SIGUSR2"]
-        assert stopping.EARLY == []  # acted on once
-        os.kill(os.getpid(), signals.SIGTERM)  # from now on the request's own handlers
-        assert [n for n, _ in stop.received] == ["SIGUSR2", "SIGTERM"] and not stopping.EARLY
-    finally:
-        stopping.EARLY.clear()
-        for signum, handler in before.items():
-            signals.signal(signum, handler)
+    held_until_ours(Env(), None, None)
+    os.kill(os.getpid(), signals.SIGUSR2)
+    assert early_signals.RECORDED == [signals.SIGUSR2]
+    stop = stopping.StopRequest()
+    stop.install("USR2")
+    assert stop.code == stopping.REQUEUE and [n for n, _ in stop.received] == ["SIGUSR2"]
+    assert early_signals.RECORDED == []  # acted on once
+    os.kill(os.getpid(), signals.SIGTERM)  # from now on the request's own handlers
+    assert [n for n, _ in stop.received] == ["SIGUSR2", "SIGTERM"]
+    assert not early_signals.RECORDED
+
+
+def test_a_task_holds_the_stop_signals_from_its_first_line_and_its_request_takes_them() -> None:
+    """A task entry holds the requeue signal its job names and SIGTERM (early_signals.py):
+    one pending since the process started (blocked by its parent) or sent before the stop
+    request exists is recorded, not fatal; a request for another requeue signal takes over
+    SIGTERM and gives the held one its default action back."""
+    import os
+    import signal as signals
+    import threading
+
+    from hpc_ddp.rank.services import early_signals, stopping
+
+    assert early_signals.held_signals({}) == sorted([signals.SIGUSR2, signals.SIGTERM])
+    assert early_signals.held_signals({"SUBMITIT_PREEMPT_SIGNAL": "usr1"}) == sorted(
+        [signals.SIGUSR1, signals.SIGTERM])
+    assert early_signals.held_signals({"SUBMITIT_PREEMPT_SIGNAL": "NOPE"}) == sorted(
+        [signals.SIGUSR2, signals.SIGTERM])
+    signals.pthread_sigmask(signals.SIG_BLOCK, {signals.SIGUSR1})
+    # Pending on this thread (a warm fork has one thread, and starts with it blocked): sent
+    # to the process, another thread of this one (pytest-xdist's) would take it.
+    signals.pthread_kill(threading.get_ident(), signals.SIGUSR1)
+    assert early_signals.hold({"SUBMITIT_PREEMPT_SIGNAL": "USR1"}) == sorted(
+        [signals.SIGUSR1, signals.SIGTERM])
+    assert early_signals.RECORDED == [signals.SIGUSR1]  # delivered once held
+    os.kill(os.getpid(), signals.SIGTERM)
+    stop = stopping.StopRequest()
+    stop.install("USR2")  # the config names another signal than the job's
+    assert stop.code == stopping.TERM and [n for n, _ in stop.received] == ["SIGTERM"]
+    assert signals.getsignal(signals.SIGUSR1) is signals.SIG_DFL
+    assert early_signals.HELD == [signals.SIGTERM] and early_signals.RECORDED == []
+    assert stopping.signal_of(stopping.TERM, "USR2") == signals.SIGTERM
+    assert stopping.signal_of(stopping.REQUEUE, "SIGUSR1") == signals.SIGUSR1

@@ -13,11 +13,15 @@ from pathlib import Path
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.contract import TASK_ENV
+from hpc_ddp.rank.services import early_signals
 from hpc_ddp.rank.warm.client import release
 from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 
 def main(argv: Sequence[str] = ()) -> int:
+    # Slurm's requeue signal or SIGTERM may come while this task starts: recorded, not fatal
+    # (rank/services/early_signals.py).
+    early_signals.hold(os.environ)
     forked = run_forked("hpc_ddp.rank.main.step:main", argv, sys.argv)  # rank/warm/
     if forked is not None:
         return leave_as(forked)

@@ -12,6 +12,7 @@ this user on every node.
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+from hpc_ddp.rank.services import early_signals
 from hpc_ddp.rank.warm.client import release
 from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
@@ -37,6 +39,8 @@ def checked_load(cls: type, filepath: str | Path) -> Any:
 
 
 def main(argv: Sequence[str]) -> int:
+    # Slurm's requeue signal or SIGTERM may come while this task starts: recorded, not fatal.
+    early_signals.hold(os.environ)
     args = list(argv)
     if not args or args[-1].startswith("-"):
         print("error: this module runs a task submitit started (python -m hpc_ddp.submit "
@@ -72,15 +76,12 @@ def main(argv: Sequence[str]) -> int:
 
 def held_until_ours(env: Any, paths: Any, submission: Any) -> None:
     """In place of submitit's signal handlers, set before the task's program runs: the
-    requeue signal and SIGTERM are recorded, and the rank's stop request acts on them once it
-    is installed (rank/services/stopping.py). submitit's own would take a requeue signal that
-    comes while the program starts (a short time limit, a slow start on a loaded node) as a
-    time-out "not checkpointable" and end the rank (seen in CI), and its SIGCONT handler only
-    logs what the default does."""
-    from hpc_ddp.rank.services.stopping import record_early  # deferred (start-up): stopping
-
-    for signum in {env._usr_sig(), signal.SIGTERM}:
-        signal.signal(signum, record_early)
+    requeue signal and SIGTERM stay recorded (main held them), and the rank's stop request
+    acts on them once it is installed (rank/services/stopping.py). submitit's own would take
+    a requeue signal that comes while the program starts (a short time limit, a slow start on
+    a loaded node) as a time-out "not checkpointable" and end the rank (seen in CI), and its
+    SIGCONT handler only logs what the default does."""
+    early_signals.hold({early_signals.SIGNAL_ENV: signal.Signals(env._usr_sig()).name})
 
 
 def recorded(exc: BaseException) -> bool:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpc_ddp.rank.services import early_signals
 from hpc_ddp.slurm.requeue import squeue_job
 
 log = logging.getLogger(__name__)
@@ -35,15 +36,6 @@ class StopTraining(Exception):
         super().__init__(f"stopped at step {step} on {'SIGTERM' if code == TERM else 'requeue'}")
         self.code = code
         self.step = step
-
-
-# Signals this process got before its stop request was installed: rank/main/submitted.py
-# records them in place of submitit's handlers, and StopRequest.install acts on them then.
-EARLY: list[int] = []
-
-
-def record_early(signum: int, frame: Any) -> None:
-    EARLY.append(signum)
 
 
 class StopRequest:
@@ -76,9 +68,12 @@ class StopRequest:
         # Child): one that came while it started is pending, and handled now.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal_number(requeue_signal),
                                                     signal.SIGTERM})
-        # One that came before, while submitit's task started (rank/main/submitted.py).
-        early, EARLY[:] = list(EARLY), []
-        for signum in early:
+        # One that came before, while the task started (early_signals.py); a held signal
+        # this request does not handle (another requeue signal was configured) is Slurm's
+        # default again.
+        handled = {signal_number(requeue_signal), int(signal.SIGTERM)}
+        early_signals.release(handled)
+        for signum in early_signals.take():
             if signum == signal_number(requeue_signal):
                 self._on_requeue(signum, None)
             elif signum == signal.SIGTERM:
@@ -113,6 +108,11 @@ def is_submitit_bypass(handler: Any) -> bool:
 def signal_number(name: str) -> int:
     """USR2 or SIGUSR2 -> the signal's number."""
     return int(getattr(signal, name if name.startswith("SIG") else f"SIG{name}"))
+
+
+def signal_of(code: int, requeue_signal: str) -> int:
+    """The signal that asks for stop ``code`` (TERM or REQUEUE; pure)."""
+    return int(signal.SIGTERM) if code == TERM else signal_number(requeue_signal)
 
 
 def agree(code: int, device: Any) -> int:

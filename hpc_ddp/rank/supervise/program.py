@@ -122,12 +122,15 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
     """Run this rank's training in a child and act on how it ended; the summary on rank 0.
     ``stop``: this process's, installed (slurmstepd signals every process of the step: the
     child acts, this one only notes it; in podman only this one has it, and passes it on)."""
+    told = [stopping.NONE]  # the stop the child's environment carries
+
     with joined(cfg, run, environ, group=False) as rank:
         def command(generation: int, cause: str | None) -> tuple[list[str], dict[str, str]]:
             extra = {PROGRAM_CONFIG_ENV: to_yaml(cfg), PROGRAM_RUN_DIR_ENV: str(run.root)}
             if cause:
                 extra[RESUME_CAUSE_ENV] = cause
             env = child_environment(rank, environ, extra, generation)
+            told[0] = stop.code
             if stop.code != stopping.NONE:  # signalled while joining: the child never saw it
                 env[EARLY_STOP_ENV] = str(stop.code)
             return child_command(), env
@@ -135,6 +138,11 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
         def started(child: Child) -> None:
             if not step_signals_every_process(environ):  # in podman: passed on from here
                 stop.forward_to(child.signal)
+            if stop.code > told[0]:
+                # Signalled after its environment was made, before it ran (its start waits
+                # for the node's warm process to import torch): the step's signal never
+                # reached it. It starts with the signal blocked until it handles it.
+                child.signal(stopping.signal_of(stop.code, cfg.cluster.signal))
             log.info("training in process %d under this supervisor (rank %d of %d)",
                      child.proc.pid, rank.env.rank, rank.env.world_size)
 

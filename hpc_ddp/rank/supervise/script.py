@@ -53,7 +53,7 @@ from hpc_ddp.rank.join.joined import Rank, joined
 from hpc_ddp.rank.join.rendezvous import endpoint_file
 from hpc_ddp.rank.services import checkpoint, stopping, trackers
 from hpc_ddp.rank.services.stopping import StopRequest
-from hpc_ddp.rank.supervise import diagnose, generations
+from hpc_ddp.rank.supervise import diagnose, generations, handover
 from hpc_ddp.rank.supervise.generations import End, Generation
 from hpc_ddp.rank.supervise.outcome import (
     after_generations,
@@ -141,9 +141,14 @@ def supervise(cfg: Config, run: RunDir, environ: MutableMapping[str, str],
 
         def started(child: Child) -> None:
             children.append(child)
-            if stop.code != stopping.NONE and not everyone:  # signalled while joining
-                child.signal(signal.SIGTERM if stop.code == stopping.TERM else
-                             stopping.signal_number(cfg.cluster.signal))
+            if stop.code != stopping.NONE:
+                # Signalled while joining or while the script started: the step's signal
+                # came before the script existed. Passed on once it handles it (handover.py;
+                # where it came as the script started, it has it twice: one per step is all
+                # Slurm promises, a handler that stops is not hurt by a second).
+                handover.start(child.proc.pid, stopping.signal_of(stop.code, cfg.cluster.signal),
+                               child.signal, handover.grace_s(cfg.cluster.signal_delay_s),
+                               lambda: child.proc.poll() is None)
             log.info("running %s on rank %d of %d", shown(cfg), rank.env.rank,
                      rank.env.world_size)
 

@@ -81,6 +81,10 @@ class Server:
 
         for signum in _IGNORED:
             signal.signal(signum, signal.SIG_IGN)
+        # Blocked too: a fork inherits the mask, not the pending signals, so one the step sends
+        # a fork before it set its own signal state (forked.py) waits for that, where an
+        # ignored one would be lost (a blocked signal is kept even while ignored: signal(7)).
+        signal.pthread_sigmask(signal.SIG_BLOCK, set(_IGNORED) - {signal.SIGPIPE})
         self.preload_s, self.missing = preload()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)

@@ -6,7 +6,10 @@ the node's warm process (client.py) to fork the same module's ``main`` with its 
 streams, environment, folder, signal state and process group, and exits as the fork does (with
 its exit code, or killed by the same signal). Signals to the task itself (a local launcher's
 SIGTERM, SIGUSR2, Ctrl-C's SIGINT) are passed on; in a Slurm step, where slurmstepd signals
-every process of the step, the fork has them already and the task only waits.
+every process of the step, the fork has them already and the task only waits. One that came
+before the fork existed (while this task waited for its warm process to import torch) is
+passed on once it does; the fork starts with the stop signals blocked until it holds them
+(rank/services/early_signals.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from types import FrameType
 
 from hpc_ddp.rank.contract import WARM_ENV, WARM_NOTE_ENV, WARM_SOCKET_ENV
 from hpc_ddp.rank.join.distenv import step_signals_every_process
+from hpc_ddp.rank.services import early_signals
 from hpc_ddp.rank.warm import client
 
 # WARM_ENV's value for a task that is a supervisor (config/supervision.py).
@@ -45,29 +49,34 @@ def run_forked(target: str, args: Sequence[str], argv: Sequence[str]) -> int | N
         os.environ[WARM_NOTE_ENV] = warm
         return None
     ignored = client.ignored_signals()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    # The fork starts with the stop signals this task holds blocked, pending until it holds
+    # them itself (early_signals.py): one the step sends it meanwhile is not its end.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, []) | set(early_signals.HELD)
     relay = not step_signals_every_process(os.environ)
     child: list[int] = []
     pending: list[int] = []
 
     def passed_on(signum: int, frame: FrameType | None) -> None:
-        if not relay:
-            return  # the step signalled the fork itself
         if child:
+            if not relay:
+                return  # the step signalled the fork itself
             try:
                 os.kill(child[0], signum)
             except ProcessLookupError:
                 pass
-        else:
+        else:  # no fork yet to have it: passed on once it exists
             pending.append(signum)
 
     previous = {s: signal.signal(s, passed_on) for s in RELAYED if s not in ignored}
+    # Those that came while this task started and waited for its warm process.
+    pending.extend(early_signals.take())
     try:
         proc = warm.spawn(target, args, argv, os.environ, (0, 1, 2), pgid=os.getpgid(0),
                           sigmask=sorted(mask), ignored=ignored, title=_own_command())
     except OSError as exc:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        early_signals.RECORDED.extend(s for s in pending if s in early_signals.HELD)
         warm.close()
         os.environ[WARM_NOTE_ENV] = f"cold: the warm process did not fork this rank: {exc}"
         return None
