@@ -57,6 +57,8 @@ _PHASE_SPAN: dict[str, tuple[float, float]] = {}
 # figures come from here.
 _MODULE_SECONDS: dict[str, float] = {}
 _CHAIN_SPAN: dict[str, tuple[float, float]] = {}
+# The other phases' modules (integration, unit): where the suite's time goes, for cuts.
+_LOCAL_MODULE_SECONDS: dict[str, float] = {}
 
 
 def _phase(nodeid: str) -> str:
@@ -68,10 +70,14 @@ def _phase(nodeid: str) -> str:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     phase = _phase(report.nodeid)
     _PHASE_SECONDS[phase] = _PHASE_SECONDS.get(phase, 0.0) + report.duration
-    first, last = _PHASE_SPAN.get(phase, (report.start, report.stop))
-    _PHASE_SPAN[phase] = (min(first, report.start), max(last, report.stop))
+    if report.start > 0:  # a crashed worker's report has no times
+        first, last = _PHASE_SPAN.get(phase, (report.start, report.stop))
+        _PHASE_SPAN[phase] = (min(first, report.start), max(last, report.stop))
     if report.when == "call":
         _PHASE_TESTS[phase] = _PHASE_TESTS.get(phase, 0) + 1
+    if phase in ("integration", "unit"):
+        module = report.nodeid.split("::")[0].removeprefix("tests/")
+        _LOCAL_MODULE_SECONDS[module] = _LOCAL_MODULE_SECONDS.get(module, 0.0) + report.duration
     if phase == "cluster":
         module = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
         _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + report.duration
@@ -90,7 +96,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     terminalreporter.section("time by phase")
     for phase, seconds in sorted(_PHASE_SECONDS.items(), key=lambda kv: -kv[1]):
-        first, last = _PHASE_SPAN[phase]
+        first, last = _PHASE_SPAN.get(phase, (0.0, 0.0))
         terminalreporter.write_line(f"{phase:12s} {seconds:8.1f} s in tests, "
                                     f"{last - first:8.1f} s from first start to last end  "
                                     f"({_PHASE_TESTS.get(phase, 0)} tests)")
@@ -100,6 +106,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 _CHAIN_SPAN.items())) + "; by module: " + ", ".join(
             f"{module.removeprefix('test_').removesuffix('.py')} {seconds:.0f}"
             for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda kv: -kv[1])))
+    if _LOCAL_MODULE_SECONDS:
+        slowest = sorted(_LOCAL_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
+        terminalreporter.write_line("slowest other modules: " + ", ".join(
+            f"{module.removesuffix('.py')} {seconds:.0f}" for module, seconds in slowest))
 
 
 # -- how the suite spreads over pytest-xdist's workers (scripts/test.sh: -n 2 --dist loadscope)

@@ -213,16 +213,15 @@ def test_several_objectives_a_real_nsga_ii_study_and_its_front(hpc_ddp: Run,
 
 def test_bench_search_compares_batches_asynchrony_and_pruning(hpc_ddp: Run,
                                                               tmp_path: Path) -> None:
-    # A grid of four (seed 1: (600, 1000), (10, 1000), (10, 0.05), (600, 0.05), the best
-    # last) on two workers, one rank each (a trial's start costs a few seconds here: the long
-    # ones train for several more; docs/sweeps.md's run has 2000 steps). Batched, trial 1's
-    # worker waits for trial 0's 600 diverging steps before trials 2 and 3 start;
-    # asynchronously it goes on at once; pruned, the diverging lr=1000 trials stop at their
-    # first evaluation instead of training to a NaN (FAILED then: no finite loss), and the
-    # best trial starts sooner still.
+    # A grid of four (seed 1: (2000, 1000), (10, 1000), (10, 0.05), (2000, 0.05), the best
+    # last) on two workers, one rank each (a trial's start costs seconds here: the long ones
+    # train for several more). Batched, trial 1's worker waits for trial 0's 2000 diverging
+    # steps before trials 2 and 3 start; asynchronously it goes on at once; pruned,
+    # the diverging lr=1000 trials stop at their first evaluation instead of training to a
+    # NaN (FAILED then: no finite loss), and the best trial starts sooner still.
     out = tmp_path / "search"
     done = hpc_ddp("bench", ["search", f"--out={out}", "cluster=local",
-                             "cluster.tasks_per_node=1", "trainer.max_steps=choice(10, 600)",
+                             "cluster.tasks_per_node=1", "trainer.max_steps=choice(10, 2000)",
                              "optim.lr=choice(0.05, 1000.0)", "hydra.sweeper.sampler=grid",
                              "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_jobs=2",
                              "hydra.sweeper.pruner=threshold", "hydra.sweeper.pruner.upper=50",
