@@ -31,6 +31,7 @@ from hpc_ddp.launch.target import counted
 from hpc_ddp.rank.contract import JOB_END_ENV, WARM_ENV
 from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
+from hpc_ddp.rank.services import early_signals
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.slurm.refusal import no_client, refusal, sbatch_key_line
 
@@ -40,8 +41,9 @@ __all__ = ["check_client", "describe", "dry_run", "executor_parameters", "refusa
 # Slurm names and hostlists: letters, digits and the punctuation Slurm uses in them. Anything
 # else (spaces, quotes, ;, $, backticks, newlines) is refused rather than passed to a shell.
 _SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:\[\]\-+%@=|&!*()]+$")
-# Environment variable submitit reads (in the tasks) to know which signal means "requeue".
-_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
+# Environment variable submitit reads (in the tasks) to know which signal means "requeue";
+# every task holds that signal from its start (rank/services/early_signals.py).
+_SIGNAL_ENV = early_signals.SIGNAL_ENV
 
 
 def check_shell_safety(cfg: Config) -> None:
