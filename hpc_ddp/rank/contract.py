@@ -68,7 +68,7 @@ CONTAINER_ENV = "HPC_DDP_CONTAINER"
 # The job's end as the batch script reckons it (its start plus the time limit, epoch seconds):
 # when Slurm's warning ahead of the limit is due at the latest (rank/services/lost_signal.py).
 JOB_END_ENV = "HPC_DDP_JOB_END"
-# A trial of an adaptive sweep (sweep/worker.py -> trainer/pruning.py): JSON naming the sweep
+# A trial of an adaptive sweep (sweep/worker.py -> rank/services/pruning.py): JSON naming the sweep
 # folder, the trial's number and its objective; rank 0 reports evaluations to it. A pruned
 # trial's run dir gets PRUNED_FILE (the step), which the worker reads.
 TRIAL_ENV = "HPC_DDP_TRIAL"

@@ -29,10 +29,17 @@ from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.join.joined import Rank
-from hpc_ddp.rank.services import rng, sharded_norms, sharding, stopping, window_sync
+from hpc_ddp.rank.services import (
+    pruning,
+    rng,
+    sharded_norms,
+    sharding,
+    stopping,
+    window_sync,
+)
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
-from hpc_ddp.trainer import ddp_setup, pruning, sync_probe, throughput
+from hpc_ddp.trainer import ddp_setup, sync_probe, throughput
 from hpc_ddp.trainer.augment import flip_and_crop, prepare_inputs
 from hpc_ddp.trainer.evaluate import Evaluator, input_and_target
 from hpc_ddp.trainer.models import build_model, check_classes, describe_model
@@ -84,7 +91,7 @@ class Trainer:
         self.scaler = ddp_setup.grad_scaler(self.tuning, device)
         self.aug_gen = torch.Generator().manual_seed(t.seed * 7919 + env.rank)
         self.global_step = self.epoch = self.micro_in_epoch = self.samples_seen = 0
-        # A trial of an adaptive sweep: pruned from its evaluations (trainer/pruning.py).
+        # A trial of an adaptive sweep: pruned from its evaluations (rank/services/pruning.py).
         self.trial = pruning.from_environ(os.environ, env.is_master, run.root)
         # loss_sum: a float, on a GPU a float64 tensor (see _forward_backward).
         self.window: dict[str, Any] = {"loss_sum": 0.0, "count": 0, "samples": 0}

@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, ...]] = [
      "hpc_ddp.sockets"),
     # A sweep's expansion is the config's grammar: a remote sweep checks its first point.
     # An adaptive sweep's study (its space, sampler, storage) is read by the trial's rank 0
-    # too, which reports its evaluations to it (trainer/pruning.py).
+    # too, which reports its evaluations to it (rank/services/pruning.py).
     ("hpc_ddp.config", "hpc_ddp.sweep.expand", "hpc_ddp.sweep.space",
      "hpc_ddp.sweep.study_parts", "hpc_ddp.sweep.search_file", "hpc_ddp.sweep.study"),
     ("hpc_ddp.targets",),

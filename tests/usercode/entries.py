@@ -217,3 +217,22 @@ def ordered_sharded(ctx: Any) -> dict[str, Any]:
             ctx.save({"step": step, **ctx.state_dict(model, optimizer)})
             return {}
     return {"step": step, "world_size": ctx.world_size}
+
+
+def searched(ctx: Any) -> dict[str, Any]:
+    """A trial of an adaptive search in a user's own loop: app.steps steps of app.step_s
+    seconds each (asleep: a trial's length without its CPU), the loss of a learning rate
+    app.lr (above 1: it grows, past any pruner's bound and then to inf), evaluated every
+    app.eval_every steps, logged and reported to the study (ctx.report), which may prune it."""
+    steps, lr = int(ctx.app["steps"]), float(ctx.app["lr"])
+    every, pause = int(ctx.app.get("eval_every", 10)), float(ctx.app.get("step_s", 0.0))
+    ctx.total_steps = steps
+    loss = 1.0
+    for step in range(1, steps + 1):
+        time.sleep(pause)
+        loss = loss * 1.5 if lr > 1 else loss * (1.0 - 0.01 * lr)
+        if step % every == 0 or step == steps:
+            ctx.log({"eval/loss": loss}, step)
+            if ctx.report({"eval/loss": loss}, step):
+                return {"eval/loss": loss, "pruned_at": step}
+    return {"eval/loss": loss}

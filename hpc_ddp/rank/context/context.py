@@ -37,6 +37,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.rank.context.ddp_models import DdpModels
 from hpc_ddp.rank.context.ordered import GlobalOrder
 from hpc_ddp.rank.context.sharded import ShardedModels
+from hpc_ddp.rank.context.trial import TrialReports
 from hpc_ddp.rank.contract import DATA_ROOT_ENV
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.services import heartbeat, stopping, trackers, window_sync
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 OnSums = Callable[[window_sync.Reduction, window_sync.Sums], None]
 
 
-class Context(ShardedModels, DdpModels, GlobalOrder):
+class Context(ShardedModels, DdpModels, GlobalOrder, TrialReports):
     """One rank's view of the job and its services (see the module docstring)."""
 
     def __init__(self, cfg: Config, run: RunDir, env: DistEnv, device: Any,

@@ -1,4 +1,5 @@
-"""A trial of an adaptive sweep, pruned from the built-in trainer's own evaluations.
+"""A trial of an adaptive sweep, pruned from its own evaluations: the built-in trainer's, or
+what a user's loop reports (``ctx.report``, rank/context/trial.py).
 
 The Optuna sweeper plugin could not prune: the trial never reached the training code. Here
 the sweep's worker (sweep/worker.py) names the trial in the ranks' environment; after each
