@@ -29,14 +29,7 @@ from hpc_ddp.data.sets import build_datasets, describe, first_batch
 from hpc_ddp.rank.context.context import Context
 from hpc_ddp.rank.join.distenv import DistEnv
 from hpc_ddp.rank.join.joined import Rank
-from hpc_ddp.rank.services import (
-    pruning,
-    rng,
-    sharded_norms,
-    sharding,
-    stopping,
-    window_sync,
-)
+from hpc_ddp.rank.services import pruning, rng, sharded_norms, sharding, stopping, window_sync
 from hpc_ddp.rank.services.ddp_warmup import settle_buckets
 from hpc_ddp.rundir import RunDir
 from hpc_ddp.trainer import ddp_setup, sync_probe, throughput
