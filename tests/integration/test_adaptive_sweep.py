@@ -213,24 +213,26 @@ def test_several_objectives_a_real_nsga_ii_study_and_its_front(hpc_ddp: Run,
 
 def test_bench_search_compares_batches_asynchrony_and_pruning(hpc_ddp: Run,
                                                               tmp_path: Path) -> None:
-    # A grid of four (seed 1: (2000, 1000), (10, 1000), (10, 0.05), (2000, 0.05), the best
+    # A grid of four (seed 1: (5000, 1000), (500, 1000), (500, 0.05), (5000, 0.05), the best
     # last) on two workers, one rank each, of a user's own loop that reports its evaluations
-    # (tests/usercode/entries.py:searched; the built-in trainer's pruning:
-    # test_a_real_pruner_stops_a_hopeless_trial_at_its_evaluation). Its steps sleep 10 ms: a
-    # long trial lasts 20 s, several trials' starts, without training's CPU. Batched, trial
-    # 1's worker waits for trial 0's 2000 diverging steps before trials 2 and 3 start;
-    # asynchronously it goes on at once; pruned, the diverging lr=1000 trials stop at their
-    # first evaluation instead of growing to inf (FAILED then: no finite loss), and the best
-    # trial starts sooner still.
+    # every 100 steps (tests/usercode/entries.py:searched; the built-in trainer's pruning:
+    # test_a_real_pruner_stops_a_hopeless_trial_at_its_evaluation). Its steps sleep 10 ms,
+    # without training's CPU: a short trial lasts 5 s, a long one 50 s, a pruned one 1 s.
+    # Batched, trial 1's worker waits for trial 0's 5000 diverging steps before trials 2 and
+    # 3 start; asynchronously it goes on at once (trial 3 starts after two short trials:
+    # sooner than batched by the long trial less them, whatever a start costs up to ~40 s);
+    # pruned, the diverging lr=1000 trials stop at their first evaluation instead of growing
+    # to inf (FAILED then: no finite loss), and the best trial starts after one of them
+    # (sooner than asynchronously by a start and two short trials).
     out = tmp_path / "search"
     done = hpc_ddp("bench", ["search", f"--out={out}", "cluster=local",
                              "cluster.tasks_per_node=1", "entry=tests.usercode.entries:searched",
-                             "app.steps=choice(10, 2000)", "app.lr=choice(0.05, 1000.0)",
-                             "app.step_s=0.01", "sweep.objective=eval/loss",
+                             "app.steps=choice(500, 5000)", "app.lr=choice(0.05, 1000.0)",
+                             "app.step_s=0.01", "app.eval_every=100", "sweep.objective=eval/loss",
                              "hydra.sweeper.sampler=grid",
                              "hydra.sweeper.sampler.seed=1", "hydra.sweeper.n_jobs=2",
                              "hydra.sweeper.pruner=threshold", "hydra.sweeper.pruner.upper=50"],
-                   timeout=600)
+                   timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads((out / "search.json").read_text())
     batched, eager, pruned = result["ways"]
@@ -238,7 +240,7 @@ def test_bench_search_compares_batches_asynchrony_and_pruning(hpc_ddp: Run,
     assert [w["pruned"] for w in result["ways"]] == [0, 0, 2]
     for trial in (out / "pruned").glob("trial-*"):  # ctx.report told the loop, which ended
         if (trial / "pruned.json").exists():
-            assert json.loads((trial / "summary.json").read_text())["result"]["pruned_at"] == 10
+            assert json.loads((trial / "summary.json").read_text())["result"]["pruned_at"] == 100
     assert batched["best"] == eager["best"] == pruned["best"] == result["target"]
     # The batched way's first worker idled through the long trial; asynchronously it did not.
     assert batched["idle_share"] > eager["idle_share"], result

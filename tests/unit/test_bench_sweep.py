@@ -27,8 +27,8 @@ while end is None or time.monotonic() < end:
     try:
         os.makedirs(point, exist_ok=True)
         open(os.path.join(point, f"f{i}"), "w").close()
-    except FileNotFoundError:  # removed meanwhile (a parent too, mid-makedirs): again
-        continue
+    except (FileNotFoundError, FileExistsError):  # removed meanwhile (a parent too,
+        continue  # mid-makedirs; or between its mkdir's EEXIST and its isdir check): again
     i += 1
 """
 
