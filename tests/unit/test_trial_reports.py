@@ -29,6 +29,8 @@ def test_outside_a_sweep_a_report_is_free(tmp_path: Path, monkeypatch: pytest.Mo
     assert loop.report({"eval/loss": float("nan")}, 10) is False
     assert isinstance(loop._trial, pruning.NoTrial)
     assert not (tmp_path / PRUNED_FILE).exists()
+    with pytest.raises(TypeError, match=r"eval/loss='low' is not a number. Fix: report numbers"):
+        loop.report({"eval/loss": "low"}, 20)  # type: ignore[dict-item]
 
 
 class Pruner:

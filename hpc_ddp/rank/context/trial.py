@@ -1,5 +1,5 @@
-"""A Context's trial (docs/sweeps.md#pruning): a user's own loop, run as a trial of an adaptive
-sweep, reports its evaluations to the study and is pruned by the study's pruner exactly as
+"""A Context's trial (docs/sweeps.md#adaptive-sweeps): a user's own loop, run as a trial of
+an adaptive sweep, reports its evaluations to the study and is pruned by its pruner exactly as
 the built-in trainer is (rank/services/pruning.py does the work; this is the part a loop
 calls). Outside an adaptive sweep a report is free: no study, no collective."""
 
@@ -33,5 +33,11 @@ class TrialReports:
             self._trial = pruning.from_environ(os.environ, self.env.is_master, self.run.root)
         if self._trial.pruned_at is not None:
             return True
-        means = {name.removeprefix("eval/"): float(v) for name, v in values.items()}
+        means = {}
+        for name, value in values.items():
+            try:
+                means[name.removeprefix("eval/")] = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"ctx.report: {name}={value!r} is not a number. Fix: report "
+                                "numbers, e.g. {\"eval/loss\": loss.item()}") from None
         return self._trial.after_eval(step, means, self.device)
