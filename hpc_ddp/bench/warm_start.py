@@ -5,7 +5,9 @@
 
 For each number of ranks on one node, the same one-step run of the built-in trainer
 (``trainer.max_steps=1``) is submitted cold (``cluster.warm_start=false``: every rank process
-a fresh interpreter) and warm (the default: forked from the node's warm process), alternating
+a fresh interpreter), warm (forked from the node's warm process, started for this run:
+``cluster.warm_keep_s=0``, as every run on Slurm) and, locally, kept (the default: forked from
+the warm process an earlier run left, as a second local run is), in an order that alternates
 from round to round. Two figures each, from the command's start to the end of rank 0's first
 optimizer step (progress.json's time): the wall-clock seconds, and the CPU-seconds the whole
 machine spent meanwhile (/proc/stat: every process, so run it on an idle machine; the test
@@ -29,7 +31,20 @@ from typing import Any
 from hpc_ddp.errors import USAGE_EXIT_CODE, UserError
 from hpc_ddp.rundir import read_json
 
-MODES = ("cold", "warm")
+MODES = ("cold", "warm", "kept")
+# What each mode's run is given.
+_MODE_ARGS = {"cold": ["cluster.warm_start=false"],
+              "warm": ["cluster.warm_start=true", "cluster.warm_keep_s=0"],
+              "kept": ["cluster.warm_start=true"]}
+
+
+def modes(extra: Sequence[str]) -> tuple[str, ...]:
+    """The modes measured: on Slurm no warm process outlives its job, so none is kept."""
+    return MODES[:2] if _on_slurm(extra) else MODES
+
+
+def _on_slurm(extra: Sequence[str]) -> bool:
+    return any(a.startswith("cluster=slurm") for a in extra)
 
 
 def machine_cpu_s() -> float:
@@ -40,15 +55,13 @@ def machine_cpu_s() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(ranks: int, warm: bool, folder: Path, extra: Sequence[str],
+def one_run(ranks: int, mode: str, folder: Path, extra: Sequence[str],
             timeout_s: float) -> tuple[float, float]:
     """(seconds, machine CPU-seconds) from the command to rank 0's first step."""
     run_dir = folder / "run"
-    slurm = any(a.startswith("cluster=slurm") for a in extra)
     argv = [sys.executable, "-m", "hpc_ddp.submit", "nodes=1",
-            f"cluster.tasks_per_node={ranks}", "trainer.max_steps=1",
-            f"cluster.warm_start={str(warm).lower()}", f"run_dir={run_dir}",
-            *(["wait=true"] if slurm else []), *extra]
+            f"cluster.tasks_per_node={ranks}", "trainer.max_steps=1", *_MODE_ARGS[mode],
+            f"run_dir={run_dir}", *(["wait=true"] if _on_slurm(extra) else []), *extra]
     started, cpu0 = time.time(), machine_cpu_s()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline, cpu1 = time.monotonic() + timeout_s, None
@@ -65,21 +78,25 @@ def one_run(ranks: int, warm: bool, folder: Path, extra: Sequence[str],
     out = proc.communicate()[0]
     first = read_json(progress)
     if proc.returncode != 0 or cpu1 is None or not isinstance(first, dict):
-        raise RuntimeError(f"the {'warm' if warm else 'cold'} run of {ranks} ranks failed: "
+        raise RuntimeError(f"the {mode} run of {ranks} ranks failed: "
                            f"{out[-600:]}")
     return float(first["time"]) - started, cpu1 - cpu0
 
 
 def measure(ranks: Sequence[int], rounds: int, extra: Sequence[str], root: Path,
             timeout_s: float = 600) -> dict[int, dict[str, list[tuple[float, float]]]]:
+    measured = modes(extra)
     found: dict[int, dict[str, list[tuple[float, float]]]] = {
-        n: {m: [] for m in MODES} for n in ranks}
+        n: {m: [] for m in measured} for n in ranks}
     for n in ranks:
+        if "kept" in measured:  # the earlier run whose warm process the kept rounds use
+            (root / f"{n}-first").mkdir(parents=True)
+            one_run(n, "kept", root / f"{n}-first", extra, timeout_s)
         for r in range(rounds):
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
+            for mode in measured if r % 2 == 0 else measured[::-1]:
                 folder = root / f"{n}-{r}-{mode}"
                 folder.mkdir(parents=True)
-                found[n][mode].append(one_run(n, mode == "warm", folder, extra, timeout_s))
+                found[n][mode].append(one_run(n, mode, folder, extra, timeout_s))
                 wall, cpu = found[n][mode][-1]
                 print(f"  {n} ranks, round {r + 1}/{rounds}, {mode}: {wall:5.1f} s, "
                       f"{cpu:5.1f} CPU-s", file=sys.stderr, flush=True)
@@ -88,25 +105,33 @@ def measure(ranks: Sequence[int], rounds: int, extra: Sequence[str], root: Path,
 
 def summary(found: dict[int, dict[str, list[tuple[float, float]]]]) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for n, modes in found.items():
-        wall = {mode: statistics.median(w for w, _ in runs) for mode, runs in modes.items()}
-        cpu = {mode: statistics.median(c for _, c in runs) for mode, runs in modes.items()}
+    for n, by_mode in found.items():
+        wall = {mode: statistics.median(w for w, _ in runs) for mode, runs in by_mode.items()}
+        cpu = {mode: statistics.median(c for _, c in runs) for mode, runs in by_mode.items()}
         row: dict[str, Any] = {mode: {"wall_s": wall[mode], "cpu_s": cpu[mode],
-                                      "rounds": runs} for mode, runs in modes.items()}
+                                      "rounds": runs} for mode, runs in by_mode.items()}
         row.update(wall_ratio=wall["warm"] / wall["cold"], cpu_ratio=cpu["warm"] / cpu["cold"],
                    cpu_saved_per_rank_s=(cpu["cold"] - cpu["warm"]) / n)
+        if "kept" in by_mode:
+            row.update(kept_wall_ratio=wall["kept"] / wall["cold"],
+                       kept_cpu_ratio=cpu["kept"] / cpu["cold"])
         result[str(n)] = row
     return result
 
 
 def lines(result: dict[str, Any], rounds: int) -> list[str]:
+    kept = all("kept" in row for row in result.values())
     out = [f"command to the first step, one node, medians of {rounds} rounds:",
-           f"  {'ranks':>5}  {'cold':>15}  {'warm':>15}  {'warm/cold':>15}  CPU-s saved a rank"]
+           f"  {'ranks':>5}  {'cold':>15}  {'warm':>15}  {'warm/cold':>15}  CPU-s saved a rank"
+           + (f"  {'kept':>15}  {'kept/cold':>15}" if kept else "")]
     for n, row in result.items():
         out.append(f"  {n:>5}  {row['cold']['wall_s']:5.1f} s {row['cold']['cpu_s']:5.1f} CPU-s"
                    f"  {row['warm']['wall_s']:5.1f} s {row['warm']['cpu_s']:5.1f} CPU-s"
                    f"  {row['wall_ratio']:5.2f}x {row['cpu_ratio']:5.2f}x CPU"
-                   f"  {row['cpu_saved_per_rank_s']:5.2f}")
+                   f"  {row['cpu_saved_per_rank_s']:18.2f}" + (
+                       f"  {row['kept']['wall_s']:5.1f} s {row['kept']['cpu_s']:5.1f} CPU-s"
+                       f"  {row['kept_wall_ratio']:5.2f}x {row['kept_cpu_ratio']:5.2f}x CPU"
+                       if kept else ""))
     return out
 
 

@@ -77,6 +77,11 @@ class ClusterConfig:
     # (docs/performance.md#warm-starts). false: each starts as a fresh interpreter. In a
     # container the ranks always start cold (its runtime owns the interpreter).
     warm_start: bool = True
+    # A local run (cluster=local): how long its warm process stays after the run, for the next
+    # local run of the same interpreter, files and environment (a second run then starts in
+    # about a second; a sweep's points and trials share one). 0: it leaves with its run. On
+    # Slurm each node's warm process always leaves with its job step.
+    warm_keep_s: float = 120.0
     # Shell lines run before srun on the first node (module load, conda activate, ...).
     setup: list[str] = field(default_factory=list)
     # Extra arguments for srun, e.g. ["--cpu-bind=none"].

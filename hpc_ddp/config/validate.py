@@ -185,6 +185,8 @@ def _validate_cluster(cfg: Config) -> None:
     _at_least("cluster.max_restarts", c.max_restarts, 0)
     _at_least("cluster.restarts_in_place", c.restarts_in_place, 0)
     _at_least("cluster.spare_nodes", c.spare_nodes, 0)
+    _at_least("cluster.warm_keep_s", c.warm_keep_s, 0, "set cluster.warm_keep_s to 0 (the "
+              "warm process leaves with its run) or to the seconds it may wait for the next.")
     if c.spare_nodes and c.container.kind != "none":
         raise UserError("cluster.spare_nodes", c.spare_nodes, "needs hpc_ddp's driver in the "
                         "batch script, which runs outside the container (not yet supported).",

@@ -23,7 +23,7 @@ from hpc_ddp.config.schema import Config
 from hpc_ddp.config.supervision import warm
 from hpc_ddp.launch.target import counted
 from hpc_ddp.procs import pid_alive, start_time
-from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_ENV
+from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_ENV, WARM_KEEP_ENV
 from hpc_ddp.rank.join.device import visible_devices
 from hpc_ddp.rank.main import submitted
 from hpc_ddp.rank.main.task import training_task
@@ -60,7 +60,7 @@ def submit(cfg: Config, run: RunDir, task: Callable[[], Any] | None = None) -> A
     executor.update_parameters(**executor_parameters(cfg, os.environ))
 
     ranks_env = {**outside_slurm(os.environ), LAUNCH_ID_ENV: uuid.uuid4().hex[:12],
-                 WARM_ENV: warm(cfg)}
+                 WARM_ENV: warm(cfg), WARM_KEEP_ENV: f"{cfg.cluster.warm_keep_s:g}"}
     session = _own_session(run.logs / "launcher.log") if cfg.detach else \
         contextlib.nullcontext()
     with _terminal_interrupt_ignored(), _environ(ranks_env), session:

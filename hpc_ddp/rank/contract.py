@@ -28,6 +28,11 @@ TASK_ENV = "HPC_DDP_STEP_TASK"
 # else (or unset) forks it from its node's warm process. The launchers set it from
 # cluster.warm_start (and to "0" in a container, whose interpreter is not ours to fork).
 WARM_ENV = "HPC_DDP_WARM"
+# A local launch's warm process stays this many seconds after its last rank ended, for the
+# next local run of the same interpreter, files and environment (rank/warm/kept.py); the local
+# launcher sets it from cluster.warm_keep_s. Unset or 0: it leaves with its launch, as on Slurm
+# (where no process outlives its job).
+WARM_KEEP_ENV = "HPC_DDP_WARM_KEEP"
 # Set in a process forked from a node's warm process: that process's socket (a supervisor
 # forks its training process there too), and how the rank started, for its log.
 WARM_SOCKET_ENV = "HPC_DDP_WARM_SOCKET"

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from hpc_ddp.rank.contract import LAUNCH_ID_ENV
-from hpc_ddp.rank.warm import client
+from hpc_ddp.rank.warm import client, wire
 from tests.conftest import REPO, command_env
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -163,6 +163,61 @@ def test_a_local_run_started_cold_says_why(hpc_ddp: Run, tmp_path: Path) -> None
     assert summary["start"] == "cold"
 
 
+def _warm_pids(run_dir: Path) -> set[int]:
+    """The warm processes the ranks of a run forked from, as their logs say."""
+    return {int(note.split("(pid ", 1)[1].split(",", 1)[0])
+            for note in started(run_dir).values() if note.startswith("warm: ")}
+
+
+def test_later_local_runs_fork_from_the_warm_process_an_earlier_one_kept(
+        hpc_ddp: Run, tmp_path: Path) -> None:
+    """cluster.warm_keep_s: a local run's warm process stays for the next run of the same
+    interpreter, files and environment (the trainer's, a script's, an entry's), in a session
+    of its own; with 0 one leaves with its run; a run whose environment differs gets its own,
+    and the idle one leaves for it; a kept one leaves once idle that long. The token gives
+    this test warm processes of its own (another environment)."""
+    token = {"KEPT_TEST_TOKEN": uuid.uuid4().hex}
+    small = ["cluster=local", "cluster.warm_keep_s=8", "data.train_size=256",
+             "data.eval_size=64", "trainer.max_steps=2"]
+
+    def run(name: str, *args: str, env: dict[str, str] = token) -> Path:
+        done = hpc_ddp("submit", [*small, f"run_dir={tmp_path / name}", *args], env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return tmp_path / name
+
+    first = run("first", "cluster.tasks_per_node=2")
+    (kept_pid,) = _warm_pids(first)
+    assert "kept 8 s after each run for the next" in started(first)[0]
+    assert _alive(kept_pid) and os.getsid(kept_pid) == kept_pid  # it stays, on its own
+    out = tmp_path / "facts.json"
+    run("script", "cluster.tasks_per_node=1", f"script={SCRIPT}", "--", str(out), "0")
+    entry = run("entry", "cluster.tasks_per_node=2", "entry=tests.usercode.entries:report")
+    assert _warm_pids(entry) == {kept_pid}
+    facts = json.loads(out.read_text())  # the script still met a fresh interpreter of its own
+    assert facts["note"].startswith(f"warm: forked from this node's warm process (pid "
+                                    f"{kept_pid},"), facts["note"]
+    assert facts["name"] == "__main__" and facts["main_is_me"] and facts["sibling_fresh"]
+    assert facts["argv"] == [str(SCRIPT), str(out), "0"] and facts["torch_preloaded"]
+    once = run("once", "cluster.tasks_per_node=2", "cluster.warm_keep_s=0")
+    (once_pid,) = _warm_pids(once)
+    assert once_pid != kept_pid and not _alive(once_pid)  # it left with its run
+    assert _alive(kept_pid)  # a warm process of a launch does not end a kept one
+    # Another environment: a kept warm process of its own, and the idle one leaves for it
+    # (one idle kept warm process a user at most: rank/warm/tidy.py).
+    other = run("other", "cluster.tasks_per_node=2", env={"KEPT_TEST_TOKEN": "other"})
+    (other_pid,) = _warm_pids(other)
+    assert other_pid not in (kept_pid, once_pid)
+    _gone_within(kept_pid, 30, "an idle kept warm process stayed when a newer one started")
+    _gone_within(other_pid, 120, "a kept warm process outlived its keep")  # idle for 8 s
+
+
+def _gone_within(pid: int, seconds: float, why: str) -> None:
+    deadline = time.monotonic() + seconds
+    while _alive(pid):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.2)
+
+
 def started(run_dir: Path) -> dict[int, str]:
     """How each rank's training process started, as its log says (rank/join/joined.py)."""
     found = {}
@@ -196,17 +251,20 @@ def test_a_warm_process_no_rank_came_to_leaves_with_its_starter(tmp_path: Path) 
 
 
 def test_another_launchs_sweep_does_not_end_a_warm_process_before_its_ranks_come() -> None:
-    """A starter sweeps the folder's stale sockets (client._sweep): it connects to every
-    other launch's warm process and leaves. A warm process whose ranks have not come yet (a
+    """A starter sweeps the folder's stale sockets (tidy.sweep): it connects to every
+    other launch's warm process and leaves; a kept one's starter asks each to leave if idle
+    and kept (tidy.evict_idle). A warm process whose ranks have not come yet (a
     supervisor still joining its job) stays for them: the test cluster's nodes, or one user's
     two jobs on one node, share the folder."""
     env = {**command_env(), LAUNCH_ID_ENV: uuid.uuid4().hex[:12], "HPC_DDP_WARM": "light"}
-    code = ("import os, time\nfrom pathlib import Path\nfrom hpc_ddp.rank.warm import client\n"
+    code = ("import os, time\nfrom pathlib import Path\n"
+            "from hpc_ddp.rank.warm import client, tidy\n"
             "assert client.start_early(os.environ) is None\n"
             "started = client._STARTED\npath = Path(started.args[-3])\n"
-            "while client._locked(path.with_suffix('.lock')):  # importing\n"
+            "while tidy.locked(path.with_suffix('.lock')):  # importing\n"
             "    time.sleep(0.05)\n"
-            "client._sweep(path.parent, path.with_name('another-launch.sock'))\n"
+            "tidy.sweep(path.parent, path.with_name('another-launch.sock'))\n"
+            "assert path not in tidy.evict_idle(path.parent, path.with_name('a-kept.sock'))\n"
             "time.sleep(1.5)  # three times its linger with no client\n"
             "assert started.poll() is None, 'the warm process left before its ranks came'\n"
             "link = client.this_process(os.environ)\n"
@@ -246,7 +304,7 @@ def test_a_warm_process_leaving_takes_only_its_own_socket_with_it() -> None:
         first_link.close()  # the first has no client left: it leaves
         assert first.wait(timeout=60) == 0
         assert path.exists()  # the second's, kept
-        client._connect(path).close()
+        wire.connect(path).close()
         second_link.close()
         assert second.wait(timeout=60) == 0
         assert not path.exists()
@@ -267,7 +325,7 @@ def test_the_warm_start_benchmark_runs_small(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     row = json.loads(out.read_text())["2"]
-    for mode in ("cold", "warm"):
+    for mode in ("cold", "warm", "kept"):  # the figures are the benchmark's, not asserted
         assert row[mode]["wall_s"] > 0 and row[mode]["cpu_s"] > 0
     shown = done.stdout.splitlines()[-1].split()
     assert shown[0] == "2" and float(shown[1]) == round(row["cold"]["wall_s"], 1)

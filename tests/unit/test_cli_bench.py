@@ -247,6 +247,15 @@ def test_warm_start_figures_are_medians_ratios_and_savings_per_rank() -> None:
     assert shown[0] == "command to the first step, one node, medians of 3 rounds:"
     assert shown[2].split() == ["8", "22.0", "s", "44.0", "CPU-s", "10.0", "s", "12.0", "CPU-s",
                                 "0.45x", "0.27x", "CPU", "4.00"]
+    # Locally a third mode: the warm process an earlier run left (cluster.warm_keep_s).
+    found[8]["kept"] = [(2.0, 3.0), (4.0, 5.0), (3.0, 4.4)]
+    row = summary(found)["8"]
+    assert (row["kept"]["wall_s"], row["kept"]["cpu_s"]) == (3.0, 4.4)
+    assert row["kept_wall_ratio"] == pytest.approx(3 / 22)
+    assert row["kept_cpu_ratio"] == pytest.approx(0.1)
+    shown = lines(summary(found), 3)
+    assert shown[1].split()[-2:] == ["kept", "kept/cold"]
+    assert shown[2].split()[13:] == ["3.0", "s", "4.4", "CPU-s", "0.14x", "0.10x", "CPU"]
 
 
 @pytest.mark.parametrize("args", [["--ranks", "0"], ["--ranks", "x"], ["--rounds", "0"]])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpc_ddp.rank.warm import client
+from hpc_ddp.rank.warm import client, tidy
 
 
 @pytest.fixture
@@ -79,18 +79,22 @@ def test_the_sweep_removes_a_gone_launchs_lock_and_nothing_else(short_tmp: Path)
     gone, new, held, paired = (place / f"{name}.lock" for name in ("gone", "new", "held", "paired"))
     for lock in (gone, new, held, paired):
         lock.touch(mode=0o600)
+    # A kept warm process's log (client._start_once) goes the same way as its lock.
+    old_log, new_log = place / "gone.log", place / "new.log"
+    old_log.write_text("Traceback ...\n")
+    new_log.write_text("Traceback ...\n")
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a live launch's
     listening.bind(str(place / "paired.sock"))
     listening.listen(1)
     hour_ago = time.time() - 2 * 3600
-    for lock in (gone, held, paired):
+    for lock in (gone, held, paired, old_log):
         os.utime(lock, (hour_ago, hour_ago))
     holder = os.open(held, os.O_RDWR)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
-        client._sweep(place, place / "mine.sock")
+        tidy.sweep(place, place / "mine.sock")
     finally:
         os.close(holder)
         listening.close()
-    assert not gone.exists()
-    assert new.exists() and held.exists() and paired.exists()
+    assert not gone.exists() and not old_log.exists()
+    assert new.exists() and held.exists() and paired.exists() and new_log.exists()

@@ -2,12 +2,14 @@
 when this is the node's first rank to ask.
 
 Per node and launch there is one warm process: its socket's name is a hash of the launch (the
-local launcher's id, or the Slurm job, step, attempt and node), in a folder of this user's
+local launcher's id, or the Slurm job, step, attempt and node; a local run's warm process kept
+for the next run is named by what it holds instead: kept.py), in a folder of this user's
 alone (owned.private: $XDG_RUNTIME_DIR/hpc_ddp-warm, else /tmp/hpc_ddp-warm-UID). The first
 rank to ask takes the folder's lock, starts the process and waits until it listens (its
 imports: seconds); the others wait for the lock, then connect. The starter waits for the
 warm process to leave before it exits itself (it leaves once no client is left), so it ends
-inside the job step as every process of the step must (proctrack follows the process tree).
+inside the job step as every process of the step must (proctrack follows the process tree);
+a kept one starts in a session of its own and is not awaited.
 Whatever fails here (no such folder, the process cannot start) leaves the caller a reason, and
 the rank starts cold, as a fresh interpreter, and says so in its log.
 """
@@ -31,13 +33,13 @@ from typing import IO, Any
 
 from hpc_ddp.owned import private
 from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_ENV, WARM_SOCKET_ENV
-from hpc_ddp.rank.warm import wire
+from hpc_ddp.rank.warm import kept, tidy, wire
 
 # The warm process imports torch and the rank program: seconds, a minute on a loaded node.
 _READY_S = 180.0
-# A lock file with no socket this old is a gone launch's (a launch's own tasks open theirs
-# within seconds of each other).
-_ORPHAN_LOCK_S = 3600.0
+# A warm process answers a client's "hold" at once (it serves requests between forks).
+_HOLD_S = 30.0
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
 # sun_path's size on Linux, less its final NUL.
 _SUN_PATH = 107
 # Variables of one rank that the node's warm process must not hold (it serves every rank).
@@ -62,7 +64,7 @@ def launch_key(environ: Mapping[str, str]) -> str | None:
     """What the ranks of one node of one launch share: a local launch's id, or the Slurm job,
     step, attempt and node (the test cluster's nodes share one /tmp)."""
     if environ.get(LAUNCH_ID_ENV):
-        return f"local {environ[LAUNCH_ID_ENV]}"
+        return kept.key(environ) or f"local {environ[LAUNCH_ID_ENV]}"
     job = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID")
     step = environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")
     if job and step:
@@ -133,7 +135,7 @@ class Warm:
         self._hold = hold
 
     def describe(self) -> dict[str, Any]:
-        sock = _connect(self.path)
+        sock = wire.connect(self.path)
         with sock:
             wire.send(sock, {"op": "describe"})
             message, _ = wire.receive(sock)
@@ -146,7 +148,7 @@ class Warm:
         """Fork ``target`` (``module:function``, called with ``args``; its value the exit code)
         with this process's folder, umask, CPU affinity and ``sys.argv = argv``; ``title``:
         the command line ps shows for it (the one it would have been started with)."""
-        sock = _connect(self.path)
+        sock = wire.connect(self.path)
         umask = os.umask(0)
         os.umask(umask)
         request = {"op": "spawn", "target": target, "args": list(args), "argv": list(argv),
@@ -174,27 +176,22 @@ class Warm:
         _wait_started()
 
 
-def _connect(path: Path) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        if not wire.same_user(sock):
-            raise wire.WireError(f"{path} is served by another user")
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 def _hold(path: Path) -> socket.socket:
     """A link held for this process's life; it says so ("hold"), so that the warm process
-    knows a client of its launch came (a bare connection may be another launch's _sweep)."""
-    sock = _connect(path)
+    knows a client of its launch came (a bare connection may be another launch's _sweep),
+    and waits for its answer: a kept warm process that was leaving as this one connected
+    closes the connection unanswered (then a new one is started)."""
+    sock = wire.connect(path)
     try:
         wire.send(sock, {"op": "hold"})
-    except OSError:
+        sock.settimeout(_HOLD_S)
+        answer, _ = wire.receive(sock)
+        sock.settimeout(None)
+        if answer is None:
+            raise ConnectionResetError(f"{path}: the warm process was leaving")
+    except (OSError, wire.WireError) as exc:
         sock.close()
-        raise
+        raise ConnectionResetError(str(exc)) from exc
     return sock
 
 
@@ -219,7 +216,7 @@ def start_early(environ: Mapping[str, str]) -> str | None:
     if isinstance(found, str):
         return found
     with contextlib.suppress(OSError):
-        _connect(found[0]).close()
+        wire.connect(found[0]).close()
         return None
     return _start_once(*found, environ)
 
@@ -230,7 +227,18 @@ def connect(environ: Mapping[str, str]) -> Warm | str:
     found = _place(environ)
     if isinstance(found, str):
         return found
-    path, lock_path = found
+    link: Warm | str = ""
+    for _ in range(3):  # a kept warm process may leave as this one comes: start another
+        link = _connect_or_start(*found, environ)
+        if not isinstance(link, str) or not link.endswith(_LEFT):
+            break
+    return link
+
+
+_LEFT = "the warm process ended at its start"
+
+
+def _connect_or_start(path: Path, lock_path: Path, environ: Mapping[str, str]) -> Warm | str:
     with contextlib.suppress(OSError):
         return Warm(path, _hold(path))
     why = _start_once(path, lock_path, environ)
@@ -243,26 +251,12 @@ def connect(environ: Mapping[str, str]) -> Warm | str:
             return Warm(path, _hold(path))
         if _STARTED is not None and _STARTED.poll() is not None:
             return f"cold: the warm process ended with exit code {_STARTED.returncode} at its start"
-        if not _locked(lock_path):
+        if not tidy.locked(lock_path):
             with contextlib.suppress(OSError):
                 return Warm(path, _hold(path))
-            return "cold: the warm process ended at its start"
+            return f"cold: {_LEFT}"
         time.sleep(0.05)
     return f"cold: the warm process did not listen within {_READY_S:.0f} s"
-
-
-def _locked(lock_path: Path) -> bool:
-    try:
-        lock = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(lock)
 
 
 def _start_once(path: Path, lock_path: Path, environ: Mapping[str, str]) -> str | None:
@@ -277,25 +271,36 @@ def _start_once(path: Path, lock_path: Path, environ: Mapping[str, str]) -> str 
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a warm process starting holds it: wait
         with contextlib.suppress(OSError):
-            _connect(path).close()
+            wire.connect(path).close()
             return None
-        _sweep(path.parent, path)
-        env = {k: v for k, v in environ.items() if k not in _RANK_VARIABLES}
+        tidy.sweep(path.parent, path)
+        keep = kept.keep_seconds(environ) if kept.key(environ) else 0.0
+        if keep:  # one idle kept warm process of this user at most: this one, soon
+            tidy.evict_idle(path.parent, path)
+        env = kept.shared_environment(environ) if keep else {
+            k: v for k, v in environ.items() if k not in _RANK_VARIABLES}
         flags = ["-P"] if sys.flags.safe_path else []
         # The starter's line: closed when this process is done (release()), so a warm process
         # no rank came to (a supervisor that ended before its training) leaves at once.
         line, held = os.pipe()
         try:
-            _STARTED = subprocess.Popen(
-                [sys.executable, *flags, "-m", "hpc_ddp.rank.warm.server", str(path),
-                 str(lock), str(line)], env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, pass_fds=(lock, line))
+            # A kept one outlives this run: a session of its own (a signal to this run's
+            # process group is not for it), and no stream of this run's held open (a caller
+            # reading them to their end would wait for it): its own log beside its socket.
+            with open(os.open(path.with_suffix(".log"), _LOG_FLAGS, 0o600), "ab") if keep \
+                    else contextlib.nullcontext(None) as log:
+                _STARTED = subprocess.Popen(
+                    [sys.executable, *flags, "-m", "hpc_ddp.rank.warm.server", str(path),
+                     str(lock), str(line), *([f"{keep:g}"] if keep else [])], env=env,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                    pass_fds=(lock, line), start_new_session=bool(keep))
         except OSError as exc:
             os.close(held)
             return f"cold: the warm process could not start: {exc}"
         finally:
             os.close(line)
         _STARTER_LINE.append(held)
+        _STARTED_KEPT[:] = [bool(keep)]
         return None
     finally:
         os.close(lock)
@@ -307,45 +312,12 @@ def _wait_started() -> None:
     global _STARTED
     while _STARTER_LINE:
         os.close(_STARTER_LINE.pop())
-    if _STARTED is not None:
+    if _STARTED is not None and not any(_STARTED_KEPT):  # a kept one stays for the next run
         _STARTED.wait()
         socket_path = Path(str(_STARTED.args[-3]))  # type: ignore[index]
         with contextlib.suppress(OSError):  # a later launch makes its own
             socket_path.with_suffix(".lock").unlink()
-        _STARTED = None
-
-
-def _sweep(place: Path, keep: Path) -> None:
-    """Remove what warm processes killed before they could clean up left (a killed launch:
-    a socket nobody listens on, its lock free)."""
-    for sock in place.glob("*.sock"):
-        if sock == keep:
-            continue
-        lock_path = sock.with_suffix(".lock")
-        try:
-            lock = os.open(lock_path, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: a warm process starting
-            try:
-                _connect(sock).close()
-            except ConnectionRefusedError:
-                sock.unlink(missing_ok=True)
-                lock_path.unlink(missing_ok=True)
-        except OSError:
-            pass
-        finally:
-            os.close(lock)
-    # A lock whose launch is long gone (killed before its starter removed it, or opened
-    # again by a late task after that): no socket beside it, nobody holding it, old.
-    for lock_path in place.glob("*.lock"):
-        if lock_path == keep.with_suffix(".lock") or lock_path.with_suffix(".sock").exists():
-            continue
-        with contextlib.suppress(OSError):
-            if (time.time() - lock_path.lstat().st_mtime > _ORPHAN_LOCK_S
-                    and not _locked(lock_path)):
-                lock_path.unlink()
+    _STARTED = None
 
 
 def ignored_signals() -> list[int]:
@@ -364,6 +336,7 @@ _THIS: Warm | str | None = None
 # The warm process this process started (it waits for it before it exits: release()).
 _STARTED: subprocess.Popen[bytes] | None = None
 _STARTER_LINE: list[int] = []
+_STARTED_KEPT: list[bool] = []
 
 
 def this_process(environ: Mapping[str, str]) -> Warm | str:

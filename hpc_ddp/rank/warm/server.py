@@ -7,7 +7,8 @@ initialises CUDA, makes no process group, reads no rank variable and starts no t
 own: what each process needs of its own it gets after the fork (forked.py). It answers only
 this user's processes, ignores the signals meant for the ranks (Slurm signals every process
 of a step; a local launcher, its ranks), and leaves as soon as it has neither a client nor a
-child (its starter waits for that: rank/warm/client.py).
+child (its starter waits for that: rank/warm/client.py); a local run's warm process kept for the
+next run (kept.py, cluster.warm_keep_s) leaves once it had neither for that long.
 
 The client's connection is the child's lifeline: the child's exit status goes back on it, and
 a client that goes away (killed) takes its child with it.
@@ -44,6 +45,8 @@ _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal
             signal.SIGUSR2, signal.SIGALRM, signal.SIGPIPE)
 # No client within this long after the start: nobody came (the starter died).
 _FIRST_CLIENT_S = 120.0
+# A connection that has said nothing for this long is not a client that came.
+_SILENT_S = 2.0
 # How long it waits, with no client and no child, before it leaves.
 _LINGER_S = 0.5
 
@@ -62,11 +65,17 @@ def preload() -> tuple[float, list[str]]:
 
 
 class Server:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, keep_s: float = 0.0) -> None:
         self.path = path
+        self.keep_s = keep_s  # kept for later local runs this long after its last client
+        self.leaving = False  # asked to leave while idle (a newer kept one started)
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
         self.clients: set[socket.socket] = set()
+        # When each client connected, until its first message: one that says nothing for
+        # _SILENT_S (another launch's starter checking whether this one listens: client._sweep)
+        # does not keep this process from leaving.
+        self.silent: dict[socket.socket, float] = {}
         self.began = time.time()
         self.seen_client = False
         self.bound: tuple[int, int] | None = None  # the socket file this process made
@@ -132,12 +141,23 @@ class Server:
                 else:
                     self._request(key.fileobj)  # type: ignore[arg-type]
             self._reap()
-            if self.clients or self.children:
+            if self.leaving:
+                return
+            if self.children or self._spoken():
                 idle_since = time.monotonic()
                 continue
             waited = time.monotonic() - idle_since
-            if waited > (_LINGER_S if self.seen_client else _FIRST_CLIENT_S):
+            linger = max(self.keep_s, _LINGER_S)
+            if waited > (linger if self.seen_client else max(linger, _FIRST_CLIENT_S)):
                 return
+
+    def _spoken(self) -> bool:
+        """A client holds this process: one that spoke, or connected only just now."""
+        return any(self._spoke(c) for c in self.clients)
+
+    def _spoke(self, conn: socket.socket) -> bool:
+        now = time.monotonic()
+        return now - self.silent.get(conn, now) < _SILENT_S
 
     def _accept(self) -> None:
         try:
@@ -152,6 +172,7 @@ class Server:
         # at once, and must not end this process before its own ranks come (the test
         # cluster's nodes, or one user's jobs on one node, share the folder).
         self.clients.add(conn)
+        self.silent[conn] = time.monotonic()
         self.selector.register(conn, selectors.EVENT_READ, "client")
 
     def _request(self, conn: socket.socket) -> None:
@@ -162,9 +183,18 @@ class Server:
         if message is None:
             self._gone(conn)
             return
-        self.seen_client = True
+        if message.get("op") != "leave":  # not a client that came: another's starter asking
+            self.seen_client = True
+            self.silent.pop(conn, None)
         try:
-            if message.get("op") == "describe":
+            if message.get("op") == "hold":  # answered: this process stays for it
+                self.leaving = False
+                wire.send(conn, {"held": True})
+            elif message.get("op") == "leave":  # a newer kept one started (rank/warm/tidy.py)
+                self.leaving = bool(self.keep_s) and not self.children and not any(
+                    c is not conn and self._spoke(c) for c in self.clients)
+                wire.send(conn, {"leaving": self.leaving})
+            elif message.get("op") == "describe":
                 wire.send(conn, self.describe())
             elif message.get("op") == "spawn":
                 wire.send(conn, {"pid": self._fork(conn, message, fds)})
@@ -175,8 +205,10 @@ class Server:
 
     def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
         request["socket"] = str(self.path)
+        kept = (f", kept {self.keep_s:g} s after each run for the next: "
+                f"cluster.warm_keep_s" if self.keep_s else "")
         note = (f"warm: forked from this node's warm process (pid {os.getpid()}, its imports "
-                f"took {self.preload_s:.1f} s once)")
+                f"took {self.preload_s:.1f} s once{kept})")
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
@@ -208,6 +240,7 @@ class Server:
         """A client went away: a child it started has no one to report to, and is stopped
         (with its process group: its own data loader workers)."""
         self.clients.discard(conn)
+        self.silent.pop(conn, None)
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(conn)
         for pid, owner in list(self.children.items()):
@@ -224,6 +257,7 @@ class Server:
         rank_vars = sorted(k for k in os.environ if k in (
             "RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_LOCALID", "CUDA_VISIBLE_DEVICES"))
         return {"pid": os.getpid(), "preload_s": self.preload_s, "missing": self.missing,
+                "keep_s": self.keep_s,
                 "cuda_initialized": bool(torch is not None and torch.cuda.is_initialized()),
                 "process_group": bool(dist is not None and dist.is_available()
                                       and dist.is_initialized()),
@@ -247,13 +281,17 @@ def _devices_open() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) not in (1, 3) or not all(a.isdigit() for a in argv[1:]):
-        print("usage: python -m hpc_ddp.rank.warm.server SOCKET [LOCK_FD LINE_FD] (started "
-              "by a rank of a run: rank/warm/client.py)", file=sys.stderr)
+    try:
+        keep_s = float(argv[3]) if len(argv) == 4 else 0.0
+    except ValueError:
+        keep_s = -1.0
+    if len(argv) not in (1, 3, 4) or not all(a.isdigit() for a in argv[1:3]) or keep_s < 0:
+        print("usage: python -m hpc_ddp.rank.warm.server SOCKET [LOCK_FD LINE_FD [KEEP_S]] "
+              "(started by a rank of a run: rank/warm/client.py)", file=sys.stderr)
         return 2
-    server = Server(Path(argv[0]))
+    server = Server(Path(argv[0]), keep_s)
     server.start()
-    if len(argv) == 3:  # the starter's lock, held while this imported: listening now
+    if len(argv) >= 3:  # the starter's lock, held while this imported: listening now
         os.close(int(argv[1]))
         server.watch_starter(int(argv[2]))
     try:
@@ -264,6 +302,10 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             if _identity(server.path) == server.bound:
                 server.path.unlink()
+        log = server.path.with_suffix(".log")  # a kept one's (client._start_once), if empty
+        with contextlib.suppress(OSError):
+            if keep_s and log.stat().st_size == 0:
+                log.unlink()
     return 0
 
 

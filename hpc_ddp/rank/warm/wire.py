@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hpc_ddp.sockets import recv_exact
@@ -37,6 +38,19 @@ def peer_uid(sock: socket.socket) -> int:
 
 def same_user(sock: socket.socket) -> bool:
     return peer_uid(sock) == os.geteuid()
+
+
+def connect(path: Path) -> socket.socket:
+    """A connection to the warm process at ``path``, once it is known to be this user's."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        if not same_user(sock):
+            raise WireError(f"{path} is served by another user")
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: Sequence[int] = ()) -> None:
