@@ -47,6 +47,9 @@ _IGNORED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal
 _FIRST_CLIENT_S = 120.0
 # A connection that has said nothing for this long is not a client that came.
 _SILENT_S = 2.0
+# A kept one idle this long leaves when a newer kept one starts (not one between two runs of a
+# sweep or a script of runs: the next submit command takes seconds to come).
+_EVICT_IDLE_S = 10.0
 # How long it waits, with no client and no child, before it leaves.
 _LINGER_S = 0.5
 
@@ -69,6 +72,8 @@ class Server:
         self.path = path
         self.keep_s = keep_s  # kept for later local runs this long after its last client
         self.leaving = False  # asked to leave while idle (a newer kept one started)
+        self.idle_since = time.monotonic()  # since when it has had no client and no child
+        self.used_at = time.monotonic()  # when it last had a child or a client that spoke
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
         self.clients: set[socket.socket] = set()
@@ -123,7 +128,7 @@ class Server:
         self.selector.register(line, selectors.EVENT_READ, "starter")
 
     def serve(self) -> None:
-        idle_since = time.monotonic()
+        self.idle_since = time.monotonic()
         while True:
             for key, _ in self.selector.select(timeout=0.25):
                 if key.data == "accept":
@@ -143,10 +148,12 @@ class Server:
             self._reap()
             if self.leaving:
                 return
+            if self.children or any(c not in self.silent for c in self.clients):
+                self.used_at = time.monotonic()  # a sweep's connection is no use
             if self.children or self._spoken():
-                idle_since = time.monotonic()
+                self.idle_since = time.monotonic()
                 continue
-            waited = time.monotonic() - idle_since
+            waited = time.monotonic() - self.idle_since
             linger = max(self.keep_s, _LINGER_S)
             if waited > (linger if self.seen_client else max(linger, _FIRST_CLIENT_S)):
                 return
@@ -192,7 +199,8 @@ class Server:
                 wire.send(conn, {"held": True})
             elif message.get("op") == "leave":  # a newer kept one started (rank/warm/tidy.py)
                 self.leaving = bool(self.keep_s) and not self.children and not any(
-                    c is not conn and self._spoke(c) for c in self.clients)
+                    c is not conn and self._spoke(c) for c in self.clients) and (
+                    time.monotonic() - self.used_at >= _EVICT_IDLE_S)
                 wire.send(conn, {"leaving": self.leaving})
             elif message.get("op") == "describe":
                 wire.send(conn, self.describe())

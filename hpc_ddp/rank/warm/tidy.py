@@ -4,9 +4,10 @@ what killed warm processes left there, and kept warm processes no run uses.
 A kept warm process (kept.py) holds ~0.4 GB of its own while it waits for a next run; runs
 whose interpreter, files or environment differ (another project, a copy of the code) each
 start their own. So a starter of a kept warm process asks the others to leave if they are
-idle (no rank forked, no client): this user keeps at most one idle kept warm process, the
-latest, besides those in use. Warm processes of a launch (Slurm steps, cluster.warm_keep_s=0)
-are not kept and stay (they leave with their launch).
+idle (no rank forked, no client, for 10 s: not one between two runs of a sweep): this user
+keeps at most one kept warm process idle for longer, the latest, besides those in use. Warm
+processes of a launch (Slurm steps, cluster.warm_keep_s=0) are not kept and stay (they leave
+with their launch).
 """
 
 from __future__ import annotations
