@@ -162,18 +162,29 @@ def stop(pid: int, started: int | None, grace_s: float) -> None:
         return
     try:
         controller = psutil.Process(pid)
-        procs = [controller, *controller.children(recursive=True)]
+        # Not a process in a session of its own: a kept warm process (rank/warm/kept.py) that
+        # a task of this job started outlives the job for the next run, and serves others.
+        session = os.getsid(pid)
+        procs = [controller, *(p for p in controller.children(recursive=True)
+                               if _in_session(p, session))]
         # With a setup line the pid is the shell's (submitit runs `bash -c "setup && ..."`),
         # which would not pass SIGTERM on: the submitit controller under it gets it too.
         for proc in [controller, *(p for p in controller.children() if _is_controller(p))]:
             proc.terminate()
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, ProcessLookupError):
         return
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
     psutil.wait_procs(alive, timeout=10)
+
+
+def _in_session(proc: Any, session: int) -> bool:
+    try:
+        return os.getsid(proc.pid) == session
+    except OSError:  # gone already
+        return False
 
 
 def _is_controller(proc: Any) -> bool:

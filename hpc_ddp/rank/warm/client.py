@@ -55,7 +55,7 @@ def refused(environ: Mapping[str, str]) -> str | None:
         return "cold: cluster.warm_start=false"
     if wanted not in ("1", "light"):
         return "cold: in a container (its runtime starts each rank's interpreter)"
-    if launch_key(environ) is None:
+    if not environ.get(LAUNCH_ID_ENV) and launch_key(environ) is None:  # (no key hashed)
         return "cold: not a launch of hpc_ddp's (no launch id or Slurm step to share with)"
     return None
 
@@ -178,7 +178,7 @@ class Warm:
 
 def _hold(path: Path) -> socket.socket:
     """A link held for this process's life; it says so ("hold"), so that the warm process
-    knows a client of its launch came (a bare connection may be another launch's _sweep),
+    knows a client of its launch came (a bare connection may be another launch's tidy.sweep),
     and waits for its answer: a kept warm process that was leaving as this one connected
     closes the connection unanswered (then a new one is started)."""
     sock = wire.connect(path)
@@ -274,7 +274,7 @@ def _start_once(path: Path, lock_path: Path, environ: Mapping[str, str]) -> str 
             wire.connect(path).close()
             return None
         tidy.sweep(path.parent, path)
-        keep = kept.keep_seconds(environ) if kept.key(environ) else 0.0
+        keep = kept.keep_seconds(environ)
         if keep:  # one idle kept warm process of this user at most: this one, soon
             tidy.evict_idle(path.parent, path)
         env = kept.shared_environment(environ) if keep else {

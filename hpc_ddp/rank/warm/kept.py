@@ -46,7 +46,10 @@ _NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 
 
 def keep_seconds(environ: Mapping[str, str]) -> float:
-    """How long a local launch's warm process stays after its last rank (0: not kept)."""
+    """How long a local launch's warm process stays after its last rank (0: not kept: no
+    keep asked for, or not a local launch)."""
+    if not environ.get(LAUNCH_ID_ENV):
+        return 0.0
     try:
         seconds = float(environ.get(WARM_KEEP_ENV, "0"))
     except ValueError:
@@ -64,7 +67,7 @@ def shared_environment(environ: Mapping[str, str]) -> dict[str, str]:
 def key(environ: Mapping[str, str]) -> str | None:
     """What a kept warm process serving this local launch is named by (None: not kept)."""
     keep = keep_seconds(environ)
-    if not keep or not environ.get(LAUNCH_ID_ENV):
+    if not keep:
         return None
     facts = {"keep_s": keep, "environ": shared_environment(environ), **process_facts()}
     return "kept " + hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()

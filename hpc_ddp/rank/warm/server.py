@@ -78,7 +78,7 @@ class Server:
         self.children: dict[int, socket.socket] = {}  # pid -> its client's connection
         self.clients: set[socket.socket] = set()
         # When each client connected, until its first message: one that says nothing for
-        # _SILENT_S (another launch's starter checking whether this one listens: client._sweep)
+        # _SILENT_S (another launch's starter checking whether this one listens: tidy.sweep)
         # does not keep this process from leaving.
         self.silent: dict[socket.socket, float] = {}
         self.began = time.time()
@@ -175,7 +175,7 @@ class Server:
             conn.close()
             return
         # Not yet a client that came (seen_client: at its first message, "hold" included):
-        # another launch's starter sweeping stale sockets (client._sweep) connects and leaves
+        # another launch's starter sweeping stale sockets (tidy.sweep) connects and leaves
         # at once, and must not end this process before its own ranks come (the test
         # cluster's nodes, or one user's jobs on one node, share the folder).
         self.clients.add(conn)
