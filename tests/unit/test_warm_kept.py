@@ -59,6 +59,16 @@ def test_an_install_into_a_folder_on_sys_path_gets_a_new_one(
     assert str(Path(kept.__file__).resolve()) in kept.files()  # hpc_ddp's own files count
 
 
+def test_what_a_run_writes_into_its_own_folder_keeps_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m` puts the run's folder first on sys.path; runs write there (outputs/)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = kept.key(BASE)
+    (tmp_path / "outputs").mkdir()
+    assert kept.key(BASE) == before
+
+
 def test_a_niced_run_gets_a_warm_process_of_its_own() -> None:
     """A fork inherits its warm process's niceness, which a user's process cannot lower."""
     code = ("import json, sys\nfrom hpc_ddp.rank.warm import kept\n"

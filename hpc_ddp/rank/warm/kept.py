@@ -97,7 +97,7 @@ def process_facts() -> dict[str, Any]:
 
 def files() -> dict[str, Any]:
     """The times and sizes of hpc_ddp's own files, torch's entry files, and every folder on
-    sys.path (an install or removal there changes the folder's time)."""
+    sys.path but the run's own (an install or removal there changes the folder's time)."""
     found: dict[str, Any] = {}
     ours = Path(__file__).resolve().parents[2]
     for path in sorted(ours.rglob("*.py")):
@@ -107,8 +107,12 @@ def files() -> dict[str, Any]:
         torch = Path(spec.origin).parent
         for name in ("__init__.py", "version.py"):
             found[str(torch / name)] = _stamp(torch / name)
+    here = Path.cwd()
     for entry in sys.path:
-        found[entry or "."] = _stamp(Path(entry or "."))
+        folder = Path(entry or ".")
+        # The run's own folder by its name only: each run writes there (outputs/, logs), and
+        # a fork puts its own folder first on sys.path anyway (forked.py).
+        found[entry or "."] = None if folder.absolute() == here else _stamp(folder)
     return found
 
 
