@@ -234,9 +234,16 @@ def render_task_prolog(cfg: ClusterConfig) -> str:
     ``export`` lines become the task's environment). A requeue signal that reaches the step
     while it runs (a 1-minute limit's warning can come at the step's start) is not its end,
     nor the task's: slurmstepd fails a task whose TaskProlog dies, and the task that does not
-    exist yet is left to the rank's own resend (rank/services/lost_signal.py)."""
+    exist yet is left to the rank's own resend (rank/services/lost_signal.py).
+
+    Every task also gets OMP_WAIT_POLICY=PASSIVE unless its job set one: the nodes share this
+    machine's cores, and an OpenMP thread of torch's intra-op pool (more than one where a job
+    asks cluster.cpus_per_task=2) otherwise spins at each barrier on a core another node's
+    rank is waiting for (libgomp's default; 4 processes of 2 threads training on 2 cores
+    spent ~5x the CPU: https://gcc.gnu.org/onlinedocs/libgomp/OMP_005fWAIT_005fPOLICY.html)."""
     return (
         "#!/bin/sh\n# Written by hpc_ddp.testcluster.\ntrap '' USR1 USR2\n"
+        '[ -n "${OMP_WAIT_POLICY+x}" ] || echo "export OMP_WAIT_POLICY=PASSIVE"\n'
         f'f={cfg.node_env_dir}/"$(hostname)"\n'
         '[ -f "$f" ] && cat "$f"\nexit 0\n'
     )

@@ -65,6 +65,9 @@ def test_the_warm_process_holds_no_cuda_no_rank_and_no_thread_of_its_own(
     assert facts["process_group"] is False
     assert facts["rank_variables"] == []  # the starter's RANK, CUDA_VISIBLE_DEVICES left out
     assert facts["python_threads"] == 1
+    # Its imports' objects frozen, its collector off (server.preload): a fork's collections
+    # never walk them; the forks turn it on (below).
+    assert facts["gc_frozen"] > 100_000 and facts["gc_enabled"] is False
 
 
 def test_a_forked_script_sees_a_fresh_interpreter_of_its_own(
@@ -86,7 +89,7 @@ def test_a_forked_script_sees_a_fresh_interpreter_of_its_own(
     assert facts["sigint_ignored"] and facts["sigterm_default"]
     assert int(signal.SIGUSR1) in facts["blocked"] and facts["own_group"]
     assert facts["note"].startswith("warm: forked from this node's warm process")
-    assert facts["cuda_initialized"] is False
+    assert facts["cuda_initialized"] is False and facts["gc_enabled"] is True
     # ps and pgrep -f show the command it would have been started with, not the warm one's.
     assert facts["cmdline"] == " ".join([sys.executable, "-m", RUNNER, str(SCRIPT), str(out),
                                          "7"])

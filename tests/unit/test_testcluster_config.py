@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from hpc_ddp.testcluster.config import (
     render_hosts_block,
     render_slurm_conf,
     render_slurmdbd_conf,
+    render_task_prolog,
 )
 from hpc_ddp.testcluster.network import HOSTS_BEGIN, HOSTS_END, strip_block, with_block
 
@@ -187,3 +191,21 @@ def test_a_second_instance_shares_nothing_the_machine_holds_once(tmp_path: Path)
     assert "10.78.0.11\tbnode1" in strip_block(both, first.hosts_marker)
     with pytest.raises(ValueError, match="instance must be"):
         instance_settings(MAX_INSTANCES)
+
+
+def prolog_output(cfg: ClusterConfig, **environ: str) -> str:
+    script = cfg.state_dir / "task-prolog.sh"
+    script.write_text(render_task_prolog(cfg))
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    return subprocess.run(["sh", str(script)], env={**env, **environ}, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def test_task_prolog_gives_passive_openmp_threads_and_the_nodes_variables(
+        tmp_path: Path) -> None:
+    cfg = make(tmp_path)
+    assert prolog_output(cfg) == "export OMP_WAIT_POLICY=PASSIVE\n"
+    assert prolog_output(cfg, OMP_WAIT_POLICY="ACTIVE") == ""  # the job's own is kept
+    cfg.node_env_dir.mkdir(parents=True)
+    (cfg.node_env_dir / socket.gethostname()).write_text("export PYTHONPATH=/x\n")
+    assert prolog_output(cfg) == "export OMP_WAIT_POLICY=PASSIVE\nexport PYTHONPATH=/x\n"

@@ -1,6 +1,7 @@
 """A script that writes what a fresh interpreter would show it (tests/integration/
 test_warm_start.py): run as ``python warm_facts.py OUT [args]``, directly or forked warm."""
 
+import gc
 import json
 import os
 import signal
@@ -31,6 +32,7 @@ facts = {
     "note": os.environ.get("HPC_DDP_WARM_NOTE", ""),
     "cwd": os.getcwd(),
     "cuda_initialized": torch.cuda.is_initialized(),
+    "gc_enabled": gc.isenabled(),
     "cmdline": " ".join(w for w in open("/proc/self/cmdline").read().split("\0") if w),
 }
 with open(sys.argv[1], "w") as out:

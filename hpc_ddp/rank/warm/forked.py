@@ -14,6 +14,7 @@ https://man7.org/linux/man-pages/man2/fork.2.html
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import signal
@@ -34,6 +35,7 @@ def become(request: dict[str, Any], fds: Sequence[int], close: Iterable[int],
            note: str) -> None:
     """Never returns: set this process up as ``request`` says, run its target, exit."""
     code = 1
+    gc.enable()  # off in the warm process (server.preload): on in a rank, as in a fresh one
     try:
         for fd in close:  # the warm process's listening socket and its other clients
             try:

@@ -35,13 +35,17 @@ from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_KEEP_ENV
 # bookkeeping; and what a rank sets before its program starts (rank/join/joined.py): NCCL's
 # and torch's NCCL settings and flight recorder, read when a process group is made
 # (https://pytorch.org/docs/stable/torch_nccl_environment_variables.html), and cuBLAS's
-# workspace, read at its first handle (a warm process never initialises CUDA).
+# workspace, read at its first handle (a warm process never initialises CUDA); Gloo's
+# interface, which rank/join/joined.py may set for a local run, read when a process group is
+# made; and Inductor's cache folder, which torch sets in a process that used the cache
+# (torch/_inductor/runtime/cache_dir_utils.py) and reads when it compiles.
 _PER_LAUNCH_PREFIXES = ("HPC_DDP_", "SUBMITIT_", "PYTEST_", "TORCHELASTIC_", "NCCL_",
                         "TORCH_NCCL_", "TORCH_FR_")
 _PER_LAUNCH = frozenset({
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK",
     "GROUP_RANK", "NODE_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "CUDA_VISIBLE_DEVICES",
-    "CUBLAS_WORKSPACE_CONFIG", "PWD", "OLDPWD", "SHLVL", "_"})
+    "CUBLAS_WORKSPACE_CONFIG", "GLOO_SOCKET_IFNAME", "TORCHINDUCTOR_CACHE_DIR", "PWD",
+    "OLDPWD", "SHLVL", "_"})
 _NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "user", "uts")
 
 
