@@ -25,6 +25,16 @@ fi
 target="."
 [ -n "$extra" ] && target=".[${extra}]"
 echo "installing hpc_ddp${extra:+ with [$extra]} into .venv (torch takes about a minute) ..." >&2
-.venv/bin/python -m pip install --quiet -e "$target"
+# pip compiles what it installs one file at a time (~45 s of a ~100 s install here, torch's
+# ~15,000 modules); compileall over the same folders with a process per core makes the same
+# bytecode (~26 s on 2 cores).
+.venv/bin/python -m pip install --quiet --no-compile -e "$target"
+.venv/bin/python - <<'PY' | sort -u | while read -r folder; do
+import sysconfig
+for key in ("purelib", "platlib"):
+    print(sysconfig.get_paths()[key])
+PY
+  .venv/bin/python -m compileall -q -j 0 "$folder" >/dev/null || true
+done
 compile_ours
 touch "$stamp"
