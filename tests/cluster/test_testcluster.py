@@ -213,6 +213,18 @@ def test_a_nodes_own_variables_reach_only_its_tasks(slurm_cluster: TestCluster,
     assert seen() == [f"{n1} ", f"{n2} ", f"{n3} ", f"{n4} "]
 
 
+def test_every_task_gets_passive_openmp_threads_unless_its_job_set_them(
+        slurm_cluster: TestCluster, slurm_env: dict[str, str]) -> None:
+    def seen(env: dict[str, str]) -> list[str]:
+        done = subprocess.run(["srun", "-N4", "-l", "sh", "-c", 'echo "$OMP_WAIT_POLICY"'],
+                              env=env, capture_output=True, text=True, timeout=60, check=True)
+        return [line.split(": ", 1)[1] for line in done.stdout.splitlines()]
+
+    bare = {k: v for k, v in slurm_env.items() if k != "OMP_WAIT_POLICY"}
+    assert seen(bare) == ["PASSIVE"] * 4  # the nodes share this machine's cores
+    assert seen({**bare, "OMP_WAIT_POLICY": "ACTIVE"}) == ["ACTIVE"] * 4
+
+
 def test_settle_cancels_what_a_test_left_and_resumes_a_drained_node(
         slurm_cluster: TestCluster, slurm_env: dict[str, str]) -> None:
     from hpc_ddp.testcluster import settle

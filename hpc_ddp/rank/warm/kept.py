@@ -37,8 +37,9 @@ from hpc_ddp.rank.contract import LAUNCH_ID_ENV, WARM_KEEP_ENV
 # (https://pytorch.org/docs/stable/torch_nccl_environment_variables.html), and cuBLAS's
 # workspace, read at its first handle (a warm process never initialises CUDA); Gloo's
 # interface, which rank/join/joined.py may set for a local run, read when a process group is
-# made; and Inductor's cache folder, which torch sets in a process that used the cache
-# (torch/_inductor/runtime/cache_dir_utils.py) and reads when it compiles.
+# made; and Inductor's cache folder, which torch sets in a process that used the cache and
+# reads when it compiles
+# (https://github.com/pytorch/pytorch/blob/main/torch/_inductor/runtime/cache_dir_utils.py).
 _PER_LAUNCH_PREFIXES = ("HPC_DDP_", "SUBMITIT_", "PYTEST_", "TORCHELASTIC_", "NCCL_",
                         "TORCH_NCCL_", "TORCH_FR_")
 _PER_LAUNCH = frozenset({
