@@ -59,6 +59,9 @@ _MODULE_SECONDS: dict[str, float] = {}
 _CHAIN_SPAN: dict[str, tuple[float, float]] = {}
 # The other phases' modules (integration, unit): where the suite's time goes, for cuts.
 _LOCAL_MODULE_SECONDS: dict[str, float] = {}
+# Each work unit's (first start, last end) on the clock: what the suite's last minutes ran
+# (LOCAL_UNIT_SECONDS' order comes from here).
+_UNIT_SPAN: dict[str, tuple[float, float]] = {}
 
 
 def _phase(nodeid: str) -> str:
@@ -75,6 +78,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _PHASE_SPAN[phase] = (min(first, report.start), max(last, report.stop))
     if report.when == "call":
         _PHASE_TESTS[phase] = _PHASE_TESTS.get(phase, 0) + 1
+    if report.start > 0:
+        unit = work_unit(report.nodeid)
+        first, last = _UNIT_SPAN.get(unit, (report.start, report.stop))
+        _UNIT_SPAN[unit] = (min(first, report.start), max(last, report.stop))
     if phase in ("integration", "unit"):
         module = report.nodeid.split("::")[0].removeprefix("tests/")
         _LOCAL_MODULE_SECONDS[module] = _LOCAL_MODULE_SECONDS.get(module, 0.0) + report.duration
@@ -110,6 +117,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         slowest = sorted(_LOCAL_MODULE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
         terminalreporter.write_line("slowest other modules: " + ", ".join(
             f"{module.removesuffix('.py')} {seconds:.0f}" for module, seconds in slowest))
+    if _UNIT_SPAN:
+        began = min(first for first, _ in _UNIT_SPAN.values())
+        last = sorted(_UNIT_SPAN.items(), key=lambda kv: -kv[1][1])[:8]
+        terminalreporter.write_line("the last to end (start-end, s into the tests): " + ", ".join(
+            f"{unit.removeprefix('tests/')} {first - began:.0f}-{end - began:.0f}"
+            for unit, (first, end) in last))
 
 
 # -- how the suite spreads over pytest-xdist's workers (scripts/test.sh: -n 2 --dist loadscope)
@@ -178,6 +191,22 @@ CLUSTER_MODULE_SECONDS = {  # CI of 2026-12-07, two chains
     "test_bench_comm.py": 16, "test_pending_reasons.py": 4, "test_early_signals.py": 25,
 }
 
+# The other units that take longest (CI of 2026-12-07: the test-seconds of each, under the
+# chains' load), handed out first: in the queue's order the combination matrix (one unit, its
+# rows one after another) started ~1,100 s in and was the suite's last ~250 s, where the cores
+# had the matrix alone; the search benchmark's trials mostly sleep, and overlap the chains.
+LOCAL_UNIT_SECONDS = {
+    "tests/integration/test_matrix.py": 970.0,
+    "tests/integration/test_adaptive_sweep.py::"
+    "test_bench_search_compares_batches_asynchrony_and_pruning": 340.0,
+    "tests/integration/test_gpu_check.py::test_the_check_runs_its_commands_on_cpu": 66.0,
+    "tests/unit/test_perf_trainer.py": 60.0,
+    "tests/integration/test_docs.py::test_local_blocks_do_what_the_page_shows[docs/quickstart.md]":
+        58.0,
+    "tests/integration/test_docs.py::test_local_blocks_do_what_the_page_shows[README.md]": 55.0,
+    "tests/integration/test_comm_hooks.py": 51.0,
+}
+
 # Modules that must run on one cluster: docs/testcluster.md's blocks (tests/cluster/test_docs.py)
 # run `python -m hpc_ddp.testcluster shape` and `straggle` as a reader would, on the default
 # cluster, by its node names.
@@ -217,13 +246,15 @@ def cluster_instance(worker: str | None) -> int:
 def next_unit(units: list[str], instance: int, chains: int) -> str | None:
     """The unit the worker of ``instance`` (:func:`cluster_instance`) takes next from
     ``units`` (the queue's order): a chain's worker (instance < chains) the costliest cluster
-    module it may run (CLUSTER_PINNED), or else the first other unit; any other worker the
-    first unit that is not a cluster module (None: nothing for it)."""
+    module it may run (CLUSTER_PINNED), or else the costliest other unit; any other worker
+    the costliest unit that is not a cluster module (LOCAL_UNIT_SECONDS; the first in the
+    queue's order among those it does not list; None: nothing for it)."""
     cluster = [u for u in units if cluster_seconds(u) >= 0
                and CLUSTER_PINNED.get(u, instance) == instance]
     if instance < chains and cluster:
         return max(cluster, key=cluster_seconds)
-    return next((u for u in units if cluster_seconds(u) < 0), None)
+    others = [u for u in units if cluster_seconds(u) < 0]
+    return max(others, key=lambda u: LOCAL_UNIT_SECONDS.get(u, 0.0), default=None)
 
 
 @pytest.hookimpl(optionalhook=True)

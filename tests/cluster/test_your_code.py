@@ -247,23 +247,40 @@ def test_unchanged_script_gets_the_torchrun_variables_on_four_nodes(
     assert summary_of(run_dir)["exit_codes"] == {str(r): 0 for r in range(4)}
 
 
-def textbook_scripts_at_their_first_epoch(hpc_ddp: Run, env: dict[str, str], tmp_path: Path,
-                                          names: tuple[str, ...]
-                                          ) -> dict[str, tuple[str, Path, Path]]:
+def textbook_scripts_each_at_its_first_epoch(
+        hpc_ddp: Run, env: dict[str, str], tmp_path: Path,
+        actions: dict[str, Callable[[str, Path], None]]) -> dict[str, tuple[str, Path, Path]]:
     """examples/seqproject/train_ddp.py on 4 nodes for 6 epochs, one job per name, side by
-    side on the same nodes (one CPU of each node's two each), once each saved its first:
-    name -> (job, its checkpoint file, the run dir)."""
+    side on the same nodes (one CPU of each node's two each); each job's action(job, its
+    checkpoint file) runs the moment that job saved its first epoch, not once both did (a job
+    that started seconds earlier would be through its last epoch by then): name -> (job, its
+    checkpoint file, the run dir)."""
     jobs = {}
-    for name in names:
+    for name in actions:
         saved, run_dir = tmp_path / f"{name}.pt", tmp_path / name
         jobs[name] = (submit(hpc_ddp, ["cluster=slurm", "nodes=4", "script=train_ddp.py",
                                        f"run_dir={run_dir}", "--", "--epochs", "6",
                                        "--checkpoint", str(saved)], env), saved, run_dir)
+    waiting = dict(actions)
     deadline = time.monotonic() + 300
-    while not all(saved.exists() for _, saved, _ in jobs.values()):
-        assert time.monotonic() < deadline, "a script never saved its first epoch"
-        time.sleep(0.3)
+    while waiting:
+        assert time.monotonic() < deadline, f"{sorted(waiting)} never saved a first epoch"
+        for name in [n for n in waiting if jobs[n][1].exists()]:
+            waiting.pop(name)(jobs[name][0], jobs[name][1])
+        time.sleep(0.1)
     return jobs
+
+
+def kill_one_forked_script(job: str, saved: Path) -> None:
+    """SIGKILL to the last of the job's 4 scripts, after checking each is a fork of its
+    node's warm process."""
+    scripts = subprocess.run(["pgrep", "-f", f"script_runner .*train_ddp.py .*{saved}"],
+                             capture_output=True, text=True, check=False).stdout.split()
+    assert len(scripts) == 4, scripts
+    for pid in scripts:
+        parent = Path(f"/proc/{pid}/status").read_text().split("PPid:")[1].split()[0]
+        assert "hpc_ddp.rank.warm.server" in Path(f"/proc/{parent}/cmdline").read_text()
+    os.kill(int(scripts[-1]), signal.SIGKILL)
 
 
 def test_textbook_script_requeued_and_killed_continues_and_restarts_in_place(
@@ -272,18 +289,11 @@ def test_textbook_script_requeued_and_killed_continues_and_restarts_in_place(
     requeues and continues from its own checkpoint), the other loses one rank's script to
     SIGKILL (every rank's script starts again in the same job and resumes: docs/your-code.md).
     Each script a fork of its node's warm process, as `ps` shows it."""
-    jobs = textbook_scripts_at_their_first_epoch(hpc_ddp, slurm_env, tmp_path,
-                                                 ("requeued", "killed"))
+    jobs = textbook_scripts_each_at_its_first_epoch(hpc_ddp, slurm_env, tmp_path, {
+        "requeued": lambda job, _: requeue_signal(job, slurm_env),
+        "killed": kill_one_forked_script})
     job, saved, run_dir = jobs["killed"]
-    scripts = subprocess.run(["pgrep", "-f", f"script_runner .*train_ddp.py .*{saved}"],
-                             capture_output=True, text=True, check=False).stdout.split()
-    assert len(scripts) == 4, scripts
-    for pid in scripts:
-        parent = Path(f"/proc/{pid}/status").read_text().split("PPid:")[1].split()[0]
-        assert "hpc_ddp.rank.warm.server" in Path(f"/proc/{parent}/cmdline").read_text()
-    os.kill(int(scripts[-1]), signal.SIGKILL)
     requeued, requeued_saved, requeued_dir = jobs["requeued"]
-    requeue_signal(requeued, slurm_env)
 
     assert finish_releasing_requeues(job, run_dir, slurm_env) == 0
     assert_one_start_completed(job, slurm_env)

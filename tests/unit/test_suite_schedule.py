@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tests.conftest import (
     CLUSTER_MODULE_SECONDS,
+    LOCAL_UNIT_SECONDS,
     cluster_chains,
     cluster_instance,
     next_unit,
@@ -43,13 +44,28 @@ def test_chain_workers_take_the_costliest_cluster_module_they_may_run() -> None:
     # A module the table does not know counts 60 s.
     assert next_unit(["tests/cluster/test_layouts.py", "tests/cluster/test_new_module.py"], 1,
                      2) == "tests/cluster/test_layouts.py"
-    # With no cluster module left for it, a chain's worker takes the other tests in order.
+    # With no cluster module left for it, a chain's worker takes the other tests.
     assert next_unit(["tests/cluster/test_docs.py", "tests/unit/test_a.py::test_x"], 1, 2) \
         == "tests/unit/test_a.py::test_x"
+    assert next_unit(["tests/cluster/test_docs.py", "tests/unit/test_a.py::test_x",
+                      "tests/integration/test_matrix.py"], 1, 2) == \
+        "tests/integration/test_matrix.py"
+
+
+def test_other_workers_take_the_costliest_other_unit_first_then_the_queues_order() -> None:
+    # The matrix is one unit of ~1,000 s: last in the queue's order it was the suite's tail.
+    assert max(LOCAL_UNIT_SECONDS, key=LOCAL_UNIT_SECONDS.__getitem__) == \
+        "tests/integration/test_matrix.py"
+    assert next_unit(UNITS, 2, 2) == "tests/integration/test_matrix.py"
+    rest = ["tests/unit/test_b.py::test_y", "tests/unit/test_a.py::test_x"]
+    assert next_unit(rest, 2, 2) == "tests/unit/test_b.py::test_y"
+    searched = ("tests/integration/test_adaptive_sweep.py::"
+                "test_bench_search_compares_batches_asynchrony_and_pruning")
+    assert next_unit([*rest, searched], 2, 2) == searched
 
 
 def test_other_workers_never_take_a_cluster_module() -> None:
-    assert next_unit(UNITS, 2, 2) == "tests/unit/test_a.py::test_x"
+    assert next_unit(UNITS, 2, 2) == "tests/integration/test_matrix.py"
     assert next_unit(["tests/cluster/test_layouts.py"], 2, 2) is None
     assert next_unit(["tests/cluster/test_layouts.py"], 1, 1) is None  # one chain: gw0's
     assert next_unit([], 0, 2) is None
