@@ -17,11 +17,12 @@ if [ "$(id -u)" = 0 ] && ! dpkg -s $pkgs $container_pkgs $ssh_pkgs >/dev/null 2>
   apt-get update -qq && apt-get install -y -qq $pkgs >/dev/null
   apt-get install -y -qq --no-install-recommends $container_pkgs $ssh_pkgs >/dev/null
 fi
-# Three pytest-xdist workers: two chains of cluster modules, each on a test cluster of its own
-# (gw0: the default cluster, gw1: instance 1), and the unit and local tests on the third and,
-# once their chain is done, on the first two; a later -n in the arguments wins (-n 0: one
-# process, one cluster; -n 2: one chain). See tests/conftest.py.
-workers=(-n "${HPC_DDP_TEST_WORKERS:-3}" --dist loadscope)
+# Four pytest-xdist workers: two chains of cluster modules, each on a test cluster of its own
+# (gw0: the default cluster, gw1: instance 1), and the unit and local tests on the other two
+# (one's test may wait, as the search benchmark's sleeping trials do, while the other's
+# computes) and, once their chain is done, on the first two; a later -n in the arguments wins
+# (-n 0: one process, one cluster; -n 2: one chain). See tests/conftest.py.
+workers=(-n "${HPC_DDP_TEST_WORKERS:-4}" --dist loadscope)
 if [ -n "${HPC_DDP_PYTHON:-}" ]; then  # an interpreter that has the stack (see run.sh)
   "$HPC_DDP_PYTHON" -c "import xdist" 2>/dev/null || workers=()
   exec "$HPC_DDP_PYTHON" -m pytest "${workers[@]}" "$@"

@@ -174,7 +174,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # The cluster's tests run as two chains, one per test cluster (hpc_ddp.testcluster's instances
 # 0 and 1, side by side on this machine), on workers gw0 and gw1; the other workers run the
 # unit and local tests, and a chain's worker joins them when no cluster module is left
-# (scripts/test.sh starts three). HPC_DDP_TEST_CLUSTERS=1: one chain, as before.
+# (scripts/test.sh starts four). HPC_DDP_TEST_CLUSTERS=1: one chain, as before.
 CLUSTERS_ENV = "HPC_DDP_TEST_CLUSTERS"
 # Seconds per cluster module in CI (its tests' set-up, call and tear-down; the suite prints
 # them at the end, "cluster chains"): the longest is handed out first, so that the two chains
