@@ -158,6 +158,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # half (docs/testcluster.md, on the two workers). The cluster's daemons and
 # jobs run at slurmd's own priority (Slurm's PropagatePrioProcess=0: a submitter's niceness
 # does not reach the job, https://slurm.schedmd.com/slurm.conf.html#OPT_PropagatePrioProcess).
+# Where the kernel groups by session (autogroup, https://man7.org/linux/man-pages/man7/sched.7.html)
+# it orders only this session's processes: a local run's ranks (their kept warm process's
+# session) and Slurm's tasks share the cores evenly (measured: docs/testcluster.md).
 LOCAL_NICE = 10
 
 
