@@ -196,8 +196,9 @@ CLUSTER_MODULE_SECONDS = {  # CI of 2026-12-07, two chains
 
 # The other units that take longest (CI of 2026-12-07: the test-seconds of each, under the
 # chains' load), handed out first: in the queue's order the combination matrix (one unit, its
-# rows one after another) started ~1,100 s in and was the suite's last ~250 s, where the cores
-# had the matrix alone; the search benchmark's trials mostly sleep, and overlap the chains.
+# rows one after another) came after ~1,100 test-s of other local tests, and could end the
+# suite alone; the search benchmark's trials mostly sleep, and overlap the other work. The
+# summary's "the last to end" shows what a schedule left for the end.
 LOCAL_UNIT_SECONDS = {
     "tests/integration/test_matrix.py": 970.0,
     "tests/integration/test_adaptive_sweep.py::"
