@@ -53,7 +53,7 @@ def test_chain_workers_take_the_costliest_cluster_module_they_may_run() -> None:
 
 
 def test_other_workers_take_the_costliest_other_unit_first_then_the_queues_order() -> None:
-    # The matrix is one unit of ~1,000 s: last in the queue's order it was the suite's tail.
+    # The matrix is one unit of ~1,000 s: late in the queue's order it could end the suite.
     assert max(LOCAL_UNIT_SECONDS, key=LOCAL_UNIT_SECONDS.__getitem__) == \
         "tests/integration/test_matrix.py"
     assert next_unit(UNITS, 2, 2) == "tests/integration/test_matrix.py"
