@@ -222,28 +222,31 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_exactly(
 
 
 def test_a_real_one_minute_time_limit(hpc_ddp: Run, slurm_env: dict[str, str],
-                                      tmp_path: Path, reference: dict) -> None:
+                                      tmp_path: Path) -> None:
     # A run of at least 45 s of training cannot fit a 1-minute limit. USR2 comes 40 s ahead
     # of the limit (or earlier: Slurm may send it up to 60 s early), so with at most ~20 s
     # of training a slice it needs three or more: two requeues with
     # cluster.max_restarts=1 prove that requeues that follow new checkpoints are not
     # failures (issue 36: three slices, not the four of before, prove the same).
-    # The run is sized from the module's measured reference (machines differ several-fold
-    # in speed); that the weights come out bitwise is the requeue test's job, so the run is
-    # checked for its step count and an unbroken TensorBoard history instead.
-    # Sized for 55 s at the reference's speed: the reference trains while the other
-    # worker's tests share the cores, this run may train alone and up to ~1.7x faster (a run
-    # sized for 45 s once finished inside the first slice, before the first start was held
-    # back).
+    # Each step waits 100 ms the way a host waits for an accelerator's kernels (a sleep, not
+    # host CPU: tests/usercode/scaling_parts.py), so 500 steps are 50 s of training or more
+    # on any machine, however fast, and cost the cores next to nothing while the other
+    # worker's tests run. (Sized from a measured step of the default model instead, a run
+    # once finished inside the first slice on a machine faster than the measurement.) That
+    # the weights come out bitwise is the requeue test's job: this run is checked for its
+    # step count and an unbroken TensorBoard history.
     # The first start holds its step back 35 s (its setup sleeps), past the moment Slurm
     # sends the warning (its check every 30 s, here due at once): the step never gets Slurm's,
     # and rank 0 sends it again (rank/services/lost_signal.py). Without that the start ran
     # into its limit: TIMEOUT, not requeued (seen in CI when Slurm's check came two seconds
     # after a start).
-    per_step = summary_of(reference["run_dir"])["train_time_s"] / STEPS
-    steps = max(500, -(-int(55 / per_step) // 10) * 10)
+    steps = 500
+    parts = "tests.usercode.scaling_parts"
+    args = [a for a in ARGS if not a.startswith(("data.", "trainer.max_steps="))]
     run_dir = tmp_path / "run"
-    done = hpc_ddp("submit", [*ARGS, f"trainer.max_steps={steps}", "trainer.eval_interval=500",
+    done = hpc_ddp("submit", [*args, f"trainer.max_steps={steps}", "trainer.eval_interval=500",
+                              f"model._target_={parts}.DeviceBound", "model.compute_ms=100",
+                              f"data._target_={parts}.vectors", "data.size=1024",
                               "cluster.time_min=1", "cluster.signal_delay_s=40",
                               "cluster.max_restarts=1", f"run_dir={run_dir}",
                               "cluster.setup=['test -n \"$SLURM_RESTART_COUNT\" || sleep 35']"],

@@ -31,12 +31,16 @@ from typing import Any
 
 from hpc_ddp.rank.warm import wire
 
-# What a rank imports before its first step, measured (tests/unit/test_warm_start.py checks
-# that a forked rank imports little more): torch, its distributed and compiler stacks (the
-# first DDP constructor and optimizer step load Dynamo and Inductor), and the rank program.
+# What a rank imports before its first step, measured (profiles of forked ranks of the
+# built-in trainer and of a function entry import little more): torch, its distributed and
+# compiler stacks (the first DDP constructor and optimizer step load Dynamo and Inductor),
+# the rank program, and what every rank reads its config and its node's interfaces with
+# (omegaconf: ~0.04 CPU-s a rank otherwise; psutil). TensorBoard is left to rank 0 (it would
+# cost ~0.2 CPU-s on every node).
 PRELOAD = (
     "torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch.utils.data",
-    "torch._dynamo", "torch._inductor.config", "torch.distributed.checkpoint",
+    "torch._dynamo", "torch._inductor.config", "torch.distributed.checkpoint", "omegaconf",
+    "psutil",
     "hpc_ddp.rank.main.task", "hpc_ddp.rank.main.submitted", "hpc_ddp.rank.main.step",
     "hpc_ddp.rank.main.script_runner", "hpc_ddp.rank.supervise.program",
     "hpc_ddp.rank.supervise.script", "hpc_ddp.trainer.loop", "hpc_ddp.rank.join.joined",
