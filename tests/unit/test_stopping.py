@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from hpc_ddp import events
-from hpc_ddp.rank.contract import EARLY_STOP_ENV
+from hpc_ddp.rank.contract import EARLY_STOP_ENV, TASK_ENV, WARM_ENV
 from hpc_ddp.rank.services.stopping import (
     NONE,
     REQUEUE,
@@ -19,6 +23,8 @@ from hpc_ddp.rank.services.stopping import (
     parse_duration,
     requeue_signal_said,
 )
+from tests.conftest import REPO
+from tests.usercode.slow_exit import HandlesThenEnds
 
 
 @pytest.mark.parametrize("text, seconds", [("59", 59), ("1:30", 90), ("2:00:05", 7205),
@@ -214,3 +220,31 @@ def test_a_task_holds_the_stop_signals_from_its_first_line_and_its_request_takes
     assert early_signals.HELD == [signals.SIGTERM] and early_signals.RECORDED == []
     assert stopping.signal_of(stopping.TERM, "USR2") == signals.SIGTERM
     assert stopping.signal_of(stopping.REQUEUE, "SIGUSR1") == signals.SIGUSR1
+
+
+def test_a_finished_task_is_not_ended_by_a_stop_signal_while_python_exits(
+        tmp_path: Path) -> None:
+    """Slurm's warning and SIGTERM reach every process of a step at any moment: one that comes
+    while a task whose program has ended exits (Python's exit sets its handlers back to the
+    default action first) must not make it a task killed by that signal (a FAILED job)."""
+    run = tmp_path / "run"
+    (run / "submitit").mkdir(parents=True, mode=0o750)
+    run.chmod(0o750)
+    done, task = tmp_path / "done", run / "submitit" / "step-exit.pkl"
+    task.write_bytes(pickle.dumps(HandlesThenEnds(str(done))))
+    proc = subprocess.Popen([sys.executable, "-m", "hpc_ddp.rank.main.step"], cwd=REPO,
+                            env={**os.environ, TASK_ENV: str(task), WARM_ENV: "0"})
+    deadline = time.monotonic() + 60
+    while not done.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.returncode
+        time.sleep(0.01)
+    sent = 0
+    while proc.poll() is None:  # through its whole exit: every 5 ms, either signal
+        try:
+            os.kill(proc.pid, (signal.SIGUSR2, signal.SIGTERM)[sent % 2])
+        except ProcessLookupError:
+            break
+        sent += 1
+        time.sleep(0.005)
+    assert proc.wait(timeout=60) == 0
+    assert sent > 20  # the signals came while it exited (its objects take ~1 s to free)

@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from hpc_ddp.rank.services.process_exit import ended
+
 
 def main() -> int:
     # deferred: hostlist, the typed schemas; start-up: rank.contract, rundir,
@@ -49,4 +51,4 @@ def exit_code(exc: Exception) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ended(main()))

@@ -14,6 +14,7 @@ from pathlib import Path
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.contract import TASK_ENV
 from hpc_ddp.rank.services import early_signals
+from hpc_ddp.rank.services.process_exit import ended
 from hpc_ddp.rank.warm.client import release
 from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
@@ -44,4 +45,4 @@ def main(argv: Sequence[str] = ()) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(ended(main()))

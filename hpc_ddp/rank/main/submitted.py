@@ -22,6 +22,7 @@ from typing import Any
 
 from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.services import early_signals
+from hpc_ddp.rank.services.process_exit import ended
 from hpc_ddp.rank.warm.client import release
 from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
@@ -93,4 +94,4 @@ def recorded(exc: BaseException) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(ended(main(sys.argv[1:])))

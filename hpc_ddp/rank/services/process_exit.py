@@ -7,6 +7,9 @@ C++ thread destroyed at interpreter teardown aborts the process). A finished ran
 read as a crash, so a rank whose work is done ends here: the normal shutdown steps a program
 can observe are taken (non-daemon threads joined, atexit handlers run, open files flushed),
 then ``os._exit`` with its code.
+
+A task that leaves through Python's own exit (a supervisor, the task that waits for its warm
+fork) calls :func:`ended` on its way out: see there.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import _io
 import atexit
 import gc
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -43,6 +47,29 @@ def leave(code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+# What a task's program may handle: Slurm's warning ahead of the time limit and a preemption's
+# or scancel's SIGTERM (sent to every process of the step), a launcher's or a terminal's.
+_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2)
+
+
+def ended(code: int) -> int:
+    """``code``, with each signal this process handles in Python ignored from here to its exit.
+
+    Python's exit puts every signal a Python handler handles back to its default action
+    before it frees the interpreter's modules (``_PySignal_Fini`` in ``Py_FinalizeEx``:
+    https://github.com/python/cpython/blob/3.11/Python/pylifecycle.c), which takes a while in a
+    process that imported much. Slurm's warning or SIGTERM coming then would end a finished
+    task killed by that signal, and its job FAILED where it had succeeded (seen in CI: a
+    1-minute limit's USR2 1.4 s after a run's last step; both tasks "died by signal: 12").
+    The program has ended: ignored, the signal changes nothing. One left at its default
+    action (not handled) keeps it."""
+    for signum in _STOPPING:
+        if callable(signal.getsignal(signum)):
+            signal.signal(signum, signal.SIG_IGN)
+    return code
 
 
 def exit_code(code: object) -> int:
