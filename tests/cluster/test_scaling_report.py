@@ -128,9 +128,13 @@ def test_a_loader_bound_run_is_named(hpc_ddp: Run, cluster: TestCluster,
 def test_an_unshaped_run_that_scales_says_so(hpc_ddp: Run, cluster: TestCluster,
                                             slurm_env: dict[str, str], tmp_path: Path) -> None:
     assert cluster.shaping() == {} and cluster.stragglers() == {}
+    # 200 ms of "device" time a step: on this machine's two busy cores a rank's wake-up for
+    # the gradient all-reduce can wait tens of ms for a core (CI saw 27 ms a step, averaged
+    # over 6 steps, against a 60 ms step: 73% efficiency, read as the fabric). A cluster's
+    # GPU step is long against such jitter too.
     result = report_of(hpc_ddp, slurm_env, tmp_path / "run",
                        f"data._target_={PARTS}.vectors", f"model._target_={PARTS}.DeviceBound",
-                       "model.compute_ms=60", "trainer.batch_size=16")
+                       "model.compute_ms=200", "trainer.batch_size=16")
     verdict = result["verdict"]
     assert verdict["cause"] == report.SCALES, verdict
     assert result["rows"][1]["efficiency"] >= report.SCALES_WELL
