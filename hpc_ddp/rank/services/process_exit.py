@@ -51,7 +51,7 @@ def leave(code: int) -> None:
 
 # What a task's program may handle: Slurm's warning ahead of the time limit and a preemption's
 # or scancel's SIGTERM (sent to every process of the step), a launcher's or a terminal's.
-_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 
 
@@ -66,7 +66,7 @@ def ended(code: int) -> int:
     1-minute limit's USR2 1.4 s after a run's last step; both tasks "died by signal: 12").
     The program has ended: ignored, the signal changes nothing. One left at its default
     action (not handled) keeps it."""
-    for signum in _STOPPING:
+    for signum in STOPPING:
         if callable(signal.getsignal(signum)):
             signal.signal(signum, signal.SIG_IGN)
     return code

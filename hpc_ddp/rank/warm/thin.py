@@ -22,13 +22,13 @@ from types import FrameType
 from hpc_ddp.rank.contract import WARM_ENV, WARM_NOTE_ENV, WARM_SOCKET_ENV
 from hpc_ddp.rank.join.distenv import step_signals_every_process
 from hpc_ddp.rank.services import early_signals
+from hpc_ddp.rank.services.process_exit import STOPPING
 from hpc_ddp.rank.warm import client
 
 # WARM_ENV's value for a task that is a supervisor (config/supervision.py).
 LIGHT = "light"
 # What a launcher or a user sends a task (stop, requeue, stack dumps, terminal signals).
-RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-           signal.SIGUSR2, signal.SIGCONT)
+RELAYED = (*STOPPING, signal.SIGCONT)
 
 
 def run_forked(target: str, args: Sequence[str], argv: Sequence[str]) -> int | None:
