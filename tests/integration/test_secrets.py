@@ -20,6 +20,10 @@ PLANTED = {"WANDB_API_KEY": "planted-setup-7f3a9c21", "HF_TOKEN": "planted-extra
            "model.api_token": "hf_plantedPartArgument0000",
            "app.api_token#0": "planted-sweep-a-0001", "app.api_token#1": "planted-sweep-b-0002"}
 SCRIPT = {"--hf-token": "planted-arg-77aa11ee", "bare": "sk-plantedBareArgument000000"}
+# The typed command's own values: until it starts itself again without them its command line
+# holds them, and another test of this module may be looking at the machine's command lines
+# in that moment (the suite runs them side by side).
+TYPED = {"--hf-token": "planted-typed-arg-5c0e19", "bare": "sk-plantedTypedBare00000000"}
 # Submitted from Python (the API's command, in-process), so that no command line of this
 # machine holds the values from the start: the test checks that none does later.
 SUBMIT = ("import json, sys; from hpc_ddp.submit import main; "
@@ -151,16 +155,16 @@ def test_the_command_typed_with_a_secret_does_not_keep_it_in_its_argv(tmp_path: 
     command line of the machine, the waiting submit command's included, holds it."""
     out = tmp_path / "seen"
     planted = tmp_path / "planted.json"
-    planted.write_text(json.dumps(SCRIPT))
+    planted.write_text(json.dumps(TYPED))
     done = subprocess.run(
         [sys.executable, "-m", "hpc_ddp.submit", "cluster=local",
          "script=tests/usercode/secret_script.py", f"run_dir={tmp_path / 'run'}", "--",
-         str(out), "--hf-token", SCRIPT["--hf-token"], "-p", "planted-short-flag-31",
-         SCRIPT["bare"]],
+         str(out), "--hf-token", TYPED["--hf-token"], "-p", "planted-short-flag-31",
+         TYPED["bare"]],
         capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
         env=command_env({"PLANTED_FILE": str(planted)}))
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         seen = json.loads(Path(f"{out}.{rank}").read_text())
-        assert seen["hf_token"] == sha(SCRIPT["--hf-token"]) and seen["argv_holding"] == []
-    assert files_holding(tmp_path / "run", [*SCRIPT.values(), "planted-short-flag-31"]) == []
+        assert seen["hf_token"] == sha(TYPED["--hf-token"]) and seen["argv_holding"] == []
+    assert files_holding(tmp_path / "run", [*TYPED.values(), "planted-short-flag-31"]) == []
