@@ -6,23 +6,25 @@ checks, from the descriptor they were made on (hpc_ddp/owned.py)."""
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from hpc_ddp.owned import Untrusted, open_owned, run_root_of
-from hpc_ddp.rank.contract import TASK_ENV
 from hpc_ddp.rank.services import early_signals
-from hpc_ddp.rank.services.process_exit import ended
-from hpc_ddp.rank.warm.client import release
-from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 
 def main(argv: Sequence[str] = ()) -> int:
     # Slurm's requeue signal or SIGTERM may come while this task starts: recorded, not fatal
-    # (rank/services/early_signals.py).
+    # (rank/services/early_signals.py). Before the imports below (deferred): each is time in
+    # which either signal would end the task.
     early_signals.hold(os.environ)
+    import pickle
+    from pathlib import Path
+
+    from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+    from hpc_ddp.rank.contract import TASK_ENV
+    from hpc_ddp.rank.warm.client import release
+    from hpc_ddp.rank.warm.thin import leave_as, run_forked
+
     forked = run_forked("hpc_ddp.rank.main.step:main", argv, sys.argv)  # rank/warm/
     if forked is not None:
         return leave_as(forked)
@@ -45,4 +47,6 @@ def main(argv: Sequence[str] = ()) -> int:
 
 
 if __name__ == "__main__":
+    from hpc_ddp.rank.services.process_exit import ended
+
     sys.exit(ended(main()))

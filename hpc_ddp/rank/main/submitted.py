@@ -13,24 +13,23 @@ this user on every node.
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hpc_ddp.owned import Untrusted, open_owned, run_root_of
 from hpc_ddp.rank.services import early_signals
-from hpc_ddp.rank.services.process_exit import ended
-from hpc_ddp.rank.warm.client import release
-from hpc_ddp.rank.warm.thin import leave_as, run_forked
 
 MODULE = "hpc_ddp.rank.main.submitted"
 
 
 def checked_load(cls: type, filepath: str | Path) -> Any:
     """submitit's ``DelayedSubmission.load``, from an owned file (under ``<run>/submitit/``)."""
+    import pickle  # deferred, as in main
+
+    from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+
     path = Path(filepath)
     with open_owned(path, run_root_of(path)) as handle:
         obj = pickle.load(handle)
@@ -41,7 +40,13 @@ def checked_load(cls: type, filepath: str | Path) -> Any:
 
 def main(argv: Sequence[str]) -> int:
     # Slurm's requeue signal or SIGTERM may come while this task starts: recorded, not fatal.
+    # Before the imports below (deferred): each is time in which either signal would end
+    # the task (rank/services/early_signals.py).
     early_signals.hold(os.environ)
+    from hpc_ddp.owned import Untrusted
+    from hpc_ddp.rank.warm.client import release
+    from hpc_ddp.rank.warm.thin import leave_as, run_forked
+
     args = list(argv)
     if not args or args[-1].startswith("-"):
         print("error: this module runs a task submitit started (python -m hpc_ddp.submit "
@@ -94,4 +99,6 @@ def recorded(exc: BaseException) -> bool:
 
 
 if __name__ == "__main__":
+    from hpc_ddp.rank.services.process_exit import ended
+
     sys.exit(ended(main(sys.argv[1:])))
