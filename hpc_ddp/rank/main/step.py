@@ -6,8 +6,10 @@ checks, from the descriptor they were made on (hpc_ddp/owned.py)."""
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from hpc_ddp.rank.services import early_signals
 
@@ -17,9 +19,7 @@ def main(argv: Sequence[str] = ()) -> int:
     # (rank/services/early_signals.py). Before the imports below (deferred): each is time in
     # which either signal would end the task.
     early_signals.hold(os.environ)
-    import pickle
-    from pathlib import Path
-
+    # deferred: hpc_ddp.owned, rank.contract, rank.warm.client and rank.warm.thin (after hold)
     from hpc_ddp.owned import Untrusted, open_owned, run_root_of
     from hpc_ddp.rank.contract import TASK_ENV
     from hpc_ddp.rank.warm.client import release

@@ -13,6 +13,7 @@ this user on every node.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 from collections.abc import Sequence
@@ -26,9 +27,7 @@ MODULE = "hpc_ddp.rank.main.submitted"
 
 def checked_load(cls: type, filepath: str | Path) -> Any:
     """submitit's ``DelayedSubmission.load``, from an owned file (under ``<run>/submitit/``)."""
-    import pickle  # deferred, as in main
-
-    from hpc_ddp.owned import Untrusted, open_owned, run_root_of
+    from hpc_ddp.owned import Untrusted, open_owned, run_root_of  # deferred: owned, as in main
 
     path = Path(filepath)
     with open_owned(path, run_root_of(path)) as handle:
@@ -43,6 +42,7 @@ def main(argv: Sequence[str]) -> int:
     # Before the imports below (deferred): each is time in which either signal would end
     # the task (rank/services/early_signals.py).
     early_signals.hold(os.environ)
+    # deferred: hpc_ddp.owned, rank.warm.client and rank.warm.thin (after hold)
     from hpc_ddp.owned import Untrusted
     from hpc_ddp.rank.warm.client import release
     from hpc_ddp.rank.warm.thin import leave_as, run_forked
