@@ -248,3 +248,16 @@ def test_a_finished_task_is_not_ended_by_a_stop_signal_while_python_exits(
         time.sleep(0.005)
     assert proc.wait(timeout=60) == 0
     assert sent > 20  # the signals came while it exited (its objects take ~1 s to free)
+
+
+def test_task_entries_hold_the_stop_signals_before_importing_the_rest() -> None:
+    """The task entries (rank/main/submitted.py, step.py) import only what holding the stop
+    signals needs before main holds them: every other module is time in which Slurm's warning
+    would end a starting task (seen in CI: a requeued start's task 0.3 s after its launch)."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, hpc_ddp.rank.main.submitted, hpc_ddp.rank.main.step; "
+         "print(' '.join(m for m in sys.modules if m.startswith('hpc_ddp')))"],
+        capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert set(loaded) == {"hpc_ddp", "hpc_ddp.version", "hpc_ddp.rank", "hpc_ddp.rank.main",
+                           "hpc_ddp.rank.services", "hpc_ddp.rank.services.early_signals",
+                           "hpc_ddp.rank.main.submitted", "hpc_ddp.rank.main.step"}, loaded
